@@ -1,0 +1,25 @@
+# Small helpers so every folder declares its target the same way.
+
+# strata_library(NAME <target> SOURCES ... [DEPS ...] [PRIVATE_DEPS ...])
+function(strata_library)
+  cmake_parse_arguments(L "" "NAME" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(${L_NAME} STATIC ${L_SOURCES})
+  target_include_directories(${L_NAME} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_compile_options(${L_NAME} PRIVATE -Wall -Wextra)
+  target_link_libraries(${L_NAME} PUBLIC ${L_DEPS} PRIVATE ${L_PRIVATE_DEPS})
+endfunction()
+
+# strata_test(NAME <target> SOURCES ... DEPS ... LABELS ...)
+function(strata_test)
+  cmake_parse_arguments(T "" "NAME" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_compile_options(${T_NAME} PRIVATE -Wall -Wextra)
+  target_compile_definitions(${T_NAME} PRIVATE
+    STRATA_SHARED_DIR="${STRATA_SHARED_DIR}"
+    STRATA_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
+  gtest_discover_tests(${T_NAME}
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    PROPERTIES LABELS "${T_LABELS}"
+    DISCOVERY_TIMEOUT 60)
+endfunction()

@@ -1,0 +1,59 @@
+#pragma once
+// ModelConfig: the architecture facts a shard needs. Torch-free.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace strata::model {
+
+/// How rotary embeddings pair up the dimensions of a head.
+enum class RotaryLayout : uint8_t {
+  interleaved = 0, ///< llama2.c / Meta: pairs (2i, 2i+1)
+  half = 1,        ///< Hugging Face "rotate_half": pairs (i, i + head_dim/2)
+};
+
+struct ModelConfig {
+  std::string architecture = "llama"; ///< "llama" or "qwen2"
+  std::string identity;               ///< where it came from (path or builtin:NAME)
+  int64_t dim = 0;
+  int64_t hidden_dim = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t vocab_size = 0;
+  int64_t max_seq_len = 0;
+  double rope_theta = 10000.0;
+  RotaryLayout rotary = RotaryLayout::interleaved;
+  double norm_eps = 1e-5;
+  bool tied_embeddings = true;
+  bool attention_bias = false;   ///< q/k/v projections carry a bias (Qwen2)
+  int32_t bos_id = 1;            ///< -1 when the model has none
+  std::vector<int32_t> eos_ids;  ///< generation stops on any of these
+
+  int64_t q_dim() const { return n_heads * head_dim; }
+  int64_t kv_dim() const { return n_kv_heads * head_dim; }
+
+  /// Throws Error(bad_config) naming the offending field when inconsistent.
+  void validate() const;
+  /// One line, for logs and `--help` listings.
+  std::string summary() const;
+};
+
+/// Inclusive range [first, last] of transformer layers.
+struct LayerRange {
+  int64_t first = 0;
+  int64_t last = 0;
+  int64_t count() const { return last - first + 1; }
+  bool operator==(const LayerRange&) const = default;
+};
+
+/// Parses "A-B" or "A" (a single layer). Throws Error(bad_argument).
+LayerRange parse_layer_range(const std::string& text);
+/// Parses "0-1,2-3,4" into consecutive ranges. Throws Error(bad_argument).
+std::vector<LayerRange> parse_layer_ranges(const std::string& text);
+/// Checks that `ranges` cover [0, n_layers) in order without gaps or overlaps.
+void check_route_covers(const std::vector<LayerRange>& ranges, int64_t n_layers);
+
+} // namespace strata::model

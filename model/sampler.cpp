@@ -1,0 +1,92 @@
+#include "model/sampler.hpp"
+
+#include "model/error.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace strata::model {
+
+void SamplingParams::validate() const {
+  if (!std::isfinite(temperature) || temperature < 0.0f || temperature > 100.0f)
+    throw Error(errc::bad_argument, "temperature must be in [0, 100] (got " + std::to_string(temperature) + ")");
+  if (top_k < 0)
+    throw Error(errc::bad_argument, "top_k must be >= 0 (got " + std::to_string(top_k) + ")");
+  if (!std::isfinite(top_p) || top_p <= 0.0f || top_p > 1.0f)
+    throw Error(errc::bad_argument, "top_p must be in (0, 1] (got " + std::to_string(top_p) + ")");
+}
+
+Sampler::Sampler(SamplingParams params) : p_(params), rng_(params.seed * 0x9e3779b97f4a7c15ull + 0x2545F4914F6CDD1Dull) {
+  p_.validate();
+  if (rng_ == 0)
+    rng_ = 1;
+}
+
+float Sampler::next_uniform() {
+  // xorshift* as in llama2.c's run.c
+  rng_ ^= rng_ >> 12;
+  rng_ ^= rng_ << 25;
+  rng_ ^= rng_ >> 27;
+  const auto r = static_cast<uint32_t>((rng_ * 0x2545F4914F6CDD1Dull) >> 32);
+  return static_cast<float>(r >> 8) / 16777216.0f;
+}
+
+int32_t Sampler::argmax(std::span<const float> logits) {
+  int32_t best = 0;
+  for (std::size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[static_cast<std::size_t>(best)])
+      best = static_cast<int32_t>(i);
+  return best;
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  if (logits.empty())
+    throw Error(errc::bad_shape, "cannot sample from empty logits");
+  if (p_.temperature == 0.0f)
+    return argmax(logits);
+  // Candidates sorted by logit (ties: lower id first), cut by top-k.
+  scratch_.clear();
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    scratch_.emplace_back(logits[i], static_cast<int32_t>(i));
+  auto cmp = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  std::size_t k = scratch_.size();
+  if (p_.top_k > 0 && static_cast<std::size_t>(p_.top_k) < k) {
+    k = static_cast<std::size_t>(p_.top_k);
+    std::partial_sort(scratch_.begin(), scratch_.begin() + static_cast<std::ptrdiff_t>(k), scratch_.end(), cmp);
+    scratch_.resize(k);
+  } else if (p_.top_p < 1.0f) {
+    std::sort(scratch_.begin(), scratch_.end(), cmp);
+  }
+  // Softmax at the temperature.
+  const float mx = std::max_element(scratch_.begin(), scratch_.end(), [](auto& a, auto& b) { return a.first < b.first; })->first;
+  double sum = 0;
+  for (auto& c : scratch_) {
+    c.first = std::exp((c.first - mx) / p_.temperature);
+    sum += c.first;
+  }
+  // Nucleus cut: smallest prefix whose mass reaches top_p (needs sorted order).
+  std::size_t n = scratch_.size();
+  if (p_.top_p < 1.0f) {
+    double cum = 0;
+    for (std::size_t i = 0; i < scratch_.size(); ++i) {
+      cum += scratch_[i].first / sum;
+      if (cum >= p_.top_p) {
+        n = i + 1;
+        break;
+      }
+    }
+    sum = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      sum += scratch_[i].first;
+  }
+  const double coin = static_cast<double>(next_uniform()) * sum;
+  double cum = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    cum += scratch_[i].first;
+    if (coin < cum)
+      return scratch_[i].second;
+  }
+  return scratch_[n - 1].second;
+}
+
+} // namespace strata::model

@@ -1,0 +1,204 @@
+#include "runtime/cli.hpp"
+
+#include "model/error.hpp"
+#include "model/tokenizer.hpp"
+#include "runtime/args.hpp"
+#include "runtime/generator.hpp"
+
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+
+namespace strata::runtime {
+
+namespace {
+
+constexpr const char* top_usage =
+  "usage: strata <command> [options]\n"
+  "\n"
+  "commands:\n"
+  "  generate     generate text with a model in this process\n"
+  "  tokenize     print the token ids of a text\n"
+  "  detokenize   print the text of token ids\n"
+  "\n"
+  "Run 'strata <command> --help' for the options of a command.\n";
+
+std::unique_ptr<model::Tokenizer> open_tokenizer(const std::string& spec) {
+  if (spec == "builtin:bytes")
+    return model::Tokenizer::bytes();
+  return model::Tokenizer::load(spec);
+}
+
+int cmd_generate(int argc, char** argv) {
+  Args a;
+  a.option("model", "PATH|builtin:NAME", "llama2.c .bin, Hugging Face directory, or builtin:tiny / builtin:qwen2-0.5b")
+    .option("tokenizer", "PATH", "tokenizer.bin or tokenizer.json (builtin models bring their own)")
+    .option("prompt", "TEXT", "prompt text (needs a tokenizer)")
+    .option("prompt-ids", "1,2,3", "prompt as token ids")
+    .option("max-tokens", "N", "most tokens to generate (default 128)")
+    .option("temperature", "T", "0 = greedy (default 0)")
+    .option("top-k", "K", "keep the K most likely tokens (0 = off)")
+    .option("top-p", "P", "nucleus sampling mass in (0, 1] (default 1)")
+    .option("seed", "S", "random seed for sampling (default 0)")
+    .option("threads", "N", "threads for tensor math (default: all cores)")
+    .option("output", "text|ids", "print text (default) or the generated ids");
+  a.parse(argc, argv, 2);
+  if (a.help_requested()) {
+    std::cout << "usage: strata generate --model PATH|builtin:NAME (--prompt TEXT | --prompt-ids 1,2,3) [options]\n\n"
+              << "Runs the whole model in this process, prefill then cached decode.\n"
+              << "Stops at --max-tokens, at the model's stop ids, or at the context length.\n\noptions:\n"
+              << a.help_text();
+    return 0;
+  }
+  const std::string model_spec = a.required("model");
+  if (a.has("prompt") == a.has("prompt-ids"))
+    throw UsageError("give exactly one of --prompt and --prompt-ids");
+  const std::string output = a.str("output", "text");
+  if (output != "text" && output != "ids")
+    throw UsageError("--output must be 'text' or 'ids', got '" + output + "'");
+  GenerateRequest req;
+  req.max_tokens = a.integer("max-tokens", 128, 0, int64_t{1} << 24);
+  req.sampling.temperature = static_cast<float>(a.number("temperature", 0.0, 0.0, 100.0));
+  req.sampling.top_k = static_cast<int32_t>(a.integer("top-k", 0, 0, int64_t{1} << 30));
+  req.sampling.top_p = static_cast<float>(a.number("top-p", 1.0, 1e-9, 1.0));
+  req.sampling.seed = static_cast<uint64_t>(a.integer("seed", 0, 0, INT64_MAX));
+  const int threads = static_cast<int>(a.integer("threads", 0, 0, 1024));
+  std::vector<int32_t> prompt_ids;
+  if (a.has("prompt-ids")) {
+    prompt_ids = parse_id_list(a.str("prompt-ids"), "--prompt-ids");
+    if (prompt_ids.empty())
+      throw UsageError("--prompt-ids is empty");
+  }
+  model::set_num_threads(threads);
+
+  LocalPipeline pipe(model_spec);
+  const auto& cfg = pipe.config();
+  std::unique_ptr<model::Tokenizer> tok =
+    a.has("tokenizer") ? open_tokenizer(a.str("tokenizer")) : model::default_tokenizer_for(cfg);
+  if (tok && tok->vocab_size() > cfg.vocab_size)
+    throw model::Error(model::errc::bad_argument, "tokenizer has " + std::to_string(tok->vocab_size()) +
+                                                    " tokens but the model's vocabulary is " + std::to_string(cfg.vocab_size));
+  if (a.has("prompt")) {
+    if (!tok)
+      throw UsageError("--prompt needs --tokenizer for this model (or use --prompt-ids)");
+    prompt_ids = tok->encode(a.str("prompt"), cfg.bos_id >= 0 && tok->bos_id() == cfg.bos_id);
+    if (prompt_ids.empty())
+      throw UsageError("the prompt encodes to no tokens");
+  }
+  if (output == "text" && !tok)
+    throw UsageError("text output needs --tokenizer for this model (or use --output ids)");
+  req.prompt_ids = prompt_ids;
+
+  std::optional<model::StreamDecoder> dec;
+  if (output == "text") {
+    dec.emplace(*tok);
+    std::string head;
+    for (auto id : prompt_ids)
+      head += dec->push(id);
+    std::fwrite(head.data(), 1, head.size(), stdout);
+    std::fflush(stdout);
+  }
+  auto res = generate(pipe, req, [&](int32_t id) {
+    if (dec) {
+      const std::string piece = dec->push(id);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+  });
+  if (dec) {
+    const std::string rest = dec->finish();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    std::fputc('\n', stdout);
+  } else {
+    for (std::size_t i = 0; i < res.ids.size(); ++i)
+      std::printf("%s%d", i ? " " : "", res.ids[i]);
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+  const double tps = res.decode_ms > 0 && res.ids.size() > 1 ? (res.ids.size() - 1) * 1000.0 / res.decode_ms : 0.0;
+  std::fprintf(stderr, "[strata] %zu prompt tokens, %zu generated, finish=%s, prefill %.1f ms, decode %.1f tok/s\n",
+               prompt_ids.size(), res.ids.size(), to_string(res.finish), res.prefill_ms, tps);
+  return 0;
+}
+
+std::string read_stdin() {
+  std::string s((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  return s;
+}
+
+int cmd_tokenize(int argc, char** argv) {
+  Args a;
+  a.option("tokenizer", "PATH", "tokenizer.bin, tokenizer.json, or builtin:bytes")
+    .option("bos", "", "prepend the BOS id (tokenizers that have one)")
+    .option("text", "TEXT", "text to encode (default: all of standard input)");
+  a.parse(argc, argv, 2);
+  if (a.help_requested()) {
+    std::cout << "usage: strata tokenize --tokenizer PATH [--bos] [--text TEXT]\n\n"
+              << "Prints the token ids space-separated on one line.\n\noptions:\n"
+              << a.help_text();
+    return 0;
+  }
+  auto tok = open_tokenizer(a.required("tokenizer"));
+  const std::string text = a.has("text") ? a.str("text") : read_stdin();
+  const auto ids = tok->encode(text, a.has("bos"));
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    std::printf("%s%d", i ? " " : "", ids[i]);
+  std::printf("\n");
+  return 0;
+}
+
+int cmd_detokenize(int argc, char** argv) {
+  Args a;
+  a.option("tokenizer", "PATH", "tokenizer.bin, tokenizer.json, or builtin:bytes");
+  a.parse(argc, argv, 2, "IDS");
+  if (a.help_requested()) {
+    std::cout << "usage: strata detokenize --tokenizer PATH IDS...\n\n"
+              << "Prints the text of the ids (space- or comma-separated), with no newline added.\n\noptions:\n"
+              << a.help_text();
+    return 0;
+  }
+  auto tok = open_tokenizer(a.required("tokenizer"));
+  std::vector<int32_t> ids;
+  for (auto& p : a.positionals()) {
+    auto part = parse_id_list(p, "token ids");
+    ids.insert(ids.end(), part.begin(), part.end());
+  }
+  const std::string text = tok->decode(ids);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return 0;
+}
+
+} // namespace
+
+int run_cli(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(top_usage, stderr);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  try {
+    if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+      std::fputs(top_usage, stdout);
+      return 0;
+    }
+    if (cmd == "generate")
+      return cmd_generate(argc, argv);
+    if (cmd == "tokenize")
+      return cmd_tokenize(argc, argv);
+    if (cmd == "detokenize")
+      return cmd_detokenize(argc, argv);
+    std::fprintf(stderr, "strata: error: unknown command '%s' (try 'strata --help')\n", cmd.c_str());
+    return 2;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "strata %s: error: %s\n", cmd.c_str(), e.what());
+    return 2;
+  } catch (const model::Error& e) {
+    std::fprintf(stderr, "strata %s: error: %s\n", cmd.c_str(), e.what());
+    return e.code() == model::errc::bad_argument ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+}
+
+} // namespace strata::runtime
