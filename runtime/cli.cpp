@@ -172,7 +172,7 @@ int cmd_detokenize(int argc, char** argv) {
 
 int run_cli(int argc, char** argv) {
   if (argc < 2) {
-    std::fputs(top_usage, stderr);
+    std::fputs("strata: error: no command given (try 'strata --help')\n", stderr);
     return 2;
   }
   const std::string cmd = argv[1];

@@ -1,0 +1,64 @@
+#include "model/error.hpp"
+#include "model/sampler.hpp"
+#include "tests/support.hpp"
+
+#include <map>
+
+namespace strata {
+namespace {
+
+TEST(Sampler, GreedyTakesTheFirstMaximum) {
+  model::Sampler s({});
+  std::vector<float> l = {0.1f, 3.0f, -1.0f, 3.0f};
+  EXPECT_EQ(s.sample(l), 1);
+}
+
+TEST(Sampler, SameSeedSameIds) {
+  std::vector<float> l(50);
+  for (std::size_t i = 0; i < l.size(); ++i)
+    l[i] = static_cast<float>(i % 7) * 0.3f;
+  model::SamplingParams p{0.8f, 0, 1.0f, 1234};
+  model::Sampler a(p), b(p);
+  std::vector<int32_t> x, y;
+  for (int i = 0; i < 100; ++i) {
+    x.push_back(a.sample(l));
+    y.push_back(b.sample(l));
+  }
+  EXPECT_EQ(x, y);
+  p.seed = 99;
+  model::Sampler c(p);
+  std::vector<int32_t> z;
+  for (int i = 0; i < 100; ++i)
+    z.push_back(c.sample(l));
+  EXPECT_NE(x, z);
+}
+
+TEST(Sampler, TopKAndTopPRestrictTheCandidates) {
+  std::vector<float> l = {5.0f, 4.9f, 4.8f, 0.0f, -1.0f, 4.7f};
+  model::Sampler k({1.0f, 2, 1.0f, 7});
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 500; ++i)
+    ++seen[k.sample(l)];
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(seen.count(0) && seen.count(1));
+  // top_p small enough keeps only the most likely token.
+  model::Sampler p({1.0f, 0, 0.01f, 7});
+  for (int i = 0; i < 100; ++i)
+    EXPECT_EQ(p.sample(l), 0);
+  // With temperature and no cut, every token shows up eventually.
+  model::Sampler all({5.0f, 0, 1.0f, 3});
+  seen.clear();
+  for (int i = 0; i < 5000; ++i)
+    ++seen[all.sample(l)];
+  EXPECT_EQ(seen.size(), l.size());
+}
+
+TEST(Sampler, RejectsBadSettings) {
+  EXPECT_MODEL_ERROR(model::Sampler({-1.0f, 0, 1.0f, 0}), model::errc::bad_argument, "temperature");
+  EXPECT_MODEL_ERROR(model::Sampler({1.0f, -3, 1.0f, 0}), model::errc::bad_argument, "top_k");
+  EXPECT_MODEL_ERROR(model::Sampler({1.0f, 0, 0.0f, 0}), model::errc::bad_argument, "top_p");
+  EXPECT_MODEL_ERROR(model::Sampler({1.0f, 0, 1.5f, 0}), model::errc::bad_argument, "top_p");
+}
+
+} // namespace
+} // namespace strata

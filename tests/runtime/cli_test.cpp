@@ -1,0 +1,146 @@
+// The command line is a contract: other checks drive strata through it.
+
+#include "tests/support.hpp"
+
+#include <array>
+#include <cstdio>
+#include <sys/wait.h>
+
+namespace strata {
+namespace {
+
+struct Run {
+  int code;
+  std::string out;
+};
+
+// Runs the strata executable with `args` (shell-quoted by the caller); stderr
+// goes to stdout when `merge` is set.
+Run strata(const std::string& args, bool merge = false, const std::string& stdin_text = {}) {
+  std::string cmd = std::string(STRATA_EXE) + " " + args + (merge ? " 2>&1" : " 2>/dev/null");
+  if (!stdin_text.empty()) {
+    auto dir = test::scratch_dir("cli_stdin");
+    test::write_file(dir / "in.txt", stdin_text);
+    cmd += " < " + (dir / "in.txt").string();
+  } else {
+    cmd += " < /dev/null";
+  }
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  std::size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0)
+    out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+int lines(const std::string& s) {
+  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+}
+
+TEST(Cli, HelpForEverySubcommand) {
+  for (std::string sub : {"generate", "tokenize", "detokenize"}) {
+    auto r = strata(sub + " --help");
+    EXPECT_EQ(r.code, 0) << sub;
+    EXPECT_NE(r.out.find("usage: strata " + sub), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(strata("--help").code, 0);
+}
+
+TEST(Cli, BadArgumentsGiveOneLineAndExitTwo) {
+  const std::vector<std::string> bad = {
+    "",
+    "frobnicate",
+    "generate --prompt hi",                                           // no --model
+    "generate --model builtin:tiny",                                  // no prompt
+    "generate --model builtin:tiny --prompt a --prompt-ids 1",        // both
+    "generate --model builtin:tiny --prompt-ids 1 --max-tokens x",    // not a number
+    "generate --model builtin:tiny --prompt-ids 1 --temperature -1",  // out of range
+    "generate --model builtin:tiny --prompt-ids 1 --top-p 2",
+    "generate --model builtin:tiny --prompt-ids 1,,2",
+    "generate --model builtin:tiny --prompt-ids 1 --output xml",
+    "generate --model builtin:tiny --prompt-ids 1 --bogus",
+    "generate --model builtin:tiny --prompt-ids 1 --max-tokens",      // missing value
+    "generate --model builtin:nope --prompt-ids 1",
+    "tokenize",
+    "tokenize --tokenizer builtin:bytes --text a --text b",
+    "detokenize --tokenizer builtin:bytes 1 x",
+  };
+  for (auto& args : bad) {
+    auto r = strata(args, true);
+    EXPECT_EQ(r.code, 2) << args << " -> " << r.out;
+    EXPECT_LE(lines(r.out), 1) << args << " -> " << r.out;
+    EXPECT_NE(r.out.find("error"), std::string::npos) << args << " -> " << r.out;
+  }
+}
+
+TEST(Cli, RuntimeFailuresExitOne) {
+  auto r = strata("generate --model /nonexistent.bin --prompt-ids 1", true);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent.bin"), std::string::npos);
+  EXPECT_EQ(lines(r.out), 1) << r.out;
+  r = strata("generate --model builtin:tiny --prompt-ids 1,300", true);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("token_out_of_range"), std::string::npos) << r.out;
+}
+
+TEST(Cli, GenerateIdsMatchesTextOutput) {
+  auto ids = strata("generate --model builtin:tiny --prompt 'Once upon' --max-tokens 12 --output ids");
+  ASSERT_EQ(ids.code, 0);
+  auto text = strata("generate --model builtin:tiny --prompt 'Once upon' --max-tokens 12");
+  ASSERT_EQ(text.code, 0);
+  // Text = prompt + decode(ids) + newline.
+  std::string expected = "Once upon";
+  std::istringstream is(ids.out);
+  int id, count = 0;
+  while (is >> id) {
+    if (id >= 3)
+      expected += static_cast<char>(id - 3);
+    ++count;
+  }
+  EXPECT_EQ(count, 12);
+  EXPECT_EQ(text.out, expected + "\n");
+}
+
+TEST(Cli, GenerateMatchesStoriesReference) {
+  STRATA_REQUIRE_SHARED("models/stories260K.bin");
+  const auto ref = test::read_json(test::shared_path("models/stories260K.greedy.json"));
+  const auto& c = ref["cases"][1];
+  std::string prompt, expect;
+  for (auto& v : c["prompt_ids"])
+    prompt += (prompt.empty() ? "" : ",") + std::to_string(v.get<int>());
+  for (auto& v : c["expected_generated_ids"])
+    expect += (expect.empty() ? "" : " ") + std::to_string(v.get<int>());
+  const auto steps = c["steps"].get<int>() - static_cast<int>(c["prompt_ids"].size()) + 1;
+  auto r = strata("generate --model " + test::shared_path("models/stories260K.bin") + " --prompt-ids " + prompt +
+                  " --max-tokens " + std::to_string(steps) + " --output ids --threads 1");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out, expect + "\n");
+}
+
+TEST(Cli, TokenizeAndDetokenize) {
+  STRATA_REQUIRE_SHARED("models/llama2-tokenizer.bin");
+  const auto tok = test::shared_path("models/llama2-tokenizer.bin");
+  auto r = strata("tokenize --tokenizer " + tok + " --bos --text 'I believe the meaning of life is'");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out, "1 306 4658 278 6593 310 2834 338\n");
+  r = strata("tokenize --tokenizer " + tok + " --bos", false, "I believe the meaning of life is");
+  EXPECT_EQ(r.out, "1 306 4658 278 6593 310 2834 338\n");
+  r = strata("detokenize --tokenizer " + tok + " 1 306 4658 278 6593 310 2834 338");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out, "I believe the meaning of life is");
+  r = strata("detokenize --tokenizer " + tok + " 99999", true);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("99999"), std::string::npos);
+}
+
+TEST(Cli, QwenTokenizeMatchesReference) {
+  STRATA_REQUIRE_SHARED("models/qwen-tokenizer.json");
+  auto r = strata("tokenize --tokenizer " + test::shared_path("models/qwen-tokenizer.json") + " --text 'Hello, world!'");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out, "9707 11 1879 0\n");
+}
+
+} // namespace
+} // namespace strata

@@ -1,0 +1,66 @@
+#pragma once
+// Helpers shared by the tests: where ../shared is, skipping when it is absent,
+// scratch directories, reading the reference JSON files.
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace strata::test {
+
+inline std::string shared_path(const std::string& rel) {
+  return std::string(STRATA_SHARED_DIR) + "/" + rel;
+}
+
+inline bool have_shared(const std::string& rel) {
+  return std::filesystem::exists(shared_path(rel));
+}
+
+inline nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+/// A fresh, empty directory under the build tree for one test.
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  auto p = std::filesystem::path(STRATA_BINARY_DIR) / "test-scratch" / name;
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p;
+}
+
+inline void write_file(const std::filesystem::path& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+} // namespace strata::test
+
+/// Skips the test, saying why, when a file of ../shared is missing.
+#define STRATA_REQUIRE_SHARED(rel)                                                                     \
+  do {                                                                                                 \
+    if (!::strata::test::have_shared(rel))                                                             \
+      GTEST_SKIP() << "test data " << ::strata::test::shared_path(rel)                                \
+                   << " is absent (../shared is not next to this checkout); skipping";                \
+  } while (0)
+
+/// Expects `stmt` to throw strata::model::Error with code `code` and a message containing `needle`.
+#define EXPECT_MODEL_ERROR(stmt, expected_code, needle)                                                         \
+  do {                                                                                                 \
+    try {                                                                                              \
+      stmt;                                                                                            \
+      ADD_FAILURE() << "expected " #expected_code " from: " #stmt;                                              \
+    } catch (const ::strata::model::Error& e_) {                                                       \
+      EXPECT_EQ(e_.code(), expected_code) << e_.what();                                                         \
+      EXPECT_NE(std::string(e_.what()).find(needle), std::string::npos)                                \
+        << "message '" << e_.what() << "' lacks '" << needle << "'";                                  \
+    }                                                                                                  \
+  } while (0)
