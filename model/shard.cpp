@@ -9,6 +9,7 @@
 #include "model/shard.hpp"
 
 #include "model/error.hpp"
+#include "model/kernels.hpp"
 #include "model/weights.hpp"
 
 #include <ATen/Parallel.h>
@@ -111,19 +112,9 @@ struct Workspace {
   at::Tensor att;  // (T, q_dim) attention output, heads concatenated
   at::Tensor h13;  // (T, 2*hidden) gate | up
   at::Tensor hb;   // (T, hidden) SwiGLU output
-  // 1-D views of the above for T == 1 (gemv path).
-  at::Tensor x1, xb1, qkv1, att1, h131, hb1;
   at::Tensor xn;     // (dim) final-normed last row
   at::Tensor logits; // (vocab)
 };
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i)
-    s += a[i] * b[i];
-  return s;
-}
 
 void rmsnorm(float* out, const float* x, const float* w, int64_t n, float eps) {
   float ss = 0.f;
@@ -145,6 +136,7 @@ struct Shard::Impl {
   uint64_t uid = next_shard_uid++;
   std::vector<float> rope_cos, rope_sin; // (max_seq_len, head_dim / 2)
   Workspace ws;
+  std::vector<const float*> block_ptrs; // cache blocks of the call in flight
 
   void build_rope() {
     const int64_t half = cfg.head_dim / 2;
@@ -171,14 +163,6 @@ struct Shard::Impl {
     ws.att = at::empty({T, cfg.q_dim()}, opts);
     ws.h13 = at::empty({T, 2 * cfg.hidden_dim}, opts);
     ws.hb = at::empty({T, cfg.hidden_dim}, opts);
-    if (T == 1) {
-      ws.x1 = ws.x.view({cfg.dim});
-      ws.xb1 = ws.xb.view({cfg.dim});
-      ws.qkv1 = ws.qkv.view({cfg.q_dim() + 2 * cfg.kv_dim()});
-      ws.att1 = ws.att.view({cfg.q_dim()});
-      ws.h131 = ws.h13.view({2 * cfg.hidden_dim});
-      ws.hb1 = ws.hb.view({cfg.hidden_dim});
-    }
     if (!ws.xn.defined() && range.last == cfg.n_layers - 1) {
       ws.xn = at::empty({cfg.dim}, opts);
       ws.logits = at::empty({cfg.vocab_size}, opts);
@@ -186,19 +170,18 @@ struct Shard::Impl {
     ws.T = T;
   }
 
-  // out = in @ w^T  (T rows); gemv when T == 1.
-  void linear(at::Tensor& out, at::Tensor& out1, const at::Tensor& in, const at::Tensor& in1, const at::Tensor& w,
-              const at::Tensor& w_t, int64_t T) {
+  // out = in @ w^T (T rows): our gemv for one row, BLAS sgemm for several.
+  void linear(at::Tensor& out, const at::Tensor& in, const at::Tensor& w, const at::Tensor& w_t, int64_t T) {
     if (T == 1)
-      at::mv_out(out1, w, in1);
+      detail::gemv(w.data_ptr<float>(), in.data_ptr<float>(), out.data_ptr<float>(), w.size(0), w.size(1), false);
     else
       at::mm_out(out, in, w_t);
   }
 
   // x += in @ w^T
-  void residual(const at::Tensor& in, const at::Tensor& in1, const at::Tensor& w, const at::Tensor& w_t, int64_t T) {
+  void residual(const at::Tensor& in, const at::Tensor& w, const at::Tensor& w_t, int64_t T) {
     if (T == 1)
-      ws.x1.addmv_(w, in1);
+      detail::gemv(w.data_ptr<float>(), in.data_ptr<float>(), ws.x.data_ptr<float>(), w.size(0), w.size(1), true);
     else
       ws.x.addmm_(in, w_t);
   }
@@ -233,37 +216,22 @@ struct Shard::Impl {
     const float* qkv = ws.qkv.data_ptr<float>();
     float* att = ws.att.data_ptr<float>();
     const int64_t ctx = past + T;
-    const int64_t work_per_item = ctx * hd;
-    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, work_per_item));
+    block_ptrs.resize(cache.blocks.size());
+    for (std::size_t b = 0; b < cache.blocks.size(); ++b)
+      block_ptrs[b] = cache.blocks[b].get();
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, ctx * hd));
     at::parallel_for(0, T * nh, grain, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> scores;
       if (static_cast<int64_t>(scores.size()) < ctx)
         scores.resize(static_cast<std::size_t>(ctx));
       for (int64_t item = begin; item < end; ++item) {
         const int64_t t = item / nh, h = item % nh, g = h / group;
-        const int64_t n = past + t + 1; // causal: positions 0 .. past + t
-        const float* q = qkv + t * qkv_stride + h * hd;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          const float sc = dot(q, cache.k(l, j) + g * hd, hd) * scale;
-          scores[static_cast<std::size_t>(j)] = sc;
-          mx = std::max(mx, sc);
-        }
-        float sum = 0.f;
-        for (int64_t j = 0; j < n; ++j) {
-          const float e = std::exp(scores[static_cast<std::size_t>(j)] - mx);
-          scores[static_cast<std::size_t>(j)] = e;
-          sum += e;
-        }
-        float* out = att + t * cfg.q_dim() + h * hd;
-        std::fill(out, out + hd, 0.f);
-        for (int64_t j = 0; j < n; ++j) {
-          const float a = scores[static_cast<std::size_t>(j)] / sum;
-          const float* v = cache.v(l, j) + g * hd;
-#pragma omp simd
-          for (int64_t i = 0; i < hd; ++i)
-            out[i] += a * v[i];
-        }
+        const detail::CacheRows rows{block_ptrs.data(), KVCache::block_tokens, cfg.kv_dim(),
+                                     (l * 2) * KVCache::block_tokens * cfg.kv_dim() + g * hd,
+                                     (l * 2 + 1) * KVCache::block_tokens * cfg.kv_dim() + g * hd};
+        // causal: row t sees positions 0 .. past + t
+        detail::attend(qkv + t * qkv_stride + h * hd, rows, past + t + 1, hd, scale, scores.data(),
+                       att + t * cfg.q_dim() + h * hd);
       }
     });
   }
@@ -305,7 +273,7 @@ struct Shard::Impl {
       // Attention block.
       for (int64_t t = 0; t < T; ++t)
         rmsnorm(xb + t * D, x + t * D, lw.attn_norm.data_ptr<float>(), D, eps);
-      linear(ws.qkv, ws.qkv1, ws.xb, ws.xb1, lw.wqkv, lw.wqkv_t, T);
+      linear(ws.qkv, ws.xb, lw.wqkv, lw.wqkv_t, T);
       for (int64_t t = 0; t < T; ++t) {
         float* row = qkv + t * qkv_stride;
         if (lw.bqkv.defined()) {
@@ -319,11 +287,11 @@ struct Shard::Impl {
         std::memcpy(cache.v(l, past + t), row + Q + KV, static_cast<std::size_t>(KV) * sizeof(float));
       }
       attention(cache, l, past, T);
-      residual(ws.att, ws.att1, lw.wo, lw.wo_t, T);
+      residual(ws.att, lw.wo, lw.wo_t, T);
       // Feed-forward block (SwiGLU).
       for (int64_t t = 0; t < T; ++t)
         rmsnorm(xb + t * D, x + t * D, lw.ffn_norm.data_ptr<float>(), D, eps);
-      linear(ws.h13, ws.h131, ws.xb, ws.xb1, lw.w13, lw.w13_t, T);
+      linear(ws.h13, ws.xb, lw.w13, lw.w13_t, T);
       for (int64_t t = 0; t < T; ++t) {
         const float* g = h13 + t * 2 * H;
         const float* u = g + H;
@@ -331,14 +299,14 @@ struct Shard::Impl {
         for (int64_t i = 0; i < H; ++i)
           o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
       }
-      residual(ws.hb, ws.hb1, lw.w2, lw.w2_t, T);
+      residual(ws.hb, lw.w2, lw.w2_t, T);
     }
     cache.seq_len = past + T; // commit: only now do the new tokens count
     ShardOutput out;
     if (w.final_norm.defined()) {
       float* xn = ws.xn.data_ptr<float>();
       rmsnorm(xn, x + (T - 1) * D, w.final_norm.data_ptr<float>(), D, eps);
-      at::mv_out(ws.logits, w.classifier, ws.xn);
+      detail::gemv(w.classifier.data_ptr<float>(), xn, ws.logits.data_ptr<float>(), cfg.vocab_size, D, false);
       const float* lp = ws.logits.data_ptr<float>();
       out.logits.assign(lp, lp + cfg.vocab_size);
     } else {

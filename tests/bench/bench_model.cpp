@@ -1,0 +1,154 @@
+// strata_bench model: decode speed of stories260K, of a Qwen2.5-0.5B-shaped
+// builtin against the DRAM roofline, and cached vs stateless step times.
+// A benchmark, not a test: it prints a table and asserts nothing.
+
+#include "model/shard.hpp"
+#include "runtime/generator.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace strata;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(clk::time_point t0) {
+  return std::chrono::duration<double>(clk::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Vectorized sum of [lo, hi): the read loop the roofline is measured with.
+__attribute__((target_clones("avx512f", "avx2", "default"))) float sum_range(const float* p, std::size_t lo,
+                                                                             std::size_t hi) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (std::size_t i = lo; i < hi; ++i)
+    s += p[i];
+  return s;
+}
+
+// Read bandwidth in GB/s: `threads` threads each summing their part of a 1 GiB buffer.
+double measure_bandwidth(int threads) {
+  const std::size_t n = (std::size_t{1} << 30) / sizeof(float);
+  static std::vector<float> buf(n, 1.0f);
+  std::vector<double> runs;
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<double> sums(static_cast<std::size_t>(threads));
+    auto t0 = clk::now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] {
+        const std::size_t lo = n / threads * t, hi = t == threads - 1 ? n : n / threads * (t + 1);
+        sums[static_cast<std::size_t>(t)] = sum_range(buf.data(), lo, hi);
+      });
+    for (auto& t : ts)
+      t.join();
+    runs.push_back(static_cast<double>(n * sizeof(float)) / seconds_since(t0) / 1e9);
+    if (std::accumulate(sums.begin(), sums.end(), 0.0) < 0)
+      std::puts("impossible");
+  }
+  return median(runs);
+}
+
+void bench_stories(const std::string& path) {
+  if (!std::filesystem::exists(path)) {
+    std::printf("stories260K: %s absent, skipped\n", path.c_str());
+    return;
+  }
+  runtime::LocalPipeline pipe(path);
+  runtime::GenerateRequest req;
+  req.prompt_ids = {1};
+  req.max_tokens = 256; // llama2.c's default -n 256
+  std::printf("\n## stories260K decode (greedy, prompt [BOS], 256 tokens, median of 7 runs)\n\n");
+  std::printf("| threads | tok/s |\n|---|---|\n");
+  for (int threads : {1, 2}) {
+    model::set_num_threads(threads);
+    std::vector<double> tps;
+    for (int rep = 0; rep < 7; ++rep) {
+      auto t0 = clk::now();
+      auto res = runtime::generate(pipe, req);
+      tps.push_back(static_cast<double>(res.ids.size()) / seconds_since(t0));
+    }
+    std::printf("| %d | %.0f |\n", threads, median(tps));
+  }
+}
+
+void bench_qwen_shape(double bw1, double bw2) {
+  auto t0 = clk::now();
+  auto shard = model::Shard::load("builtin:qwen2-0.5b");
+  const auto& c = shard->config();
+  std::printf("\n## builtin:qwen2-0.5b (dim 896, 24 layers, 14/2 heads, hidden 4864, vocab 151936, tied, f32)\n\n");
+  std::printf("load: %.1f s, weights %.2f GB\n\n", seconds_since(t0), static_cast<double>(shard->weight_bytes()) / 1e9);
+  // Bytes read per decoded token: every layer matrix + the (tied) classifier.
+  const double per_token = static_cast<double>(shard->weight_bytes());
+  std::printf("| threads | decode tok/s | bandwidth GB/s | roofline tok/s | %% of roofline |\n|---|---|---|---|---|\n");
+  for (int threads : {1, 2}) {
+    model::set_num_threads(threads);
+    auto cache = shard->new_cache();
+    std::vector<int32_t> prompt = {9707, 11, 1879, 0};
+    auto out = shard->forward(prompt, model::consecutive_positions(0, 4), cache);
+    std::vector<double> step;
+    for (int i = 0; i < 12; ++i) {
+      int32_t next = static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
+      auto s0 = clk::now();
+      out = shard->forward(std::span<const int32_t>(&next, 1), model::consecutive_positions(cache.seq_len(), 1), cache);
+      step.push_back(seconds_since(s0));
+    }
+    step.erase(step.begin(), step.begin() + 2); // warm-up
+    const double tps = 1.0 / median(step);
+    const double bw = threads == 1 ? bw1 : bw2;
+    const double roof = bw * 1e9 / per_token;
+    std::printf("| %d | %.2f | %.1f | %.2f | %.0f %% |\n", threads, tps, bw, roof, 100.0 * tps / roof);
+  }
+  // Cached step vs stateless step at several lengths (2 threads).
+  model::set_num_threads(2);
+  std::printf("\n### cached vs stateless decode step, 2 threads\n\n");
+  std::printf("| context | cached step ms | stateless step ms (recompute the prefix) |\n|---|---|---|\n");
+  for (int64_t len : {64, 256, 1024, 2048}) {
+    std::vector<int32_t> ids(static_cast<std::size_t>(len));
+    for (int64_t i = 0; i < len; ++i)
+      ids[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 7919) % c.vocab_size);
+    auto cache = shard->new_cache();
+    auto s0 = clk::now();
+    shard->forward(ids, model::consecutive_positions(0, len), cache); // = one stateless step at this length
+    const double stateless = seconds_since(s0);
+    std::vector<double> step;
+    for (int i = 0; i < 6; ++i) {
+      int32_t t = 42;
+      auto s1 = clk::now();
+      shard->forward(std::span<const int32_t>(&t, 1), model::consecutive_positions(cache.seq_len(), 1), cache);
+      step.push_back(seconds_since(s1));
+    }
+    std::printf("| %lld | %.1f | %.0f |\n", static_cast<long long>(len), median(step) * 1e3, stateless * 1e3);
+  }
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const std::string what = argc > 1 ? argv[1] : "model";
+  if (what != "model" && what != "stories") {
+    std::fprintf(stderr, "usage: strata_bench model|stories [path/to/stories260K.bin]\n");
+    return 2;
+  }
+  const std::string stories = argc > 2 ? argv[2] : "../shared/models/stories260K.bin";
+  std::printf("# strata_bench model (%u hardware threads)\n", std::thread::hardware_concurrency());
+  bench_stories(stories);
+  if (what == "stories")
+    return 0;
+  const double bw1 = measure_bandwidth(1), bw2 = measure_bandwidth(2);
+  std::printf("\nmeasured read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", bw1, bw2);
+  bench_qwen_shape(bw1, bw2);
+  return 0;
+}
