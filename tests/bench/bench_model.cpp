@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <numeric>
 #include <string>
+#include <sys/resource.h>
 #include <thread>
 #include <vector>
 
@@ -21,6 +22,13 @@ namespace {
 
 double seconds_since(clk::time_point t0) {
   return std::chrono::duration<double>(clk::now() - t0).count();
+}
+
+double cpu_seconds() {
+  rusage r{};
+  getrusage(RUSAGE_SELF, &r);
+  return static_cast<double>(r.ru_utime.tv_sec + r.ru_stime.tv_sec) +
+         static_cast<double>(r.ru_utime.tv_usec + r.ru_stime.tv_usec) / 1e6;
 }
 
 double median(std::vector<double> v) {
@@ -84,7 +92,7 @@ void bench_stories(const std::string& path) {
   }
 }
 
-void bench_qwen_shape(double bw1, double bw2) {
+void bench_qwen_shape(double bw1, double bw2, bool sweep) {
   auto t0 = clk::now();
   auto shard = model::Shard::load("builtin:qwen2-0.5b");
   const auto& c = shard->config();
@@ -92,25 +100,31 @@ void bench_qwen_shape(double bw1, double bw2) {
   std::printf("load: %.1f s, weights %.2f GB\n\n", seconds_since(t0), static_cast<double>(shard->weight_bytes()) / 1e9);
   // Bytes read per decoded token: every layer matrix + the (tied) classifier.
   const double per_token = static_cast<double>(shard->weight_bytes());
-  std::printf("| threads | decode tok/s | bandwidth GB/s | roofline tok/s | %% of roofline |\n|---|---|---|---|---|\n");
+  std::printf("| threads | decode tok/s | cores busy | bandwidth GB/s | roofline tok/s | %% of roofline |\n"
+              "|---|---|---|---|---|---|\n");
   for (int threads : {1, 2}) {
     model::set_num_threads(threads);
     auto cache = shard->new_cache();
     std::vector<int32_t> prompt = {9707, 11, 1879, 0};
     auto out = shard->forward(prompt, model::consecutive_positions(0, 4), cache);
     std::vector<double> step;
+    const double cpu0 = cpu_seconds();
+    const auto wall0 = clk::now();
     for (int i = 0; i < 12; ++i) {
       int32_t next = static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
       auto s0 = clk::now();
       out = shard->forward(std::span<const int32_t>(&next, 1), model::consecutive_positions(cache.seq_len(), 1), cache);
       step.push_back(seconds_since(s0));
     }
+    const double busy = (cpu_seconds() - cpu0) / seconds_since(wall0);
     step.erase(step.begin(), step.begin() + 2); // warm-up
     const double tps = 1.0 / median(step);
     const double bw = threads == 1 ? bw1 : bw2;
     const double roof = bw * 1e9 / per_token;
-    std::printf("| %d | %.2f | %.1f | %.2f | %.0f %% |\n", threads, tps, bw, roof, 100.0 * tps / roof);
+    std::printf("| %d | %.2f | %.2f | %.1f | %.2f | %.0f %% |\n", threads, tps, busy, bw, roof, 100.0 * tps / roof);
   }
+  if (!sweep)
+    return;
   // Cached step vs stateless step at several lengths (2 threads).
   model::set_num_threads(2);
   std::printf("\n### cached vs stateless decode step, 2 threads\n\n");
@@ -138,17 +152,18 @@ void bench_qwen_shape(double bw1, double bw2) {
 
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "model";
-  if (what != "model" && what != "stories") {
-    std::fprintf(stderr, "usage: strata_bench model|stories [path/to/stories260K.bin]\n");
+  if (what != "model" && what != "stories" && what != "qwen") {
+    std::fprintf(stderr, "usage: strata_bench model|stories|qwen [path/to/stories260K.bin]\n");
     return 2;
   }
   const std::string stories = argc > 2 ? argv[2] : "../shared/models/stories260K.bin";
   std::printf("# strata_bench model (%u hardware threads)\n", std::thread::hardware_concurrency());
-  bench_stories(stories);
+  if (what != "qwen")
+    bench_stories(stories);
   if (what == "stories")
     return 0;
   const double bw1 = measure_bandwidth(1), bw2 = measure_bandwidth(2);
   std::printf("\nmeasured read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", bw1, bw2);
-  bench_qwen_shape(bw1, bw2);
+  bench_qwen_shape(bw1, bw2, what == "model");
   return 0;
 }
