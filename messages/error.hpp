@@ -3,6 +3,8 @@
 // (category "strata"). Values are spaced so they stay stable on the wire.
 
 #include <caf/error.hpp>
+#include <caf/message.hpp>
+#include <caf/make_message.hpp>
 
 #include <cstdint>
 #include <string>

@@ -241,6 +241,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(strata, caf::first_custom_type_id)
   CAF_ADD_ATOM(strata, strata::atom, generate_atom, "generate")
   CAF_ADD_ATOM(strata, strata::atom, step_atom, "step")
   CAF_ADD_ATOM(strata, strata::atom, cancel_atom, "cancel")
+  CAF_ADD_ATOM(strata, strata::atom, retry_atom, "retry")
+  CAF_ADD_ATOM(strata, strata::atom, tick_atom, "tick")
 CAF_END_TYPE_ID_BLOCK(strata)
 
 namespace strata::msg {

@@ -87,6 +87,13 @@ std::size_t KVCache::bytes() const {
   return impl_ ? impl_->blocks.size() * static_cast<std::size_t>(impl_->block_floats()) * sizeof(float) : 0;
 }
 
+std::size_t KVCache::bytes_for(int64_t tokens) const {
+  if (!impl_ || tokens <= 0)
+    return 0;
+  const auto blocks = static_cast<std::size_t>((tokens + block_tokens - 1) / block_tokens);
+  return std::max(blocks, impl_->blocks.size()) * static_cast<std::size_t>(impl_->block_floats()) * sizeof(float);
+}
+
 void KVCache::truncate(int64_t n) {
   if (!impl_ || n >= impl_->seq_len)
     return;
@@ -410,6 +417,10 @@ ShardOutput Shard::forward(const Activation& hidden, std::span<const int64_t> po
   s.ensure_workspace(hidden.rows);
   std::memcpy(s.ws.x.data_ptr<float>(), hidden.data.data(), hidden.data.size() * sizeof(float));
   return s.run_layers(hidden.rows, cache);
+}
+
+ModelConfig read_config(const std::string& model) {
+  return detail::open_source(model)->config();
 }
 
 std::vector<std::string> builtin_model_names() {

@@ -54,6 +54,9 @@ public:
   int64_t seq_len() const;
   /// Bytes of memory held (allocated blocks, not only the used part).
   std::size_t bytes() const;
+  /// Bytes this cache would hold with `tokens` tokens (for budgeting an append
+  /// before doing it).
+  std::size_t bytes_for(int64_t tokens) const;
   /// Forget everything from token `n` on (n <= seq_len). Frees whole blocks.
   void truncate(int64_t n);
   /// Tokens per allocation block.
@@ -107,6 +110,9 @@ private:
   explicit Shard(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+/// The configuration of `model` (same specs as Shard::load) without loading weights.
+ModelConfig read_config(const std::string& model);
 
 /// Positions start, start+1, ..., start+n-1.
 std::vector<int64_t> consecutive_positions(int64_t start, int64_t n);

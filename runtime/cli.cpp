@@ -1,5 +1,6 @@
 #include "runtime/cli.hpp"
 
+#include "actors/cluster.hpp"
 #include "model/error.hpp"
 #include "model/tokenizer.hpp"
 #include "runtime/args.hpp"
@@ -41,12 +42,16 @@ int cmd_generate(int argc, char** argv) {
     .option("top-p", "P", "nucleus sampling mass in (0, 1] (default 1)")
     .option("seed", "S", "random seed for sampling (default 0)")
     .option("threads", "N", "threads for tensor math (default: all cores)")
-    .option("output", "text|ids", "print text (default) or the generated ids");
+    .option("output", "text|ids", "print text (default) or the generated ids")
+    .option("shards", "A-B,C-D,...", "run through in-process shard actors with these layer ranges")
+    .option("inject", "SPEC[,SPEC]", "failures at decode steps: evict:I@S kill:I@S epoch@S desync:I@S dup:I@S");
   a.parse(argc, argv, 2);
   if (a.help_requested()) {
     std::cout << "usage: strata generate --model PATH|builtin:NAME (--prompt TEXT | --prompt-ids 1,2,3) [options]\n\n"
               << "Runs the whole model in this process, prefill then cached decode.\n"
-              << "Stops at --max-tokens, at the model's stop ids, or at the context length.\n\noptions:\n"
+              << "Stops at --max-tokens, at the model's stop ids, or at the context length.\n"
+              << "With --shards (or --inject) the generation runs through shard actors, a session\n"
+              << "actor and a route supervisor; injected failures must not change the output.\n\noptions:\n"
               << a.help_text();
     return 0;
   }
@@ -70,9 +75,19 @@ int cmd_generate(int argc, char** argv) {
       throw UsageError("--prompt-ids is empty");
   }
   model::set_num_threads(threads);
+  const bool actors_mode = a.has("shards") || a.has("inject");
 
-  LocalPipeline pipe(model_spec);
-  const auto& cfg = pipe.config();
+  const model::ModelConfig cfg = model::read_config(model_spec);
+  std::unique_ptr<LocalPipeline> pipe;
+  if (!actors_mode)
+    pipe = std::make_unique<LocalPipeline>(model_spec);
+  std::vector<model::LayerRange> ranges = {model::LayerRange{0, cfg.n_layers - 1}};
+  if (a.has("shards")) {
+    ranges = model::parse_layer_ranges(a.str("shards"));
+    model::check_route_covers(ranges, cfg.n_layers);
+  }
+  if (a.has("inject"))
+    actors::parse_injections(a.str("inject"), static_cast<int64_t>(ranges.size())); // validate before running
   std::unique_ptr<model::Tokenizer> tok =
     a.has("tokenizer") ? open_tokenizer(a.str("tokenizer")) : model::default_tokenizer_for(cfg);
   if (tok && tok->vocab_size() > cfg.vocab_size)
@@ -98,13 +113,52 @@ int cmd_generate(int argc, char** argv) {
     std::fwrite(head.data(), 1, head.size(), stdout);
     std::fflush(stdout);
   }
-  auto res = generate(pipe, req, [&](int32_t id) {
+  auto emit = [&](int32_t id) {
     if (dec) {
       const std::string piece = dec->push(id);
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     }
-  });
+  };
+  GenerateResult res;
+  if (actors_mode) {
+    const auto rules = GenerationRules::make(cfg, req);
+    actors::actor_config acfg;
+    caf::actor_system sys{acfg};
+    actors::LocalCluster cluster(sys, model_spec, ranges);
+    const auto inject = actors::parse_injections(a.str("inject"), static_cast<int64_t>(ranges.size()));
+    msg::generation_request greq;
+    greq.session = "cli-1";
+    greq.prompt = req.prompt_ids;
+    greq.max_tokens = req.max_tokens;
+    greq.sampling = {req.sampling.temperature, req.sampling.top_k, req.sampling.top_p,
+                     model::Sampler(req.sampling).state()};
+    greq.stop_ids = rules.stop_ids;
+    auto out = cluster.generate(greq, inject, [&](const msg::token_event& ev) { emit(ev.token); });
+    if (!out.ok())
+      throw model::Error(model::errc::io, "generation failed: " + sys.render(out.error));
+    res.ids = out.result.ids;
+    res.finish = out.result.finish == "stop" ? FinishReason::stop
+                 : out.result.finish == "context" ? FinishReason::context : FinishReason::length;
+    res.prefill_ms = out.result.prefill_ms;
+    res.decode_ms = out.result.total_ms - out.result.prefill_ms;
+    std::string misses;
+    uint64_t total_misses = 0;
+    for (std::size_t r = 1; r < out.result.misses.size(); ++r)
+      if (out.result.misses[r] > 0) {
+        misses += std::string(misses.empty() ? "" : ", ") + msg::to_string(static_cast<msg::miss_reason>(r)) + "=" +
+                  std::to_string(out.result.misses[r]);
+        total_misses += out.result.misses[r];
+      }
+    std::fprintf(stderr, "[strata] %zu shard actors, %zu injected failures; cache misses %llu (%s), re-prefills %llu, "
+                         "route changes %llu, retries %llu\n",
+                 ranges.size(), inject.size(), static_cast<unsigned long long>(total_misses),
+                 misses.empty() ? "none" : misses.c_str(), static_cast<unsigned long long>(out.result.reprefills),
+                 static_cast<unsigned long long>(out.result.route_changes),
+                 static_cast<unsigned long long>(out.result.retries));
+  } else {
+    res = generate(*pipe, req, emit);
+  }
   if (dec) {
     const std::string rest = dec->finish();
     std::fwrite(rest.data(), 1, rest.size(), stdout);

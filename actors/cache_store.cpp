@@ -1,0 +1,202 @@
+#include "actors/cache_store.hpp"
+
+namespace strata::actors {
+
+using msg::miss_reason;
+
+SessionCacheStore::SessionCacheStore(StoreLimits limits, cache_factory make_cache, now_fn now)
+  : limits_(limits), make_cache_(std::move(make_cache)), now_(std::move(now)) {
+}
+
+std::size_t SessionCacheStore::bytes() const {
+  std::size_t n = 0;
+  for (auto& c : lru_)
+    n += c.cache.bytes();
+  return n;
+}
+
+void SessionCacheStore::remember(const std::string& session, miss_reason why) {
+  if (why_gone_.count(session) == 0 && newest_epoch_.count(session) == 0)
+    memory_order_.push_back(session);
+  why_gone_[session] = why;
+  while (memory_order_.size() > limits_.history) {
+    const auto& old = memory_order_.front();
+    if (index_.count(old) == 0) { // never forget the epoch of a live session
+      why_gone_.erase(old);
+      newest_epoch_.erase(old);
+    }
+    memory_order_.pop_front();
+  }
+}
+
+void SessionCacheStore::drop(list_type::iterator it, miss_reason why) {
+  const std::string session = it->session;
+  index_.erase(session);
+  lru_.erase(it);
+  remember(session, why);
+}
+
+void SessionCacheStore::touch(list_type::iterator it) {
+  it->last_used = now_();
+  lru_.splice(lru_.begin(), lru_, it);
+}
+
+SessionCacheStore::Lookup SessionCacheStore::miss(const std::string& session, miss_reason why, std::string detail) {
+  ++counters_.misses[static_cast<std::size_t>(why)];
+  Lookup l;
+  l.miss = why;
+  l.detail = "session '" + session + "': " + std::move(detail);
+  return l;
+}
+
+bool SessionCacheStore::check_epoch(const std::string& session, int64_t epoch, Lookup& out) {
+  auto it = newest_epoch_.find(session);
+  if (it != newest_epoch_.end() && epoch < it->second) {
+    ++counters_.stale;
+    out.err = caf::make_error(ec::stale_epoch, "session '" + session + "' request at epoch " + std::to_string(epoch) +
+                                                 " but epoch " + std::to_string(it->second) + " was already seen");
+    return false;
+  }
+  if (it == newest_epoch_.end()) {
+    if (why_gone_.count(session) == 0)
+      memory_order_.push_back(session);
+    newest_epoch_[session] = epoch;
+  } else {
+    it->second = epoch;
+  }
+  return true;
+}
+
+SessionCacheStore::Lookup SessionCacheStore::open(const std::string& session, int64_t epoch) {
+  Lookup out;
+  if (!check_epoch(session, epoch, out))
+    return out;
+  expire();
+  if (auto it = index_.find(session); it != index_.end()) {
+    lru_.erase(it->second); // replaced by the fresh context
+    index_.erase(it);
+  }
+  // Session cap: evict the least recently used others.
+  while (index_.size() >= limits_.max_sessions && !lru_.empty()) {
+    ++counters_.evictions_lru;
+    drop(std::prev(lru_.end()), miss_reason::evicted_lru);
+  }
+  lru_.push_front(Context{session, epoch, make_cache_(), now_(), -1, -1, {}, {}});
+  index_[session] = lru_.begin();
+  why_gone_.erase(session);
+  out.ctx = &lru_.front();
+  return out;
+}
+
+SessionCacheStore::Lookup SessionCacheStore::find(const std::string& session, int64_t epoch, int64_t past_len,
+                                                  int64_t step_id) {
+  Lookup out;
+  if (!check_epoch(session, epoch, out))
+    return out;
+  auto it = index_.find(session);
+  if (it != index_.end())
+    expire(&*it->second);
+  else
+    expire();
+  it = index_.find(session);
+  if (it == index_.end()) {
+    auto gone = why_gone_.find(session);
+    if (gone == why_gone_.end())
+      return miss(session, miss_reason::unknown_session, "no cache was ever opened here");
+    return miss(session, gone->second, std::string("cache is gone: ") + msg::to_string(gone->second));
+  }
+  Context& ctx = *it->second;
+  if (ctx.epoch < epoch) {
+    const auto old = ctx.epoch;
+    drop(it->second, miss_reason::superseded);
+    return miss(session, miss_reason::superseded,
+                "cache was built at epoch " + std::to_string(old) + ", request is at epoch " + std::to_string(epoch));
+  }
+  const int64_t held = ctx.cache.seq_len();
+  if (past_len != held) {
+    if (step_id == ctx.last_step && past_len == ctx.last_past_len) {
+      out.ctx = &ctx;
+      out.duplicate = true;
+      touch(it->second);
+      return out;
+    }
+    return miss(session, miss_reason::seq_mismatch,
+                "request expects " + std::to_string(past_len) + " cached tokens, the cache holds " + std::to_string(held));
+  }
+  ++counters_.hits;
+  touch(it->second);
+  out.ctx = &ctx;
+  return out;
+}
+
+caf::error SessionCacheStore::reserve(Context& ctx, int64_t tokens) {
+  const std::size_t need = ctx.cache.bytes_for(tokens);
+  if (need > limits_.max_bytes) {
+    ++counters_.budget_errors;
+    const std::string session = ctx.session;
+    auto it = index_.find(session);
+    if (it != index_.end())
+      drop(it->second, miss_reason::evicted_lru);
+    return caf::make_error(ec::budget_exceeded, "session '" + session + "' needs " + std::to_string(need) +
+                                                  " cache bytes for " + std::to_string(tokens) +
+                                                  " tokens, more than the shard's whole budget of " +
+                                                  std::to_string(limits_.max_bytes));
+  }
+  std::size_t total = bytes() - ctx.cache.bytes() + need;
+  while (total > limits_.max_bytes) {
+    // Least recently used other context.
+    auto victim = std::prev(lru_.end());
+    while (&*victim == &ctx)
+      victim = std::prev(victim);
+    total -= victim->cache.bytes();
+    ++counters_.evictions_lru;
+    drop(victim, miss_reason::evicted_lru);
+  }
+  return {};
+}
+
+void SessionCacheStore::committed(Context& ctx, int64_t step_id, int64_t past_len) {
+  ctx.last_step = step_id;
+  ctx.last_past_len = past_len;
+  ctx.last_used = now_();
+}
+
+void SessionCacheStore::release(const std::string& session) {
+  if (auto it = index_.find(session); it != index_.end())
+    drop(it->second, miss_reason::released);
+  else
+    remember(session, miss_reason::released);
+}
+
+void SessionCacheStore::evict(const std::string& session, miss_reason reason) {
+  if (auto it = index_.find(session); it != index_.end()) {
+    if (reason == miss_reason::evicted_ttl)
+      ++counters_.evictions_ttl;
+    else if (reason == miss_reason::evicted_lru)
+      ++counters_.evictions_lru;
+    drop(it->second, reason);
+  }
+}
+
+void SessionCacheStore::forget(const std::string& session) {
+  if (auto it = index_.find(session); it != index_.end()) {
+    lru_.erase(it->second);
+    index_.erase(it);
+  }
+  why_gone_.erase(session);
+  newest_epoch_.erase(session);
+}
+
+void SessionCacheStore::expire(const Context* keep) {
+  const auto now = now_();
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    auto next = std::next(it);
+    if (&*it != keep && now - it->last_used > limits_.ttl) {
+      ++counters_.evictions_ttl;
+      drop(it, miss_reason::evicted_ttl);
+    }
+    it = next;
+  }
+}
+
+} // namespace strata::actors

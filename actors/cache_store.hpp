@@ -1,0 +1,117 @@
+#pragma once
+// SessionCacheStore: the per-shard map from (session id, route epoch) to an
+// isolated KV cache for the shard's own layers. A plain class; the shard actor
+// owns one as private state.
+//
+// Rules:
+// * bounded by a byte budget (the caches' own bytes()), a session cap and an
+//   idle TTL, with LRU eviction; the session being served is never its own
+//   victim; a session that alone needs more than the budget is a budget error;
+// * a lookup returns the context or a miss with a reason; a bounded history of
+//   recent misses tells a later lookup why the state is gone;
+// * an epoch older than the newest seen for the session is stale (an error);
+// * the clock is injectable; counters are exposed for metrics.
+
+#include "messages/messages.hpp"
+#include "model/shard.hpp"
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <list>
+#include <string>
+#include <unordered_map>
+
+namespace strata::actors {
+
+struct StoreLimits {
+  std::size_t max_bytes = std::size_t{1} << 30;
+  std::size_t max_sessions = 64;
+  std::chrono::milliseconds ttl{10 * 60 * 1000};
+  std::size_t history = 4096; ///< remembered misses and epochs
+};
+
+struct StoreCounters {
+  uint64_t hits = 0;
+  uint64_t misses[msg::miss_reason_count] = {};
+  uint64_t evictions_lru = 0;
+  uint64_t evictions_ttl = 0;
+  uint64_t stale = 0;
+  uint64_t budget_errors = 0;
+};
+
+class SessionCacheStore {
+public:
+  using clock = std::chrono::steady_clock;
+  using now_fn = std::function<clock::time_point()>;
+  using cache_factory = std::function<model::KVCache()>;
+
+  struct Context {
+    std::string session;
+    int64_t epoch = 0;
+    model::KVCache cache;
+    clock::time_point last_used;
+    // The last applied step, so that a duplicate can be recognised and replayed.
+    int64_t last_step = -1;
+    int64_t last_past_len = -1;
+    msg::tensor_blob replay_hidden; // non-tail: what the step forwarded
+    msg::step_reply replay_reply;   // tail: what the step answered
+  };
+
+  /// What a lookup found.
+  struct Lookup {
+    Context* ctx = nullptr;  ///< set on success
+    bool duplicate = false;  ///< ctx already applied this very step
+    msg::miss_reason miss{}; ///< set when ctx is null and err is empty
+    std::string detail;
+    caf::error err; ///< stale epoch
+  };
+
+  SessionCacheStore(StoreLimits limits, cache_factory make_cache, now_fn now = [] { return clock::now(); });
+
+  /// Prefill: opens a fresh context for (session, epoch), replacing any older one.
+  Lookup open(const std::string& session, int64_t epoch);
+  /// Decode: the context that must hold exactly `past_len` tokens.
+  Lookup find(const std::string& session, int64_t epoch, int64_t past_len, int64_t step_id);
+  /// Makes room for `ctx` to grow to `tokens` tokens: evicts other sessions (LRU)
+  /// while over budget. A context that alone exceeds the budget is dropped and
+  /// the result is ec::budget_exceeded.
+  caf::error reserve(Context& ctx, int64_t tokens);
+  /// Records that `ctx` applied step `step_id` at `past_len`.
+  void committed(Context& ctx, int64_t step_id, int64_t past_len);
+  /// Drops a context because its session is done (later lookups: released).
+  void release(const std::string& session);
+  /// Drops a context and remembers `reason` (failure injection, operator evict).
+  void evict(const std::string& session, msg::miss_reason reason);
+  /// Drops a context and forgets it ever existed (later lookups: unknown_session).
+  void forget(const std::string& session);
+  /// Evicts contexts idle for longer than the TTL (except `keep`).
+  void expire(const Context* keep = nullptr);
+
+  std::size_t bytes() const;
+  std::size_t sessions() const { return index_.size(); }
+  const StoreCounters& counters() const { return counters_; }
+  const StoreLimits& limits() const { return limits_; }
+  bool contains(const std::string& session) const { return index_.count(session) != 0; }
+
+private:
+  using list_type = std::list<Context>;
+  Lookup miss(const std::string& session, msg::miss_reason why, std::string detail);
+  void drop(list_type::iterator it, msg::miss_reason why);
+  void remember(const std::string& session, msg::miss_reason why);
+  bool check_epoch(const std::string& session, int64_t epoch, Lookup& out);
+  void touch(list_type::iterator it);
+
+  StoreLimits limits_;
+  cache_factory make_cache_;
+  now_fn now_;
+  list_type lru_; // front = most recently used
+  std::unordered_map<std::string, list_type::iterator> index_;
+  // Bounded memories: why a session's state went away, and its newest epoch.
+  std::unordered_map<std::string, msg::miss_reason> why_gone_;
+  std::unordered_map<std::string, int64_t> newest_epoch_;
+  std::deque<std::string> memory_order_;
+  StoreCounters counters_;
+};
+
+} // namespace strata::actors

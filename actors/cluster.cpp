@@ -1,0 +1,199 @@
+#include "actors/cluster.hpp"
+
+#include "actors/shard_actor.hpp"
+#include "model/error.hpp"
+
+#include <charconv>
+
+namespace strata::actors {
+
+actor_config::actor_config() {
+  msg::register_types(*this);
+}
+
+std::vector<Injection> parse_injections(const std::string& spec, int64_t n_shards) {
+  std::vector<Injection> out;
+  if (spec.empty())
+    return out;
+  std::size_t pos = 0;
+  auto bad = [](const std::string& item, const std::string& why) {
+    return model::Error(model::errc::bad_argument, "injection '" + item + "': " + why +
+                                                     " (forms: evict:I@S, kill:I@S, epoch@S, desync:I@S, dup:I@S)");
+  };
+  auto number = [&](const std::string& item, const std::string& s) {
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc{} || p != s.data() + s.size() || s.empty() || v < 0)
+      throw bad(item, "'" + s + "' is not a non-negative number");
+    return v;
+  };
+  while (pos <= spec.size()) {
+    auto comma = spec.find(',', pos);
+    const std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? spec.size() + 1 : comma + 1;
+    if (item.empty())
+      throw bad(item, "empty item");
+    const auto at = item.find('@');
+    if (at == std::string::npos)
+      throw bad(item, "missing '@S'");
+    const std::string head = item.substr(0, at);
+    Injection inj{};
+    inj.at_token = number(item, item.substr(at + 1));
+    const auto colon = head.find(':');
+    const std::string kind = head.substr(0, colon);
+    if (kind == "epoch") {
+      if (colon != std::string::npos)
+        throw bad(item, "epoch takes no shard");
+      inj.kind = Injection::epoch;
+    } else {
+      if (colon == std::string::npos)
+        throw bad(item, "missing ':I' (the shard index)");
+      inj.shard = number(item, head.substr(colon + 1));
+      if (inj.shard >= n_shards)
+        throw bad(item, "shard " + std::to_string(inj.shard) + " does not exist (there are " +
+                          std::to_string(n_shards) + ")");
+      if (kind == "evict")
+        inj.kind = Injection::evict;
+      else if (kind == "kill")
+        inj.kind = Injection::kill;
+      else if (kind == "desync")
+        inj.kind = Injection::desync;
+      else if (kind == "dup")
+        inj.kind = Injection::dup;
+      else
+        throw bad(item, "unknown kind '" + kind + "'");
+    }
+    out.push_back(inj);
+  }
+  return out;
+}
+
+LocalCluster::LocalCluster(caf::actor_system& sys, std::string model, std::vector<model::LayerRange> ranges,
+                           ClusterOptions opts)
+  : sys_(sys), model_(std::move(model)), ranges_(std::move(ranges)), opts_(opts) {
+  supervisor_ = sys_.spawn(supervisor_actor, opts_.supervisor);
+  for (std::size_t i = 0; i < ranges_.size(); ++i)
+    shards_.push_back(spawn_and_register(i));
+  model::check_route_covers(ranges_, config_.n_layers);
+}
+
+LocalCluster::~LocalCluster() {
+  for (auto& s : shards_)
+    caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
+}
+
+caf::actor LocalCluster::spawn_and_register(std::size_t i) {
+  std::shared_ptr<model::Shard> shard = model::Shard::load(model_, ranges_[i]);
+  config_ = shard->config();
+  auto a = spawn_shard(sys_, shard, opts_.limits);
+  caf::scoped_actor self{sys_};
+  caf::error err;
+  self->request(supervisor_, std::chrono::seconds(10), atom::register_atom_v, a, ranges_[i].first, ranges_[i].last,
+                msg::cache_recipe::of(shard->config()))
+    .receive([](int64_t) {}, [&](caf::error& e) { err = std::move(e); });
+  if (err) {
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    throw model::Error(model::errc::bad_argument, "registering shard " + std::to_string(i) + ": " + sys_.render(err));
+  }
+  return a;
+}
+
+SessionOptions LocalCluster::session_options() const {
+  auto o = opts_.session;
+  o.max_context = config_.max_seq_len;
+  return o;
+}
+
+Outcome LocalCluster::generate(msg::generation_request req, const std::function<void(const msg::token_event&)>& on_token) {
+  return generate(std::move(req), std::vector<Injection>{}, on_token);
+}
+
+Outcome LocalCluster::generate(msg::generation_request req, const std::vector<Injection>& inject,
+                               const std::function<void(const msg::token_event&)>& on_token) {
+  caf::scoped_actor self{sys_};
+  const std::string session = req.session;
+  std::vector<bool> done(inject.size(), false);
+  auto fire = [&](int64_t tokens) {
+    for (std::size_t k = 0; k < inject.size(); ++k)
+      if (!done[k] && inject[k].at_token <= tokens) {
+        done[k] = true;
+        apply(inject[k], session);
+      }
+  };
+  fire(0);
+  auto s = sys_.spawn(session_actor, supervisor_, caf::actor_cast<caf::actor>(self), std::move(req), session_options());
+  Outcome out;
+  bool finished = false;
+  // The session bounds every step itself; this is only a backstop.
+  const auto backstop = opts_.session.step_timeout * (opts_.session.max_retries + 4) + std::chrono::seconds(30);
+  while (!finished) {
+    self->receive(
+      [&](msg::token_event& ev) {
+        if (on_token)
+          on_token(ev);
+        fire(ev.index + 1);
+      },
+      [&](msg::generation_result& r) {
+        out.result = std::move(r);
+        finished = true;
+      },
+      [&](caf::error& e) {
+        out.error = std::move(e);
+        finished = true;
+      },
+      caf::after(backstop) >> [&] {
+        caf::anon_send(s, atom::cancel_atom_v);
+        out.error = caf::make_error(ec::step_timeout, "session '" + session + "' produced nothing for " +
+                                                        std::to_string(backstop.count()) + " ms");
+        finished = true;
+      });
+  }
+  return out;
+}
+
+void LocalCluster::kill_and_replace(std::size_t i) {
+  caf::anon_send_exit(shards_.at(i), caf::exit_reason::kill);
+  shards_[i] = spawn_and_register(i);
+}
+
+void LocalCluster::evict(std::size_t i, const std::string& session, msg::miss_reason why) {
+  caf::anon_send(shards_.at(i), atom::evict_atom_v, session, static_cast<uint8_t>(why));
+}
+
+void LocalCluster::desync(std::size_t i) {
+  caf::anon_send(shards_.at(i), atom::desync_atom_v);
+}
+
+void LocalCluster::duplicate_next(std::size_t i) {
+  caf::anon_send(shards_.at(i), atom::dup_atom_v);
+}
+
+int64_t LocalCluster::bump_epoch() {
+  caf::scoped_actor self{sys_};
+  int64_t epoch = -1;
+  self->request(supervisor_, std::chrono::seconds(10), atom::bump_atom_v)
+    .receive([&](int64_t e) { epoch = e; }, [](caf::error&) {});
+  return epoch;
+}
+
+void LocalCluster::apply(const Injection& inj, const std::string& session) {
+  switch (inj.kind) {
+    case Injection::evict: evict(static_cast<std::size_t>(inj.shard), session, inj.reason); break;
+    case Injection::kill: kill_and_replace(static_cast<std::size_t>(inj.shard)); break;
+    case Injection::epoch: bump_epoch(); break;
+    case Injection::desync: desync(static_cast<std::size_t>(inj.shard)); break;
+    case Injection::dup: duplicate_next(static_cast<std::size_t>(inj.shard)); break;
+  }
+}
+
+std::vector<msg::shard_stats> LocalCluster::stats() {
+  caf::scoped_actor self{sys_};
+  std::vector<msg::shard_stats> out;
+  for (auto& s : shards_)
+    self->request(s, std::chrono::seconds(10), atom::stats_atom_v)
+      .receive([&](msg::shard_stats& st) { out.push_back(std::move(st)); }, [](caf::error&) {});
+  return out;
+}
+
+} // namespace strata::actors

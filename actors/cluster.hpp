@@ -1,0 +1,95 @@
+#pragma once
+// An in-process cluster: a route supervisor and one detached shard actor per
+// layer range, all in one actor system; a blocking helper that runs one
+// generation through a session actor; and the failure injections the command
+// line and the tests use. Nothing here shares memory between actors: messages
+// carry values, so the same actors work across processes.
+
+#include "actors/cache_store.hpp"
+#include "actors/session.hpp"
+#include "actors/supervisor.hpp"
+#include "messages/messages.hpp"
+
+#include <caf/all.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace strata::actors {
+
+/// actor_system_config with strata's message types and error renderer.
+struct actor_config : caf::actor_system_config {
+  actor_config();
+};
+
+struct ClusterOptions {
+  StoreLimits limits;
+  SupervisorOptions supervisor;
+  SessionOptions session;
+};
+
+/// One failure to inject during a generation: `kind` at the moment `at_token`
+/// tokens have been generated.
+struct Injection {
+  enum Kind { evict, kill, epoch, desync, dup } kind;
+  int64_t shard = 0;
+  int64_t at_token = 0;
+  msg::miss_reason reason = msg::miss_reason::evicted_lru; ///< for evict
+};
+
+/// Parses "evict:I@S,kill:I@S,epoch@S,desync:I@S,dup:I@S". Throws
+/// model::Error(bad_argument) naming the bad item.
+std::vector<Injection> parse_injections(const std::string& spec, int64_t n_shards);
+
+/// The outcome of one generation.
+struct Outcome {
+  msg::generation_result result;
+  caf::error error; ///< set when the generation failed
+  bool ok() const { return !error; }
+};
+
+class LocalCluster {
+public:
+  LocalCluster(caf::actor_system& sys, std::string model, std::vector<model::LayerRange> ranges,
+               ClusterOptions opts = {});
+  ~LocalCluster();
+  LocalCluster(const LocalCluster&) = delete;
+  LocalCluster& operator=(const LocalCluster&) = delete;
+
+  caf::actor supervisor() const { return supervisor_; }
+  caf::actor shard(std::size_t i) const { return shards_.at(i); }
+  std::size_t size() const { return shards_.size(); }
+  const model::ModelConfig& config() const { return config_; }
+  /// Session options with the model's context length filled in.
+  SessionOptions session_options() const;
+
+  /// Runs one generation to its end. `on_token` sees each token as it streams.
+  Outcome generate(msg::generation_request req, const std::function<void(const msg::token_event&)>& on_token = {});
+  /// The same with injections applied as their token counts are reached.
+  Outcome generate(msg::generation_request req, const std::vector<Injection>& inject,
+                   const std::function<void(const msg::token_event&)>& on_token = {});
+
+  // Failure injection.
+  void kill_and_replace(std::size_t i);
+  void evict(std::size_t i, const std::string& session, msg::miss_reason why);
+  void desync(std::size_t i);
+  void duplicate_next(std::size_t i);
+  int64_t bump_epoch();
+  void apply(const Injection& inj, const std::string& session);
+
+  std::vector<msg::shard_stats> stats();
+
+private:
+  caf::actor spawn_and_register(std::size_t i);
+
+  caf::actor_system& sys_;
+  std::string model_;
+  std::vector<model::LayerRange> ranges_;
+  ClusterOptions opts_;
+  model::ModelConfig config_;
+  caf::actor supervisor_;
+  std::vector<caf::actor> shards_;
+};
+
+} // namespace strata::actors

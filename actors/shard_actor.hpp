@@ -1,0 +1,44 @@
+#pragma once
+// The shard actor: owns one model::Shard (a layer range) and its
+// SessionCacheStore as private state. Spawn it detached: its handlers run the
+// model and must not starve the scheduler.
+//
+// Interface (untyped actor):
+//   step_request            -> step_reply (tail token or cache_miss) | error;
+//                              non-tail shards forward along the request's route
+//                              (delegation: the tail answers the session directly)
+//   (release_atom, session) -> drops the session's cache
+//   (stats_atom)            -> shard_stats
+//   (evict_atom, session, uint8 reason)  -> drops the session's cache (injection)
+//   (desync_atom)           -> the next request is treated as carrying a wrong past_len
+//   (dup_atom)              -> the next decode request is delivered twice
+
+#include "actors/cache_store.hpp"
+
+#include <caf/all.hpp>
+
+#include <memory>
+
+namespace strata::actors {
+
+struct shard_state {
+  std::shared_ptr<model::Shard> shard;
+  std::unique_ptr<SessionCacheStore> store;
+  msg::cache_recipe recipe;
+  bool desync_next = false;
+  bool dup_next = false;
+  uint64_t steps = 0;
+  uint64_t duplicates = 0;
+  static inline const char* name = "strata.shard";
+
+  caf::result<msg::step_reply> handle(caf::stateful_actor<shard_state>* self, msg::step_request& req);
+  msg::shard_stats stats() const;
+};
+
+caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_ptr<model::Shard> shard,
+                          StoreLimits limits);
+
+/// Spawns a detached shard actor for `shard`.
+caf::actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits = {});
+
+} // namespace strata::actors

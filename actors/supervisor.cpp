@@ -1,0 +1,127 @@
+#include "actors/supervisor.hpp"
+
+#include <algorithm>
+#include <functional>
+
+namespace strata::actors {
+
+msg::route_info supervisor_state::plan(bool count_load) {
+  msg::route_info r;
+  r.epoch = epoch;
+  if (!recipe)
+    return r;
+  r.recipe = *recipe;
+  const int64_t n = recipe->n_layers;
+  // Depth-first over shards starting where the previous one ended, trying the
+  // least-loaded candidates first.
+  std::vector<std::size_t> chain;
+  std::function<bool(int64_t)> dfs = [&](int64_t layer) -> bool {
+    if (layer == n)
+      return true;
+    std::vector<std::size_t> cands;
+    for (std::size_t i = 0; i < shards.size(); ++i)
+      if (shards[i].first == layer)
+        cands.push_back(i);
+    std::stable_sort(cands.begin(), cands.end(), [&](auto a, auto b) { return shards[a].load < shards[b].load; });
+    for (auto i : cands) {
+      chain.push_back(i);
+      if (dfs(shards[i].last + 1))
+        return true;
+      chain.pop_back();
+    }
+    return false;
+  };
+  if (!dfs(0))
+    return r;
+  for (auto i : chain) {
+    if (count_load)
+      ++shards[i].load;
+    r.hops.push_back(msg::hop{shards[i].actor, shards[i].first, shards[i].last});
+  }
+  return r;
+}
+
+void supervisor_state::changed(caf::event_based_actor* self) {
+  ++epoch;
+  // Sessions learn the new epoch and route (or that none is complete now).
+  for (auto& s : sessions)
+    self->send(s, plan(true));
+  auto r = plan(false);
+  if (!r.hops.empty()) {
+    for (auto& w : waiting)
+      w.rp.deliver(plan(true));
+    waiting.clear();
+  }
+}
+
+caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, SupervisorOptions opts) {
+  self->state.opts = opts;
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& st = self->state;
+    auto it = std::find_if(st.shards.begin(), st.shards.end(), [&](auto& e) { return e.actor.address() == dm.source; });
+    if (it != st.shards.end()) {
+      st.shards.erase(it);
+      st.changed(self);
+      return;
+    }
+    st.sessions.erase(std::remove_if(st.sessions.begin(), st.sessions.end(),
+                                     [&](auto& s) { return s.address() == dm.source; }),
+                      st.sessions.end());
+  });
+  return {
+    [=](atom::register_atom, caf::actor shard, int64_t first, int64_t last,
+        msg::cache_recipe recipe) -> caf::result<int64_t> {
+      auto& st = self->state;
+      if (st.recipe && !(*st.recipe == recipe))
+        return caf::make_error(ec::incompatible_recipe,
+                               "shard for layers " + std::to_string(first) + "-" + std::to_string(last) + " serves '" +
+                                 recipe.model + "' (" + recipe.architecture + ", " + std::to_string(recipe.n_layers) +
+                                 " layers, " + std::to_string(recipe.n_kv_heads) + "x" + std::to_string(recipe.head_dim) +
+                                 " KV) but the cluster serves '" + st.recipe->model + "' (" + st.recipe->architecture +
+                                 ", " + std::to_string(st.recipe->n_layers) + " layers, " +
+                                 std::to_string(st.recipe->n_kv_heads) + "x" + std::to_string(st.recipe->head_dim) + " KV)");
+      if (first < 0 || last < first || last >= recipe.n_layers)
+        return caf::make_error(ec::bad_request, "layer range " + std::to_string(first) + "-" + std::to_string(last) +
+                                                  " is outside the model's " + std::to_string(recipe.n_layers) + " layers");
+      st.recipe = recipe;
+      self->monitor(shard);
+      st.shards.push_back(shard_entry{shard, first, last, 0});
+      st.changed(self);
+      return st.epoch;
+    },
+    [=](atom::route_atom) -> caf::result<msg::route_info> {
+      auto& st = self->state;
+      auto r = st.plan(true);
+      if (!r.hops.empty())
+        return r;
+      auto rp = self->make_response_promise();
+      st.waiting.push_back({rp, std::chrono::steady_clock::now() + st.opts.route_wait});
+      self->delayed_send(self, st.opts.route_wait, atom::tick_atom_v);
+      return rp;
+    },
+    [=](atom::tick_atom) {
+      auto& st = self->state;
+      const auto now = std::chrono::steady_clock::now();
+      for (auto it = st.waiting.begin(); it != st.waiting.end();) {
+        if (it->deadline <= now) {
+          it->rp.deliver(caf::make_error(ec::no_route, "no complete route covers all layers after waiting " +
+                                                         std::to_string(st.opts.route_wait.count()) + " ms"));
+          it = st.waiting.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    },
+    [=](atom::subscribe_atom, caf::actor session) {
+      self->monitor(session);
+      self->state.sessions.push_back(session);
+    },
+    [=](atom::bump_atom) {
+      self->state.changed(self);
+      return self->state.epoch;
+    },
+    [=](atom::stats_atom) { return self->state.plan(false); },
+  };
+}
+
+} // namespace strata::actors

@@ -1,0 +1,241 @@
+// The actor runtime in one process: generation through 2 and 3 shard actors
+// equals the single-process stateless ids, and every injected failure ends
+// with the same ids and the recovery counted.
+
+#include "actors/cluster.hpp"
+#include "actors/shard_actor.hpp"
+#include "runtime/generator.hpp"
+#include "tests/support.hpp"
+
+#include <thread>
+
+namespace strata {
+namespace {
+
+using actors::Injection;
+using actors::LocalCluster;
+using msg::miss_reason;
+
+std::string stories() {
+  return test::shared_path("models/stories260K.bin");
+}
+
+std::vector<int32_t> stateless_ids(const std::string& model, const std::vector<int32_t>& prompt, int64_t n) {
+  runtime::LocalPipeline pipe(model);
+  runtime::GenerateRequest req;
+  req.prompt_ids = prompt;
+  req.max_tokens = n;
+  return runtime::generate_stateless(pipe, req).ids;
+}
+
+msg::generation_request request(const std::string& session, std::vector<int32_t> prompt, int64_t n,
+                                const model::ModelConfig& cfg) {
+  msg::generation_request r;
+  r.session = session;
+  r.prompt = std::move(prompt);
+  r.max_tokens = n;
+  r.stop_ids = cfg.eos_ids;
+  return r;
+}
+
+struct ActorRuntime : ::testing::Test {
+  actors::actor_config cfg;
+  caf::actor_system sys{cfg};
+};
+
+TEST_F(ActorRuntime, GoldenThroughTwoAndThreeShards) {
+  std::vector<std::pair<std::string, std::string>> cases = {{"builtin:tiny", "0-2,3-4"}, {"builtin:tiny", "0-1,2-3,4"}};
+  if (test::have_shared("models/stories260K.bin")) {
+    cases.push_back({stories(), "0-1,2-4"});
+    cases.push_back({stories(), "0,1-3,4"});
+  }
+  for (auto& [model, split] : cases) {
+    LocalCluster c(sys, model, model::parse_layer_ranges(split));
+    const std::vector<int32_t> prompt = {1, 60, 70, 80};
+    const auto expected = stateless_ids(model, prompt, 60);
+    std::vector<int32_t> streamed;
+    auto out = c.generate(request("golden", prompt, 60, c.config()),
+                          [&](const msg::token_event& ev) {
+                            EXPECT_EQ(ev.index, static_cast<int64_t>(streamed.size()));
+                            streamed.push_back(ev.token);
+                          });
+    ASSERT_TRUE(out.ok()) << sys.render(out.error);
+    EXPECT_EQ(out.result.ids, expected) << model << " split " << split;
+    EXPECT_EQ(streamed, expected);
+    EXPECT_EQ(out.result.reprefills, 0u);
+  }
+}
+
+TEST_F(ActorRuntime, StoriesReferenceThroughShards) {
+  STRATA_REQUIRE_SHARED("models/stories260K.bin");
+  const auto ref = test::read_json(test::shared_path("models/stories260K.greedy.json"));
+  LocalCluster c(sys, stories(), model::parse_layer_ranges("0-1,2-3,4"));
+  for (const auto& k : ref["cases"]) {
+    auto prompt = k["prompt_ids"].get<std::vector<int32_t>>();
+    const int64_t n = k["steps"].get<int64_t>() - static_cast<int64_t>(prompt.size()) + 1;
+    auto out = c.generate(request("ref", prompt, n, c.config()));
+    ASSERT_TRUE(out.ok()) << sys.render(out.error);
+    EXPECT_EQ(out.result.ids, k["expected_generated_ids"].get<std::vector<int32_t>>());
+  }
+}
+
+struct InjectCase {
+  std::string name;
+  std::vector<Injection> inject;
+  int expect_miss; // miss_reason expected to be counted, 0 = none
+  bool expect_route_change;
+};
+
+class Injections : public ::testing::TestWithParam<InjectCase> {};
+
+TEST_P(Injections, OutputIdenticalAndRecoveryCounted) {
+  actors::actor_config cfg;
+  caf::actor_system sys{cfg};
+  const std::string model = test::have_shared("models/stories260K.bin") ? stories() : "builtin:tiny";
+  const std::vector<int32_t> prompt = {1, 300 % 259, 301 % 259};
+  const auto expected = stateless_ids(model, prompt, 80);
+  LocalCluster c(sys, model, model::parse_layer_ranges("0-1,2-3,4"));
+  auto out = c.generate(request("inj", prompt, 80, c.config()), GetParam().inject);
+  ASSERT_TRUE(out.ok()) << sys.render(out.error);
+  EXPECT_EQ(out.result.ids, expected);
+  if (GetParam().expect_miss) {
+    EXPECT_GE(out.result.misses[static_cast<std::size_t>(GetParam().expect_miss)], 1u);
+    EXPECT_GE(out.result.reprefills, 1u);
+  }
+  if (GetParam().expect_route_change)
+    EXPECT_GE(out.result.route_changes, 1u);
+}
+
+std::vector<InjectCase> inject_cases() {
+  std::vector<InjectCase> v;
+  for (auto r : {miss_reason::unknown_session, miss_reason::evicted_ttl, miss_reason::evicted_lru, miss_reason::released,
+                 miss_reason::superseded}) {
+    Injection i{Injection::evict, 1, 10, r};
+    v.push_back({std::string("Evict_") + msg::to_string(r), {i}, static_cast<int>(r), false});
+  }
+  v.push_back({"Desync", {Injection{Injection::desync, 2, 12, {}}}, static_cast<int>(miss_reason::seq_mismatch), false});
+  v.push_back({"KillMiddle", {Injection{Injection::kill, 1, 15, {}}}, 0, true});
+  v.push_back({"KillHead", {Injection{Injection::kill, 0, 5, {}}}, 0, true});
+  v.push_back({"EpochBump", {Injection{Injection::epoch, 0, 20, {}}}, 0, true});
+  v.push_back({"Duplicate", {Injection{Injection::dup, 1, 8, {}}, Injection{Injection::dup, 2, 9, {}}}, 0, false});
+  v.push_back({"Everything",
+               actors::parse_injections("evict:0@3,kill:2@10,epoch@20,desync:1@30,dup:0@40,kill:0@50,evict:2@60", 3),
+               0, true});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(InProcess, Injections, ::testing::ValuesIn(inject_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST_F(ActorRuntime, DuplicateNeverAdvancesACacheTwice) {
+  LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-1,2-4"));
+  auto out = c.generate(request("dup", {1, 40}, 30, c.config()),
+                        {Injection{Injection::dup, 0, 5, {}}, Injection{Injection::dup, 1, 6, {}}});
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out.result.ids, stateless_ids("builtin:tiny", {1, 40}, 30));
+  auto stats = c.stats();
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_GE(stats[0].duplicates + stats[1].duplicates, 2u);
+  EXPECT_EQ(out.result.reprefills, 0u) << "a duplicate is absorbed, not a miss";
+}
+
+TEST_F(ActorRuntime, SixteenConcurrentSessionsUnderATightBudget) {
+  actors::ClusterOptions opts;
+  // Room for only a few sessions' caches per shard: evictions are forced.
+  opts.limits.max_bytes = 6 * 3 * 2 * model::KVCache::block_tokens * 16 * sizeof(float);
+  opts.session.max_retries = 64;
+  LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-2,3-4"), opts);
+  const int n = 16;
+  std::vector<std::vector<int32_t>> prompts, expected(n);
+  for (int i = 0; i < n; ++i)
+    prompts.push_back({1, static_cast<int32_t>(10 + 7 * i), static_cast<int32_t>(20 + 3 * i)});
+  for (int i = 0; i < n; ++i)
+    expected[static_cast<std::size_t>(i)] = stateless_ids("builtin:tiny", prompts[static_cast<std::size_t>(i)], 40);
+  std::vector<actors::Outcome> outs(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      outs[static_cast<std::size_t>(i)] =
+        c.generate(request("iso-" + std::to_string(i), prompts[static_cast<std::size_t>(i)], 40, c.config()));
+    });
+  for (auto& t : threads)
+    t.join();
+  uint64_t lru_misses = 0;
+  for (int i = 0; i < n; ++i) {
+    auto& o = outs[static_cast<std::size_t>(i)];
+    ASSERT_TRUE(o.ok()) << i << ": " << sys.render(o.error);
+    EXPECT_EQ(o.result.ids, expected[static_cast<std::size_t>(i)]) << "session " << i;
+    lru_misses += o.result.misses[static_cast<std::size_t>(miss_reason::evicted_lru)];
+  }
+  uint64_t evictions = 0;
+  for (auto& s : c.stats()) {
+    evictions += s.evictions;
+    EXPECT_LE(s.cache_bytes, opts.limits.max_bytes);
+  }
+  EXPECT_GT(evictions, 0u) << "the budget should have forced evictions";
+  EXPECT_GT(lru_misses, 0u);
+}
+
+TEST_F(ActorRuntime, IncompatibleShardIsRefused) {
+  LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-4"));
+  auto other = actors::spawn_shard(sys, model::Shard::load("builtin:qwen2-0.5b", {0, 0}));
+  caf::scoped_actor self{sys};
+  caf::error err;
+  msg::cache_recipe r = msg::cache_recipe::of(model::read_config("builtin:qwen2-0.5b"));
+  self->request(c.supervisor(), std::chrono::seconds(5), atom::register_atom_v, other, int64_t{0}, int64_t{0}, r)
+    .receive([](int64_t) {}, [&](caf::error& e) { err = e; });
+  EXPECT_EQ(err, ec::incompatible_recipe);
+  EXPECT_NE(sys.render(err).find("builtin:qwen2-0.5b"), std::string::npos) << sys.render(err);
+  caf::anon_send_exit(other, caf::exit_reason::user_shutdown);
+}
+
+TEST_F(ActorRuntime, NoCompleteRouteFailsWithinTheBound) {
+  actors::ClusterOptions opts;
+  opts.supervisor.route_wait = std::chrono::milliseconds(300);
+  LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-2,3-4"), opts);
+  caf::anon_send_exit(c.shard(1), caf::exit_reason::kill);
+  const auto t0 = std::chrono::steady_clock::now();
+  // Wait until the supervisor has seen the shard go (its plan has no hops).
+  caf::scoped_actor self{sys};
+  for (int i = 0; i < 200; ++i) {
+    bool incomplete = false;
+    self->request(c.supervisor(), std::chrono::seconds(1), atom::stats_atom_v)
+      .receive([&](msg::route_info& r) { incomplete = r.hops.empty(); }, [](caf::error&) {});
+    if (incomplete)
+      break;
+  }
+  auto out = c.generate(request("noroute", {1, 5}, 5, c.config()));
+  EXPECT_FALSE(out.ok());
+  EXPECT_EQ(out.error, ec::no_route) << sys.render(out.error);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST_F(ActorRuntime, BadRequestsGetTypedErrors) {
+  LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-4"));
+  auto out = c.generate(request("empty", {}, 5, c.config()));
+  EXPECT_EQ(out.error, ec::invalid_request);
+  auto big = c.generate(request("big", std::vector<int32_t>(600, 5), 5, c.config()));
+  EXPECT_EQ(big.error, ec::invalid_request);
+  auto bad = c.generate(request("oov", {1, 400}, 5, c.config()));
+  EXPECT_EQ(bad.error, ec::model_error) << sys.render(bad.error);
+  EXPECT_NE(sys.render(bad.error).find("400"), std::string::npos);
+  // A forged step straight to a shard: wrong recipe, wrong shape.
+  caf::scoped_actor self{sys};
+  msg::step_request req;
+  req.session = "forged";
+  req.recipe = msg::cache_recipe::of(c.config());
+  req.recipe.n_layers = 99;
+  req.route = {msg::hop{c.shard(0), 0, 4}};
+  req.positions = {0};
+  req.tokens = {1};
+  caf::error err;
+  self->request(c.shard(0), std::chrono::seconds(5), req).receive([](msg::step_reply&) {}, [&](caf::error& e) { err = e; });
+  EXPECT_EQ(err, ec::incompatible_recipe);
+  req.recipe = msg::cache_recipe::of(c.config());
+  req.tokens = {1, 2};
+  self->request(c.shard(0), std::chrono::seconds(5), req).receive([](msg::step_reply&) {}, [&](caf::error& e) { err = e; });
+  EXPECT_EQ(err, ec::bad_shape);
+}
+
+} // namespace
+} // namespace strata
