@@ -3,6 +3,7 @@
 #include "actors/shard_actor.hpp"
 #include "model/error.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 namespace strata::actors {
@@ -122,6 +123,9 @@ Outcome LocalCluster::generate(msg::generation_request req, const std::vector<In
       }
   };
   fire(0);
+  for (auto& inj : inject)
+    if (inj.at_token > 0)
+      req.pause_after.push_back(inj.at_token);
   auto s = sys_.spawn(session_actor, supervisor_, caf::actor_cast<caf::actor>(self), std::move(req), session_options());
   Outcome out;
   bool finished = false;
@@ -132,7 +136,10 @@ Outcome LocalCluster::generate(msg::generation_request req, const std::vector<In
       [&](msg::token_event& ev) {
         if (on_token)
           on_token(ev);
+        const bool paused = std::any_of(inject.begin(), inject.end(), [&](auto& i) { return i.at_token == ev.index + 1; });
         fire(ev.index + 1);
+        if (paused) // the session waits at this step: inject, then let it go on
+          self->send(s, atom::resume_atom_v);
       },
       [&](msg::generation_result& r) {
         out.result = std::move(r);

@@ -66,7 +66,8 @@ public:
 
   /// Runs one generation to its end. `on_token` sees each token as it streams.
   Outcome generate(msg::generation_request req, const std::function<void(const msg::token_event&)>& on_token = {});
-  /// The same with injections applied as their token counts are reached.
+  /// The same with injections applied exactly when their token counts are
+  /// reached (the session pauses there until they are done).
   Outcome generate(msg::generation_request req, const std::vector<Injection>& inject,
                    const std::function<void(const msg::token_event&)>& on_token = {});
 

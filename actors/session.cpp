@@ -65,6 +65,11 @@ void on_token(self_ptr self, int32_t token) {
     return finish(self, "length");
   if (st.opts.max_context > 0 && static_cast<int64_t>(st.seq.size()) >= st.opts.max_context)
     return finish(self, "context");
+  const auto n = static_cast<int64_t>(st.result.ids.size());
+  if (std::find(st.req.pause_after.begin(), st.req.pause_after.end(), n) != st.req.pause_after.end()) {
+    st.paused = true; // the client resumes us
+    return;
+  }
   send_step(self);
 }
 
@@ -207,11 +212,21 @@ caf::behavior session_actor(caf::stateful_actor<session_state>* self, caf::actor
       if (r.hops.empty()) { // no complete route right now: ask (and wait, bounded)
         st.route.epoch = r.epoch;
         st.route.hops.clear();
+        if (st.paused)
+          return; // resume will fetch it
         return fetch_route(self);
       }
       st.route = std::move(r);
       st.needs_prefill = true;
-      send_step(self); // supersedes the step in flight
+      if (!st.paused)
+        send_step(self); // supersedes the step in flight
+    },
+    [=](atom::resume_atom) {
+      auto& st = self->state;
+      if (!st.paused)
+        return;
+      st.paused = false;
+      send_step(self);
     },
     [=](atom::retry_atom, uint64_t attempt) {
       if (attempt == self->state.attempt)

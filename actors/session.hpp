@@ -9,6 +9,9 @@
 //
 // Client protocol: the client receives token_event (in order), then either a
 // generation_result or a caf::error. (cancel_atom) from anyone ends it early.
+// After the token counts listed in the request's pause_after, the session waits
+// for (resume_atom) before its next step, so a client can inject a failure at
+// an exact step.
 //
 // Phases are behaviors: `routing` (waiting for a route), `stepping` (a step in
 // flight); the route_info and cancel handlers are shared.
@@ -44,6 +47,7 @@ struct session_state {
   msg::generation_result result;
   std::chrono::steady_clock::time_point started;
   bool first_token_seen = false;
+  bool paused = false;
   static inline const char* name = "strata.session";
 };
 

@@ -154,7 +154,9 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_pt
     [=](atom::release_atom, const std::string& session) { self->state.store->release(session); },
     [=](atom::stats_atom) { return self->state.stats(); },
     [=](atom::evict_atom, const std::string& session, uint8_t reason) {
-      if (reason == 0 || reason >= msg::miss_reason_count)
+      if (reason == 0)
+        reason = static_cast<uint8_t>(msg::miss_reason::evicted_lru);
+      if (reason >= msg::miss_reason_count)
         return;
       if (static_cast<msg::miss_reason>(reason) == msg::miss_reason::unknown_session)
         self->state.store->forget(session);

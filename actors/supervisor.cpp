@@ -95,13 +95,13 @@ caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, Supe
       if (!r.hops.empty())
         return r;
       auto rp = self->make_response_promise();
-      st.waiting.push_back({rp, std::chrono::steady_clock::now() + st.opts.route_wait});
+      st.waiting.push_back({rp, self->clock().now() + st.opts.route_wait}); // the actor clock: testable
       self->delayed_send(self, st.opts.route_wait, atom::tick_atom_v);
       return rp;
     },
     [=](atom::tick_atom) {
       auto& st = self->state;
-      const auto now = std::chrono::steady_clock::now();
+      const auto now = self->clock().now();
       for (auto it = st.waiting.begin(); it != st.waiting.end();) {
         if (it->deadline <= now) {
           it->rp.deliver(caf::make_error(ec::no_route, "no complete route covers all layers after waiting " +

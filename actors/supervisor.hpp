@@ -40,7 +40,7 @@ struct supervisor_state {
   std::vector<caf::actor> sessions;
   struct waiter {
     caf::response_promise rp;
-    std::chrono::steady_clock::time_point deadline;
+    caf::actor_clock::time_point deadline;
   };
   std::vector<waiter> waiting;
   SupervisorOptions opts;

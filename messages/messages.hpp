@@ -207,11 +207,15 @@ struct generation_request {
   int64_t max_tokens = 128;
   sampling_state sampling; // rng_state = the seed
   std::vector<int32_t> stop_ids;
+  /// Token counts after which the session pauses until the client sends
+  /// (resume_atom): deterministic points to inject failures at.
+  std::vector<int64_t> pause_after;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
-  return f(caf::meta::type_name("generation_request"), x.session, x.prompt, x.max_tokens, x.sampling, x.stop_ids);
+  return f(caf::meta::type_name("generation_request"), x.session, x.prompt, x.max_tokens, x.sampling, x.stop_ids,
+           x.pause_after);
 }
 
 } // namespace strata::msg
@@ -243,6 +247,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(strata, caf::first_custom_type_id)
   CAF_ADD_ATOM(strata, strata::atom, cancel_atom, "cancel")
   CAF_ADD_ATOM(strata, strata::atom, retry_atom, "retry")
   CAF_ADD_ATOM(strata, strata::atom, tick_atom, "tick")
+  CAF_ADD_ATOM(strata, strata::atom, resume_atom, "resume")
 CAF_END_TYPE_ID_BLOCK(strata)
 
 namespace strata::msg {

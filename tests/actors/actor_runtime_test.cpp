@@ -82,8 +82,9 @@ TEST_F(ActorRuntime, StoriesReferenceThroughShards) {
 struct InjectCase {
   std::string name;
   std::vector<Injection> inject;
-  int expect_miss; // miss_reason expected to be counted, 0 = none
-  bool expect_route_change;
+  int expect_miss;        // miss_reason counted exactly once, 0 = none
+  int64_t route_changes;  // exact, or -1 for "at least one"
+  int64_t reprefills;     // exact, or -1 for "at least one"
 };
 
 class Injections : public ::testing::TestWithParam<InjectCase> {};
@@ -98,12 +99,28 @@ TEST_P(Injections, OutputIdenticalAndRecoveryCounted) {
   auto out = c.generate(request("inj", prompt, 80, c.config()), GetParam().inject);
   ASSERT_TRUE(out.ok()) << sys.render(out.error);
   EXPECT_EQ(out.result.ids, expected);
+  // The session pauses at each injection point, so the recovery is exact.
+  uint64_t total_misses = 0;
+  for (auto m : out.result.misses)
+    total_misses += m;
   if (GetParam().expect_miss) {
-    EXPECT_GE(out.result.misses[static_cast<std::size_t>(GetParam().expect_miss)], 1u);
-    EXPECT_GE(out.result.reprefills, 1u);
+    EXPECT_EQ(out.result.misses[static_cast<std::size_t>(GetParam().expect_miss)], 1u);
+    EXPECT_EQ(total_misses, 1u);
+  } else if (GetParam().route_changes >= 0) {
+    EXPECT_EQ(total_misses, 0u);
   }
-  if (GetParam().expect_route_change)
+  if (GetParam().route_changes >= 0)
+    EXPECT_EQ(out.result.route_changes, static_cast<uint64_t>(GetParam().route_changes));
+  else
     EXPECT_GE(out.result.route_changes, 1u);
+  if (GetParam().reprefills >= 0)
+    EXPECT_EQ(out.result.reprefills, static_cast<uint64_t>(GetParam().reprefills));
+  else
+    EXPECT_GE(out.result.reprefills, 1u);
+  EXPECT_EQ(out.result.retries, 0u);
+  // Every cache was released when the session ended.
+  for (auto& st : c.stats())
+    EXPECT_EQ(st.sessions, 0u) << "shard " << st.first << "-" << st.last;
 }
 
 std::vector<InjectCase> inject_cases() {
@@ -111,16 +128,18 @@ std::vector<InjectCase> inject_cases() {
   for (auto r : {miss_reason::unknown_session, miss_reason::evicted_ttl, miss_reason::evicted_lru, miss_reason::released,
                  miss_reason::superseded}) {
     Injection i{Injection::evict, 1, 10, r};
-    v.push_back({std::string("Evict_") + msg::to_string(r), {i}, static_cast<int>(r), false});
+    v.push_back({std::string("Evict_") + msg::to_string(r), {i}, static_cast<int>(r), 0, 1});
   }
-  v.push_back({"Desync", {Injection{Injection::desync, 2, 12, {}}}, static_cast<int>(miss_reason::seq_mismatch), false});
-  v.push_back({"KillMiddle", {Injection{Injection::kill, 1, 15, {}}}, 0, true});
-  v.push_back({"KillHead", {Injection{Injection::kill, 0, 5, {}}}, 0, true});
-  v.push_back({"EpochBump", {Injection{Injection::epoch, 0, 20, {}}}, 0, true});
-  v.push_back({"Duplicate", {Injection{Injection::dup, 1, 8, {}}, Injection{Injection::dup, 2, 9, {}}}, 0, false});
+  v.push_back({"Desync", {Injection{Injection::desync, 2, 12, {}}}, static_cast<int>(miss_reason::seq_mismatch), 0, 1});
+  // A kill is seen twice by the supervisor (shard down, replacement registers).
+  v.push_back({"KillMiddle", {Injection{Injection::kill, 1, 15, {}}}, 0, 2, 1});
+  v.push_back({"KillHead", {Injection{Injection::kill, 0, 5, {}}}, 0, 2, 1});
+  v.push_back({"KillTail", {Injection{Injection::kill, 2, 1, {}}}, 0, 2, 1});
+  v.push_back({"EpochBump", {Injection{Injection::epoch, 0, 20, {}}}, 0, 1, 1});
+  v.push_back({"Duplicate", {Injection{Injection::dup, 1, 8, {}}, Injection{Injection::dup, 2, 9, {}}}, 0, 0, 0});
   v.push_back({"Everything",
                actors::parse_injections("evict:0@3,kill:2@10,epoch@20,desync:1@30,dup:0@40,kill:0@50,evict:2@60", 3),
-               0, true});
+               0, -1, -1});
   return v;
 }
 
@@ -174,6 +193,61 @@ TEST_F(ActorRuntime, SixteenConcurrentSessionsUnderATightBudget) {
   }
   EXPECT_GT(evictions, 0u) << "the budget should have forced evictions";
   EXPECT_GT(lru_misses, 0u);
+}
+
+TEST_F(ActorRuntime, FrozenShardEndsInAClearErrorNotAHang) {
+  // A "shard" that accepts steps and never answers (its promises are dropped).
+  auto sup = sys.spawn(actors::supervisor_actor, actors::SupervisorOptions{});
+  auto frozen = sys.spawn([](caf::event_based_actor* self) {
+    return caf::behavior{[=](msg::step_request&) { return self->make_response_promise(); }};
+  });
+  const auto cfg = model::read_config("builtin:tiny");
+  caf::scoped_actor self{sys};
+  self->request(sup, std::chrono::seconds(5), atom::register_atom_v, frozen, int64_t{0}, int64_t{4},
+                msg::cache_recipe::of(cfg))
+    .receive([](int64_t) {}, [](caf::error&) {});
+  actors::SessionOptions opts;
+  opts.step_timeout = std::chrono::milliseconds(100);
+  opts.max_retries = 2;
+  opts.backoff = std::chrono::milliseconds(10);
+  const auto t0 = std::chrono::steady_clock::now();
+  self->spawn(actors::session_actor, sup, caf::actor_cast<caf::actor>(self), request("frozen", {1, 5}, 5, cfg), opts);
+  caf::error err;
+  self->receive([&](caf::error& e) { err = e; }, [&](msg::generation_result&) {},
+                caf::after(std::chrono::seconds(10)) >> [] { ADD_FAILURE() << "the session hung"; });
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(err, ec::retries_exhausted) << sys.render(err);
+  EXPECT_NE(sys.render(err).find("request_timeout"), std::string::npos) << sys.render(err);
+  EXPECT_GE(took, std::chrono::milliseconds(300)); // three attempts of 100 ms
+  EXPECT_LT(took, std::chrono::seconds(3));
+  caf::anon_send_exit(frozen, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(sup, caf::exit_reason::user_shutdown);
+}
+
+TEST_F(ActorRuntime, CancelEndsTheSessionAndReleasesItsCaches) {
+  LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-2,3-4"));
+  caf::scoped_actor self{sys};
+  auto req = request("cancel-me", {1, 5}, 100, c.config());
+  req.pause_after = {3};
+  auto s = self->spawn(actors::session_actor, c.supervisor(), caf::actor_cast<caf::actor>(self), req,
+                       c.session_options());
+  int tokens = 0;
+  caf::error err;
+  bool done = false;
+  while (!done)
+    self->receive([&](msg::token_event&) {
+                    if (++tokens == 3)
+                      self->send(s, atom::cancel_atom_v);
+                  },
+                  [&](caf::error& e) {
+                    err = e;
+                    done = true;
+                  },
+                  [&](msg::generation_result&) { done = true; });
+  EXPECT_EQ(tokens, 3);
+  EXPECT_EQ(err, ec::cancelled);
+  for (auto& st : c.stats())
+    EXPECT_EQ(st.sessions, 0u);
 }
 
 TEST_F(ActorRuntime, IncompatibleShardIsRefused) {

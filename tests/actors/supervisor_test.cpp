@@ -1,0 +1,153 @@
+// The route supervisor under CAF's deterministic test coordinator: every
+// message is delivered when the test says so, and time only moves when the
+// test advances it, so orderings (down -> epoch bump -> new route) are exact.
+
+#include "actors/cluster.hpp"
+#include "actors/supervisor.hpp"
+#include "tests/support.hpp"
+
+#include <caf/scheduler/test_coordinator.hpp>
+
+namespace strata {
+namespace {
+
+struct Log {
+  std::vector<msg::route_info> routes; // pushed to the subscribed "session"
+  std::vector<caf::message> replies;   // answers to ask()
+};
+
+struct TestConfig : actors::actor_config {
+  TestConfig() { set("scheduler.policy", caf::atom("testing")); }
+};
+
+struct SupervisorTest : ::testing::Test {
+  TestConfig cfg;
+  caf::actor_system sys{cfg};
+  caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+  std::shared_ptr<Log> log = std::make_shared<Log>();
+  actors::SupervisorOptions opts{std::chrono::milliseconds(500)};
+  caf::actor sup = sys.spawn(actors::supervisor_actor, opts);
+  msg::cache_recipe recipe{"llama", "builtin:tiny", "f32", 5, 2, 8};
+
+  caf::actor fake_shard() {
+    return sys.spawn([] { return caf::behavior{[](msg::step_request&) {}}; });
+  }
+  // A subscribed stand-in for a session that records every route it is told.
+  caf::actor session() {
+    auto l = log;
+    auto s = sys.spawn([l](caf::event_based_actor*) {
+      return caf::behavior{[l](msg::route_info& r) { l->routes.push_back(r); }};
+    });
+    caf::anon_send(sup, atom::subscribe_atom_v, s);
+    sched.run();
+    return s;
+  }
+  // Sends a request from a one-shot actor; the answer (a Reply, or an error)
+  // lands in log->replies.
+  template <class Reply, class... Ts>
+  void ask(Ts... xs) {
+    auto l = log;
+    auto target = sup;
+    sys.spawn([=](caf::event_based_actor* self) {
+      self->request(target, caf::infinite, xs...)
+        .then([=](Reply& r) { l->replies.push_back(caf::make_message(r)); },
+              [=](caf::error& e) { l->replies.push_back(caf::make_message(e)); });
+    });
+    sched.run();
+  }
+  int64_t epoch_reply(std::size_t i) { return log->replies.at(i).get_as<int64_t>(0); }
+  ~SupervisorTest() override {
+    caf::anon_send_exit(sup, caf::exit_reason::user_shutdown);
+    sched.run();
+  }
+};
+
+TEST_F(SupervisorTest, ShardDownBumpsTheEpochThenAReplacementRestoresTheRoute) {
+  auto a = fake_shard(), b = fake_shard();
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe);
+  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{4}, recipe);
+  ASSERT_EQ(log->replies.size(), 2u);
+  EXPECT_EQ(epoch_reply(1), epoch_reply(0) + 1);
+  session();
+  const int64_t before = epoch_reply(1);
+  caf::anon_send_exit(b, caf::exit_reason::kill);
+  sched.run();
+  ASSERT_EQ(log->routes.size(), 1u);
+  EXPECT_EQ(log->routes[0].epoch, before + 1);
+  EXPECT_TRUE(log->routes[0].hops.empty()) << "layers 3-4 have no shard now";
+  auto c = fake_shard();
+  ask<int64_t>(atom::register_atom_v, c, int64_t{3}, int64_t{4}, recipe);
+  ASSERT_EQ(log->routes.size(), 2u);
+  EXPECT_EQ(log->routes[1].epoch, before + 2);
+  ASSERT_EQ(log->routes[1].hops.size(), 2u);
+  EXPECT_EQ(log->routes[1].hops[0].shard, a);
+  EXPECT_EQ(log->routes[1].hops[1].shard, c);
+}
+
+TEST_F(SupervisorTest, RouteRequestWaitsThenFailsWhenNoRouteAppears) {
+  auto a = fake_shard();
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe);
+  ask<msg::route_info>(atom::route_atom_v);
+  ASSERT_EQ(log->replies.size(), 1u) << "the route request is held, not answered";
+  sched.advance_time(std::chrono::milliseconds(499));
+  sched.run();
+  EXPECT_EQ(log->replies.size(), 1u);
+  sched.advance_time(std::chrono::milliseconds(2));
+  sched.run();
+  ASSERT_EQ(log->replies.size(), 2u);
+  auto err = log->replies[1].get_as<caf::error>(0);
+  EXPECT_EQ(err, ec::no_route);
+}
+
+TEST_F(SupervisorTest, HeldRouteRequestIsAnsweredByARegistration) {
+  auto a = fake_shard(), b = fake_shard();
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe);
+  ask<msg::route_info>(atom::route_atom_v);
+  ASSERT_EQ(log->replies.size(), 1u);
+  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{4}, recipe);
+  ASSERT_EQ(log->replies.size(), 3u);
+  // The held request was answered with the complete route (before the registrant's epoch reply or after).
+  bool got_route = false;
+  for (auto& m : log->replies)
+    if (m.match_elements<msg::route_info>()) {
+      got_route = true;
+      EXPECT_EQ(m.get_as<msg::route_info>(0).hops.size(), 2u);
+    }
+  EXPECT_TRUE(got_route);
+}
+
+TEST_F(SupervisorTest, ReplicasShareTheLoadAndAManualBumpNotifies) {
+  auto a = fake_shard(), b = fake_shard();
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{4}, recipe);
+  ask<int64_t>(atom::register_atom_v, b, int64_t{0}, int64_t{4}, recipe);
+  ask<msg::route_info>(atom::route_atom_v);
+  ask<msg::route_info>(atom::route_atom_v);
+  const auto r1 = log->replies[2].get_as<msg::route_info>(0);
+  const auto r2 = log->replies[3].get_as<msg::route_info>(0);
+  EXPECT_NE(r1.hops[0].shard, r2.hops[0].shard) << "the second route takes the less-loaded replica";
+  session();
+  ask<int64_t>(atom::bump_atom_v);
+  ASSERT_EQ(log->routes.size(), 1u);
+  EXPECT_EQ(log->routes[0].epoch, log->replies[4].get_as<int64_t>(0));
+  // One replica dies: the route goes around it.
+  caf::anon_send_exit(a, caf::exit_reason::kill);
+  sched.run();
+  ASSERT_EQ(log->routes.size(), 2u);
+  ASSERT_EQ(log->routes[1].hops.size(), 1u);
+  EXPECT_EQ(log->routes[1].hops[0].shard, b);
+}
+
+TEST_F(SupervisorTest, IncompatibleRecipeAndBadRangeAreRefused) {
+  auto a = fake_shard(), b = fake_shard();
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{4}, recipe);
+  auto other = recipe;
+  other.n_kv_heads = 4;
+  ask<int64_t>(atom::register_atom_v, b, int64_t{0}, int64_t{4}, other);
+  ASSERT_EQ(log->replies.size(), 2u);
+  EXPECT_EQ(log->replies[1].get_as<caf::error>(0), ec::incompatible_recipe);
+  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{9}, recipe);
+  EXPECT_EQ(log->replies[2].get_as<caf::error>(0), ec::bad_request);
+}
+
+} // namespace
+} // namespace strata
