@@ -430,13 +430,14 @@ public:
   }
 
 private:
-  // builtin:tiny's classifier rows for lowercase letters, space and a little
-  // punctuation are scaled up, so that its (random) text is mostly readable
-  // pseudo-words instead of control bytes.
+  // builtin:tiny's classifier is damped except for the rows of lowercase
+  // letters, space and a little punctuation, so that its (random) text is mostly
+  // readable pseudo-words instead of control bytes.
   static void favour_readable_bytes(at::Tensor& cls) {
-    const std::string readable = "abcdefghijklmnopqrstuvwxyz      ,.";
+    cls.mul_(0.25);
+    const std::string readable = "abcdefghijklmnopqrstuvwxyz ,.";
     for (unsigned char c : readable)
-      cls[static_cast<int64_t>(c) + 3].mul_(c == ' ' ? 2.5 : 2.0);
+      cls[static_cast<int64_t>(c) + 3].mul_(c == ' ' ? 4.5 : 3.5);
   }
 
   BuiltinSpec spec_;
