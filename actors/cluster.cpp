@@ -160,7 +160,26 @@ Outcome LocalCluster::generate(msg::generation_request req, const std::vector<In
 }
 
 void LocalCluster::kill_and_replace(std::size_t i) {
-  caf::anon_send_exit(shards_.at(i), caf::exit_reason::kill);
+  // Kill, wait until the shard is gone and the supervisor has seen it go, then
+  // register the replacement: the supervisor sees "down" before "registered",
+  // as it would for a restarted node.
+  caf::scoped_actor self{sys_};
+  const auto old = shards_.at(i);
+  self->monitor(old);
+  caf::anon_send_exit(old, caf::exit_reason::kill);
+  self->receive([](caf::down_msg&) {}, caf::after(std::chrono::seconds(30)) >> [] {});
+  // Ask the supervisor until its plan no longer routes through the dead shard.
+  for (int tries = 0; tries < 10000; ++tries) {
+    bool still_there = false;
+    self->request(supervisor_, std::chrono::seconds(10), atom::stats_atom_v)
+      .receive(
+        [&](msg::route_info& r) {
+          still_there = std::any_of(r.hops.begin(), r.hops.end(), [&](auto& h) { return h.shard == old; });
+        },
+        [](caf::error&) {});
+    if (!still_there)
+      break;
+  }
   shards_[i] = spawn_and_register(i);
 }
 
