@@ -119,6 +119,33 @@ TEST(Cli, GenerateMatchesStoriesReference) {
   EXPECT_EQ(r.out, expect + "\n");
 }
 
+TEST(Cli, ShardActorsAndInjectedFailuresPrintTheSame) {
+  const std::string base = "generate --model builtin:tiny --prompt 'Once upon a time' --max-tokens 40 --output ids";
+  auto plain = strata(base);
+  ASSERT_EQ(plain.code, 0);
+  auto sharded = strata(base + " --shards 0-1,2-3,4");
+  EXPECT_EQ(sharded.code, 0);
+  EXPECT_EQ(sharded.out, plain.out);
+  auto faulty = strata(base + " --shards 0-1,2-3,4 --inject evict:1@5,kill:0@10,epoch@15,desync:2@20,dup:1@25", true);
+  EXPECT_EQ(faulty.code, 0) << faulty.out;
+  EXPECT_NE(faulty.out.find(plain.out.substr(0, plain.out.size() - 1)), std::string::npos) << faulty.out;
+  EXPECT_NE(faulty.out.find("evicted_lru=1"), std::string::npos) << faulty.out;
+  EXPECT_NE(faulty.out.find("seq_mismatch=1"), std::string::npos) << faulty.out;
+  // Text output through actors equals the single-process text.
+  auto text = strata("generate --model builtin:tiny --prompt 'Once upon a time' --max-tokens 40");
+  auto text_actors = strata("generate --model builtin:tiny --prompt 'Once upon a time' --max-tokens 40 --inject kill:0@7");
+  EXPECT_EQ(text.out, text_actors.out);
+}
+
+TEST(Cli, BadShardsAndInjectionsExitTwo) {
+  for (std::string args : {"--shards 0-1,3-4", "--shards 0-9", "--shards 0-1,2-4 --inject kill:5@3",
+                           "--inject boom@3", "--inject evict:0", "--inject evict:x@1"}) {
+    auto r = strata("generate --model builtin:tiny --prompt-ids 1 " + args, true);
+    EXPECT_EQ(r.code, 2) << args << " -> " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << args << " -> " << r.out;
+  }
+}
+
 TEST(Cli, TokenizeAndDetokenize) {
   STRATA_REQUIRE_SHARED("models/llama2-tokenizer.bin");
   const auto tok = test::shared_path("models/llama2-tokenizer.bin");
