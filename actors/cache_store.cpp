@@ -178,6 +178,14 @@ void SessionCacheStore::evict(const std::string& session, miss_reason reason) {
   }
 }
 
+void SessionCacheStore::evict_all(miss_reason reason) {
+  std::vector<std::string> all;
+  for (auto& c : lru_)
+    all.push_back(c.session);
+  for (auto& s : all)
+    evict(s, reason);
+}
+
 void SessionCacheStore::forget(const std::string& session) {
   if (auto it = index_.find(session); it != index_.end()) {
     lru_.erase(it->second);

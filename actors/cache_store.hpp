@@ -83,6 +83,8 @@ public:
   void release(const std::string& session);
   /// Drops a context and remembers `reason` (failure injection, operator evict).
   void evict(const std::string& session, msg::miss_reason reason);
+  /// Drops every context with `reason`.
+  void evict_all(msg::miss_reason reason);
   /// Drops a context and forgets it ever existed (later lookups: unknown_session).
   void forget(const std::string& session);
   /// Evicts contexts idle for longer than the TTL (except `keep`).

@@ -12,7 +12,7 @@ actor_config::actor_config() {
   msg::register_types(*this);
 }
 
-std::vector<Injection> parse_injections(const std::string& spec, int64_t n_shards) {
+std::vector<Injection> parse_injections(const std::string& spec, int64_t n_shards, bool allow_freeze) {
   std::vector<Injection> out;
   if (spec.empty())
     return out;
@@ -61,6 +61,10 @@ std::vector<Injection> parse_injections(const std::string& spec, int64_t n_shard
         inj.kind = Injection::desync;
       else if (kind == "dup")
         inj.kind = Injection::dup;
+      else if (kind == "freeze" && allow_freeze)
+        inj.kind = Injection::freeze;
+      else if (kind == "freeze")
+        throw bad(item, "freeze needs a cluster of processes (--cluster)");
       else
         throw bad(item, "unknown kind '" + kind + "'");
     }
@@ -112,7 +116,16 @@ Outcome LocalCluster::generate(msg::generation_request req, const std::function<
 
 Outcome LocalCluster::generate(msg::generation_request req, const std::vector<Injection>& inject,
                                const std::function<void(const msg::token_event&)>& on_token) {
-  caf::scoped_actor self{sys_};
+  return run_generation(
+    sys_, supervisor_, std::move(req), session_options(), inject,
+    [this](const Injection& inj, const std::string& session) { apply(inj, session); }, on_token);
+}
+
+Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::generation_request req, SessionOptions opts,
+                       const std::vector<Injection>& inject,
+                       const std::function<void(const Injection&, const std::string& session)>& apply,
+                       const std::function<void(const msg::token_event&)>& on_token) {
+  caf::scoped_actor self{sys};
   const std::string session = req.session;
   std::vector<bool> done(inject.size(), false);
   auto fire = [&](int64_t tokens) {
@@ -126,11 +139,11 @@ Outcome LocalCluster::generate(msg::generation_request req, const std::vector<In
   for (auto& inj : inject)
     if (inj.at_token > 0)
       req.pause_after.push_back(inj.at_token);
-  auto s = sys_.spawn(session_actor, supervisor_, caf::actor_cast<caf::actor>(self), std::move(req), session_options());
+  auto s = sys.spawn(session_actor, supervisor, caf::actor_cast<caf::actor>(self), std::move(req), opts);
   Outcome out;
   bool finished = false;
   // The session bounds every step itself; this is only a backstop.
-  const auto backstop = opts_.session.step_timeout * (opts_.session.max_retries + 4) + std::chrono::seconds(30);
+  const auto backstop = opts.step_timeout * (opts.max_retries + 4) + opts.route_timeout + std::chrono::seconds(30);
   while (!finished) {
     self->receive(
       [&](msg::token_event& ev) {
@@ -210,6 +223,7 @@ void LocalCluster::apply(const Injection& inj, const std::string& session) {
     case Injection::epoch: bump_epoch(); break;
     case Injection::desync: desync(static_cast<std::size_t>(inj.shard)); break;
     case Injection::dup: duplicate_next(static_cast<std::size_t>(inj.shard)); break;
+    case Injection::freeze: break; // parse_injections refuses it in process
   }
 }
 

@@ -32,15 +32,16 @@ struct ClusterOptions {
 /// One failure to inject during a generation: `kind` at the moment `at_token`
 /// tokens have been generated.
 struct Injection {
-  enum Kind { evict, kill, epoch, desync, dup } kind;
+  enum Kind { evict, kill, epoch, desync, dup, freeze } kind;
   int64_t shard = 0;
   int64_t at_token = 0;
   msg::miss_reason reason = msg::miss_reason::evicted_lru; ///< for evict
 };
 
-/// Parses "evict:I@S,kill:I@S,epoch@S,desync:I@S,dup:I@S". Throws
+/// Parses "evict:I@S,kill:I@S,epoch@S,desync:I@S,dup:I@S" (and "freeze:I@S"
+/// when `allow_freeze`, for multi-process clusters). Throws
 /// model::Error(bad_argument) naming the bad item.
-std::vector<Injection> parse_injections(const std::string& spec, int64_t n_shards);
+std::vector<Injection> parse_injections(const std::string& spec, int64_t n_shards, bool allow_freeze = false);
 
 /// The outcome of one generation.
 struct Outcome {
@@ -48,6 +49,14 @@ struct Outcome {
   caf::error error; ///< set when the generation failed
   bool ok() const { return !error; }
 };
+
+/// Runs one generation through a session actor on `supervisor`, streaming
+/// tokens to `on_token`. The session pauses at each injection's token count
+/// until `apply` has put the failure in place. Blocks until the end.
+Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::generation_request req, SessionOptions opts,
+                       const std::vector<Injection>& inject,
+                       const std::function<void(const Injection&, const std::string& session)>& apply,
+                       const std::function<void(const msg::token_event&)>& on_token);
 
 class LocalCluster {
 public:

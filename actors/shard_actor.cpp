@@ -141,8 +141,9 @@ caf::result<step_reply> shard_state::handle(caf::stateful_actor<shard_state>* se
 }
 
 caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_ptr<model::Shard> shard,
-                          StoreLimits limits) {
+                          StoreLimits limits, ShardHooks hooks) {
   auto& st = self->state;
+  st.hooks = std::move(hooks);
   st.shard = shard;
   st.recipe = msg::cache_recipe::of(shard->config());
   st.store = std::make_unique<SessionCacheStore>(limits, [shard] { return shard->new_cache(); });
@@ -158,18 +159,33 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_pt
         reason = static_cast<uint8_t>(msg::miss_reason::evicted_lru);
       if (reason >= msg::miss_reason_count)
         return;
-      if (static_cast<msg::miss_reason>(reason) == msg::miss_reason::unknown_session)
+      if (session.empty())
+        self->state.store->evict_all(static_cast<msg::miss_reason>(reason));
+      else if (static_cast<msg::miss_reason>(reason) == msg::miss_reason::unknown_session)
         self->state.store->forget(session);
       else
         self->state.store->evict(session, static_cast<msg::miss_reason>(reason));
     },
     [=](atom::desync_atom) { self->state.desync_next = true; },
     [=](atom::dup_atom) { self->state.dup_next = true; },
+    [=](atom::crash_atom) -> caf::result<void> {
+      if (!self->state.hooks.crash)
+        return caf::make_error(ec::bad_request, "crash injection needs a node process");
+      self->state.hooks.crash();
+      return caf::unit;
+    },
+    [=](atom::freeze_atom, int64_t ms) -> caf::result<void> {
+      if (!self->state.hooks.freeze)
+        return caf::make_error(ec::bad_request, "freeze injection needs a node process");
+      self->state.hooks.freeze(ms);
+      return caf::unit;
+    },
   };
 }
 
-caf::actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits) {
-  return sys.spawn<caf::detached>(shard_actor, std::move(shard), limits);
+caf::actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits,
+                       ShardHooks hooks) {
+  return sys.spawn<caf::detached>(shard_actor, std::move(shard), limits, std::move(hooks));
 }
 
 } // namespace strata::actors

@@ -9,19 +9,30 @@
 //                              (delegation: the tail answers the session directly)
 //   (release_atom, session) -> drops the session's cache
 //   (stats_atom)            -> shard_stats
-//   (evict_atom, session, uint8 reason)  -> drops the session's cache (injection)
+//   (evict_atom, session, uint8 reason)  -> drops the session's cache, or every
+//                              session's when `session` is empty (injection)
 //   (desync_atom)           -> the next request is treated as carrying a wrong past_len
 //   (dup_atom)              -> the next decode request is delivered twice
+//   (crash_atom), (freeze_atom, int64 ms) -> process-level failures; only a node
+//                              process provides them (ShardHooks), else an error
 
 #include "actors/cache_store.hpp"
 
 #include <caf/all.hpp>
 
+#include <functional>
 #include <memory>
 
 namespace strata::actors {
 
+/// Process-level failure injection, provided by a node process.
+struct ShardHooks {
+  std::function<void()> crash;            ///< exit abruptly, like kill -9
+  std::function<void(int64_t ms)> freeze; ///< stop answering for a while (SIGSTOP)
+};
+
 struct shard_state {
+  ShardHooks hooks;
   std::shared_ptr<model::Shard> shard;
   std::unique_ptr<SessionCacheStore> store;
   msg::cache_recipe recipe;
@@ -36,9 +47,10 @@ struct shard_state {
 };
 
 caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_ptr<model::Shard> shard,
-                          StoreLimits limits);
+                          StoreLimits limits, ShardHooks hooks);
 
 /// Spawns a detached shard actor for `shard`.
-caf::actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits = {});
+caf::actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits = {},
+                       ShardHooks hooks = {});
 
 } // namespace strata::actors

@@ -121,6 +121,17 @@ caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, Supe
       return self->state.epoch;
     },
     [=](atom::stats_atom) { return self->state.plan(false); },
+    [=](caf::get_atom) {
+      // Every registered shard (not a chain), in registration order.
+      auto& st = self->state;
+      msg::route_info all;
+      all.epoch = st.epoch;
+      if (st.recipe)
+        all.recipe = *st.recipe;
+      for (auto& e : st.shards)
+        all.hops.push_back(msg::hop{e.actor, e.first, e.last});
+      return all;
+    },
   };
 }
 

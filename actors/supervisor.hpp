@@ -12,6 +12,7 @@
 //   (subscribe_atom, actor)    -> the session receives route_info on every change
 //   (bump_atom)                -> int64 new epoch
 //   (stats_atom)               -> route_info of the current plan (epoch, hops)
+//   (get_atom)                 -> route_info listing every registered shard
 
 #include "messages/messages.hpp"
 

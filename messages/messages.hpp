@@ -248,6 +248,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(strata, caf::first_custom_type_id)
   CAF_ADD_ATOM(strata, strata::atom, retry_atom, "retry")
   CAF_ADD_ATOM(strata, strata::atom, tick_atom, "tick")
   CAF_ADD_ATOM(strata, strata::atom, resume_atom, "resume")
+  CAF_ADD_ATOM(strata, strata::atom, crash_atom, "crash")
+  CAF_ADD_ATOM(strata, strata::atom, freeze_atom, "freeze")
 CAF_END_TYPE_ID_BLOCK(strata)
 
 namespace strata::msg {

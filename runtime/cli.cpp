@@ -1,6 +1,7 @@
 #include "runtime/cli.hpp"
 
 #include "actors/cluster.hpp"
+#include "runtime/cluster.hpp"
 #include "model/error.hpp"
 #include "model/tokenizer.hpp"
 #include "runtime/args.hpp"
@@ -18,7 +19,10 @@ constexpr const char* top_usage =
   "usage: strata <command> [options]\n"
   "\n"
   "commands:\n"
-  "  generate     generate text with a model in this process\n"
+  "  generate     generate text (in this process, through shard actors, or on a cluster)\n"
+  "  node         start a cluster node (coordinator or shard)\n"
+  "  status       print a cluster's nodes, route and caches\n"
+  "  inject       inject a failure into a cluster (kill, freeze, evict, epoch)\n"
   "  tokenize     print the token ids of a text\n"
   "  detokenize   print the text of token ids\n"
   "\n"
@@ -33,6 +37,7 @@ std::unique_ptr<model::Tokenizer> open_tokenizer(const std::string& spec) {
 int cmd_generate(int argc, char** argv) {
   Args a;
   a.option("model", "PATH|builtin:NAME", "llama2.c .bin, Hugging Face directory, or builtin:tiny / builtin:qwen2-0.5b")
+    .option("cluster", "HOST:PORT", "generate on a running cluster (its coordinator)")
     .option("tokenizer", "PATH", "tokenizer.bin or tokenizer.json (builtin models bring their own)")
     .option("prompt", "TEXT", "prompt text (needs a tokenizer)")
     .option("prompt-ids", "1,2,3", "prompt as token ids")
@@ -44,7 +49,8 @@ int cmd_generate(int argc, char** argv) {
     .option("threads", "N", "threads for tensor math (default: all cores)")
     .option("output", "text|ids", "print text (default) or the generated ids")
     .option("shards", "A-B,C-D,...", "run through in-process shard actors with these layer ranges")
-    .option("inject", "SPEC[,SPEC]", "failures at decode steps: evict:I@S kill:I@S epoch@S desync:I@S dup:I@S");
+    .option("inject", "SPEC[,SPEC]", "failures at decode steps: evict:I@S kill:I@S epoch@S desync:I@S dup:I@S"
+                                     " (freeze:I@S with --cluster)");
   a.parse(argc, argv, 2);
   if (a.help_requested()) {
     std::cout << "usage: strata generate --model PATH|builtin:NAME (--prompt TEXT | --prompt-ids 1,2,3) [options]\n\n"
@@ -55,7 +61,10 @@ int cmd_generate(int argc, char** argv) {
               << a.help_text();
     return 0;
   }
-  const std::string model_spec = a.required("model");
+  const bool on_cluster = a.has("cluster");
+  if (on_cluster && a.has("shards"))
+    throw UsageError("--shards describes an in-process run; a cluster's nodes choose their own layers");
+  std::string model_spec = on_cluster ? a.str("model") : a.required("model");
   if (a.has("prompt") == a.has("prompt-ids"))
     throw UsageError("give exactly one of --prompt and --prompt-ids");
   const std::string output = a.str("output", "text");
@@ -75,7 +84,26 @@ int cmd_generate(int argc, char** argv) {
       throw UsageError("--prompt-ids is empty");
   }
   model::set_num_threads(threads);
-  const bool actors_mode = a.has("shards") || a.has("inject");
+  const bool actors_mode = a.has("shards") || a.has("inject") || on_cluster;
+  std::unique_ptr<cluster_config> ccfg;
+  std::unique_ptr<caf::actor_system> csys;
+  caf::actor coordinator;
+  int64_t cluster_hops = 0;
+  if (on_cluster) {
+    ccfg = std::make_unique<cluster_config>();
+    csys = std::make_unique<caf::actor_system>(*ccfg);
+    coordinator = connect_coordinator(*csys, parse_endpoint(a.str("cluster"), "cluster"));
+    caf::scoped_actor self{*csys};
+    msg::route_info plan;
+    caf::error err;
+    self->request(coordinator, std::chrono::seconds(30), atom::route_atom_v)
+      .receive([&](msg::route_info& r) { plan = std::move(r); }, [&](caf::error& e) { err = std::move(e); });
+    if (err)
+      throw model::Error(model::errc::io, "the cluster has no route: " + csys->render(err));
+    cluster_hops = static_cast<int64_t>(plan.hops.size());
+    if (model_spec.empty())
+      model_spec = plan.recipe.model;
+  }
 
   const model::ModelConfig cfg = model::read_config(model_spec);
   std::unique_ptr<LocalPipeline> pipe;
@@ -86,8 +114,9 @@ int cmd_generate(int argc, char** argv) {
     ranges = model::parse_layer_ranges(a.str("shards"));
     model::check_route_covers(ranges, cfg.n_layers);
   }
+  const int64_t n_hops = on_cluster ? cluster_hops : static_cast<int64_t>(ranges.size());
   if (a.has("inject"))
-    actors::parse_injections(a.str("inject"), static_cast<int64_t>(ranges.size())); // validate before running
+    actors::parse_injections(a.str("inject"), n_hops, on_cluster); // validate before running
   std::unique_ptr<model::Tokenizer> tok =
     a.has("tokenizer") ? open_tokenizer(a.str("tokenizer")) : model::default_tokenizer_for(cfg);
   if (tok && tok->vocab_size() > cfg.vocab_size)
@@ -123,10 +152,16 @@ int cmd_generate(int argc, char** argv) {
   GenerateResult res;
   if (actors_mode) {
     const auto rules = GenerationRules::make(cfg, req);
-    actors::actor_config acfg;
-    caf::actor_system sys{acfg};
-    actors::LocalCluster cluster(sys, model_spec, ranges);
-    const auto inject = actors::parse_injections(a.str("inject"), static_cast<int64_t>(ranges.size()));
+    std::unique_ptr<actors::actor_config> acfg;
+    std::unique_ptr<caf::actor_system> lsys;
+    std::unique_ptr<actors::LocalCluster> local;
+    if (!on_cluster) {
+      acfg = std::make_unique<actors::actor_config>();
+      lsys = std::make_unique<caf::actor_system>(*acfg);
+      local = std::make_unique<actors::LocalCluster>(*lsys, model_spec, ranges);
+    }
+    caf::actor_system& sys = on_cluster ? *csys : *lsys;
+    const auto inject = actors::parse_injections(a.str("inject"), n_hops, on_cluster);
     msg::generation_request greq;
     greq.session = "cli-1";
     greq.prompt = req.prompt_ids;
@@ -134,7 +169,16 @@ int cmd_generate(int argc, char** argv) {
     greq.sampling = {req.sampling.temperature, req.sampling.top_k, req.sampling.top_p,
                      model::Sampler(req.sampling).state()};
     greq.stop_ids = rules.stop_ids;
-    auto out = cluster.generate(greq, inject, [&](const msg::token_event& ev) { emit(ev.token); });
+    actors::SessionOptions sopts;
+    sopts.max_context = cfg.max_seq_len;
+    auto out = on_cluster
+                 ? actors::run_generation(
+                     sys, coordinator, greq, sopts, inject,
+                     [&](const actors::Injection& inj, const std::string& session) {
+                       apply_remote_injection(sys, coordinator, inj, session);
+                     },
+                     [&](const msg::token_event& ev) { emit(ev.token); })
+                 : local->generate(greq, inject, [&](const msg::token_event& ev) { emit(ev.token); });
     if (!out.ok())
       throw model::Error(model::errc::io, "generation failed: " + sys.render(out.error));
     res.ids = out.result.ids;
@@ -150,9 +194,9 @@ int cmd_generate(int argc, char** argv) {
                   std::to_string(out.result.misses[r]);
         total_misses += out.result.misses[r];
       }
-    std::fprintf(stderr, "[strata] %zu shard actors, %zu injected failures; cache misses %llu (%s), re-prefills %llu, "
+    std::fprintf(stderr, "[strata] %lld shard actors, %zu injected failures; cache misses %llu (%s), re-prefills %llu, "
                          "route changes %llu, retries %llu\n",
-                 ranges.size(), inject.size(), static_cast<unsigned long long>(total_misses),
+                 static_cast<long long>(n_hops), inject.size(), static_cast<unsigned long long>(total_misses),
                  misses.empty() ? "none" : misses.c_str(), static_cast<unsigned long long>(out.result.reprefills),
                  static_cast<unsigned long long>(out.result.route_changes),
                  static_cast<unsigned long long>(out.result.retries));
@@ -241,6 +285,12 @@ int run_cli(int argc, char** argv) {
       return cmd_tokenize(argc, argv);
     if (cmd == "detokenize")
       return cmd_detokenize(argc, argv);
+    if (cmd == "node")
+      return run_node(argc, argv);
+    if (cmd == "status")
+      return run_status(argc, argv);
+    if (cmd == "inject")
+      return run_inject(argc, argv);
     std::fprintf(stderr, "strata: error: unknown command '%s' (try 'strata --help')\n", cmd.c_str());
     return 2;
   } catch (const UsageError& e) {

@@ -1,0 +1,445 @@
+#include "runtime/cluster.hpp"
+
+#include "actors/shard_actor.hpp"
+#include "model/error.hpp"
+#include "runtime/args.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <pthread.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+namespace strata::runtime {
+
+using namespace std::chrono_literals;
+
+Endpoint parse_endpoint(const std::string& text, const std::string& option) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
+    throw UsageError("--" + option + " expects HOST:PORT, got '" + text + "'");
+  Endpoint ep;
+  ep.host = text.substr(0, colon);
+  const std::string p = text.substr(colon + 1);
+  char* end = nullptr;
+  const long v = std::strtol(p.c_str(), &end, 10);
+  if (*end != '\0' || v < 0 || v > 65535)
+    throw UsageError("--" + option + ": '" + p + "' is not a port number (0-65535)");
+  ep.port = static_cast<uint16_t>(v);
+  return ep;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
+}
+
+cluster_config::cluster_config(Liveness l) {
+  load<caf::io::middleman>();
+  set("middleman.heartbeat-interval", caf::timespan{l.heartbeat});
+  set("middleman.connection-timeout", caf::timespan{l.dead_after});
+}
+
+caf::actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep) {
+  auto sup = sys.middleman().remote_actor(ep.host, ep.port);
+  if (!sup)
+    throw model::Error(model::errc::io, "cannot reach the coordinator at " + ep.host + ":" + std::to_string(ep.port) +
+                                          ": " + sys.render(sup.error()));
+  return *sup;
+}
+
+namespace {
+
+// ---------------------------------------------------------------- signals
+
+std::atomic<int> node_exit_code{0};
+
+// Blocks SIGINT/SIGTERM in this thread (and every thread started later), so that
+// the main thread can wait for them with sigwait.
+sigset_t block_stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+// Ends the node from any thread: main wakes from sigwait.
+void stop_node(int code) {
+  node_exit_code = code;
+  ::kill(::getpid(), SIGTERM);
+}
+
+// ---------------------------------------------------------------- registrar
+
+struct registrar_state {
+  caf::actor shard;
+  caf::actor coordinator;
+  Endpoint join;
+  model::LayerRange range;
+  msg::cache_recipe recipe;
+  bool announced = false;
+  static inline const char* name = "strata.registrar";
+};
+
+using reconnect_atom = caf::atom_constant<caf::atom("reconnect")>;
+
+void try_register(caf::stateful_actor<registrar_state>* self) {
+  auto mm = self->system().middleman().actor_handle();
+  auto& st = self->state;
+  self->request(mm, 5s, caf::connect_atom::value, st.join.host, st.join.port)
+    .then(
+      [=](const caf::node_id&, caf::strong_actor_ptr& p, const std::set<std::string>&) {
+        auto& st = self->state;
+        if (!p) {
+          self->delayed_send(self, 500ms, reconnect_atom::value);
+          return;
+        }
+        st.coordinator = caf::actor_cast<caf::actor>(std::move(p));
+        self->monitor(st.coordinator);
+        self->request(st.coordinator, 5s, atom::register_atom_v, st.shard, st.range.first, st.range.last, st.recipe)
+          .then(
+            [=](int64_t epoch) {
+              auto& st = self->state;
+              std::printf("%s node %s layers %lld-%lld epoch %lld\n", st.announced ? "re-registered" : "ready",
+                          caf::to_string(st.shard.node()).c_str(), static_cast<long long>(st.range.first),
+                          static_cast<long long>(st.range.last), static_cast<long long>(epoch));
+              std::fflush(stdout);
+              st.announced = true;
+            },
+            [=](caf::error& e) {
+              if (e == ec::incompatible_recipe || e == ec::bad_request) {
+                std::fprintf(stderr, "strata node: error: the coordinator refused this node: %s\n",
+                             self->system().render(e).c_str());
+                stop_node(3);
+                return;
+              }
+              self->delayed_send(self, 500ms, reconnect_atom::value);
+            });
+      },
+      [=](caf::error&) { self->delayed_send(self, 500ms, reconnect_atom::value); });
+}
+
+caf::behavior registrar(caf::stateful_actor<registrar_state>* self, caf::actor shard, Endpoint join,
+                        model::LayerRange range, msg::cache_recipe recipe) {
+  auto& st = self->state;
+  st.shard = std::move(shard);
+  st.join = std::move(join);
+  st.range = range;
+  st.recipe = std::move(recipe);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    if (dm.source != self->state.coordinator.address())
+      return;
+    // The coordinator went away (restart, network): register again once it is back.
+    self->state.coordinator = nullptr;
+    std::fprintf(stderr, "strata node: lost the coordinator (%s); re-registering\n",
+                 self->system().render(dm.reason).c_str());
+    self->delayed_send(self, 200ms, reconnect_atom::value);
+  });
+  try_register(self);
+  return {
+    [=](reconnect_atom) { try_register(self); },
+  };
+}
+
+// Freezes this process for `ms`: a helper child stops and later continues us.
+void freeze_process(int64_t ms) {
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::kill(parent, SIGSTOP);
+    ::usleep(static_cast<useconds_t>(ms * 1000));
+    ::kill(parent, SIGCONT);
+    ::_exit(0);
+  }
+}
+
+void add_liveness_options(Args& a) {
+  a.option("heartbeat-ms", "MS", "heartbeat interval between processes (default 200)")
+    .option("dead-after-ms", "MS", "a silent peer is declared dead after this (default 1500)");
+}
+
+Liveness liveness_from(const Args& a) {
+  Liveness l;
+  l.heartbeat = std::chrono::milliseconds(a.integer("heartbeat-ms", 200, 10, 60000));
+  l.dead_after = std::chrono::milliseconds(a.integer("dead-after-ms", 1500, 50, 600000));
+  if (l.dead_after <= l.heartbeat)
+    throw UsageError("--dead-after-ms must be larger than --heartbeat-ms");
+  return l;
+}
+
+} // namespace
+
+int run_node(int argc, char** argv) {
+  Args a;
+  a.option("listen", "HOST:PORT", "address to listen on (port 0: any free port)")
+    .option("coordinator", "", "host the route supervisor (no model needed)")
+    .option("join", "HOST:PORT", "the coordinator to register with (shard nodes)")
+    .option("model", "PATH|builtin:NAME", "model to serve (shard nodes)")
+    .option("layers", "A-B", "layer range to serve (shard nodes)")
+    .option("cache-bytes", "N", "KV cache byte budget (default 1 GiB)")
+    .option("max-sessions", "N", "most sessions cached at once (default 64)")
+    .option("ttl", "S", "seconds an idle session's cache is kept (default 600)")
+    .option("route-wait-ms", "MS", "coordinator: how long a session waits for a complete route (default 10000)")
+    .option("threads", "N", "threads for tensor math (default: all cores)")
+    .option("insecure", "", "allow a non-loopback address without TLS (traffic is not authenticated)");
+  add_liveness_options(a);
+  a.parse(argc, argv, 2);
+  if (a.help_requested()) {
+    std::cout << "usage: strata node --listen HOST:PORT (--coordinator | --join HOST:PORT --model M --layers A-B)\n\n"
+              << "Starts a node. A coordinator hosts the route supervisor; a shard node loads only its\n"
+              << "layers, publishes its shard actor and registers with the coordinator (again after the\n"
+              << "coordinator restarts). Prints one 'ready ...' line when serving; stops on SIGINT/SIGTERM.\n\noptions:\n"
+              << a.help_text();
+    return 0;
+  }
+  const Endpoint listen = parse_endpoint(a.required("listen"), "listen");
+  const bool coordinator = a.has("coordinator");
+  if (!is_loopback(listen.host)) {
+    if (!a.has("insecure"))
+      throw UsageError("binding to non-loopback address '" + listen.host +
+                       "' needs TLS (not configured) or an explicit --insecure");
+    std::fprintf(stderr, "strata node: WARNING: listening on %s without TLS (--insecure): any peer that can connect "
+                         "can send messages to this node\n",
+                 listen.host.c_str());
+  }
+  Endpoint join;
+  model::LayerRange range;
+  actors::StoreLimits limits;
+  if (!coordinator) {
+    join = parse_endpoint(a.required("join"), "join");
+    range = model::parse_layer_range(a.required("layers"));
+    limits.max_bytes = static_cast<std::size_t>(a.integer("cache-bytes", int64_t{1} << 30, 1, INT64_MAX));
+    limits.max_sessions = static_cast<std::size_t>(a.integer("max-sessions", 64, 1, 1 << 20));
+    limits.ttl = std::chrono::seconds(a.integer("ttl", 600, 1, 86400 * 30));
+  }
+  const Liveness live = liveness_from(a);
+  model::set_num_threads(static_cast<int>(a.integer("threads", 0, 0, 1024)));
+  std::shared_ptr<model::Shard> shard;
+  if (!coordinator)
+    shard = model::Shard::load(a.required("model"), range);
+
+  const sigset_t stop_signals = block_stop_signals();
+  cluster_config cfg{live};
+  caf::actor_system sys{cfg};
+  caf::actor published;
+  caf::actor helper;
+  if (coordinator) {
+    actors::SupervisorOptions opts;
+    opts.route_wait = std::chrono::milliseconds(a.integer("route-wait-ms", 10000, 1, 3600000));
+    published = sys.spawn(actors::supervisor_actor, opts);
+  } else {
+    actors::ShardHooks hooks;
+    hooks.crash = [] { std::_Exit(137); };
+    hooks.freeze = [](int64_t ms) { freeze_process(ms); };
+    published = actors::spawn_shard(sys, shard, limits, hooks);
+  }
+  auto port = sys.middleman().publish(published, listen.port, listen.host.c_str(), true);
+  if (!port) {
+    std::fprintf(stderr, "strata node: error: cannot listen on %s:%u: %s\n", listen.host.c_str(), listen.port,
+                 sys.render(port.error()).c_str());
+    caf::anon_send_exit(published, caf::exit_reason::user_shutdown);
+    return 1;
+  }
+  if (coordinator) {
+    std::printf("ready coordinator %s:%u\n", listen.host.c_str(), *port);
+    std::fflush(stdout);
+  } else {
+    helper = sys.spawn(registrar, published, join, range, msg::cache_recipe::of(shard->config()));
+  }
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  // A node holds no state worth saving (sessions re-prefill elsewhere), and CAF
+  // keeps actors that peers have seen alive in its registry, so ~actor_system
+  // would wait for them forever: close the sockets by ending the process.
+  if (sig != SIGTERM || node_exit_code == 0)
+    std::fprintf(stderr, "strata node: stopping on signal %d\n", sig);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(node_exit_code.load());
+}
+
+namespace {
+
+// Makes the node of `target` exit abruptly, then waits until the supervisor
+// (connected to that node directly) has seen it go, so that sessions re-plan
+// around it instead of timing out on it.
+void crash_and_wait(caf::actor_system& sys, caf::actor supervisor, caf::actor target) {
+  caf::scoped_actor self{sys};
+  self->send(target, atom::crash_atom_v);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool gone = true;
+    self->request(supervisor, 5s, caf::get_atom::value)
+      .receive(
+        [&](msg::route_info& all) {
+          gone = std::none_of(all.hops.begin(), all.hops.end(), [&](auto& h) { return h.shard == target; });
+        },
+        [](caf::error&) {});
+    if (gone)
+      return;
+  }
+}
+
+} // namespace
+
+void apply_remote_injection(caf::actor_system& sys, caf::actor supervisor, const actors::Injection& inj,
+                            const std::string& session) {
+  caf::scoped_actor self{sys};
+  if (inj.kind == actors::Injection::epoch) {
+    self->request(supervisor, 10s, atom::bump_atom_v).receive([](int64_t) {}, [](caf::error&) {});
+    return;
+  }
+  msg::route_info plan;
+  self->request(supervisor, 10s, atom::stats_atom_v)
+    .receive([&](msg::route_info& r) { plan = std::move(r); }, [](caf::error&) {});
+  if (inj.shard >= static_cast<int64_t>(plan.hops.size()))
+    return; // no such hop in the current plan (e.g. no complete route)
+  auto target = plan.hops[static_cast<std::size_t>(inj.shard)].shard;
+  switch (inj.kind) {
+    case actors::Injection::kill: crash_and_wait(sys, supervisor, target); break;
+    case actors::Injection::freeze: self->send(target, atom::freeze_atom_v, int64_t{3000}); break;
+    case actors::Injection::evict:
+      self->send(target, atom::evict_atom_v, session, static_cast<uint8_t>(inj.reason));
+      break;
+    case actors::Injection::desync: self->send(target, atom::desync_atom_v); break;
+    case actors::Injection::dup: self->send(target, atom::dup_atom_v); break;
+    case actors::Injection::epoch: break;
+  }
+}
+
+namespace {
+
+// Every registered shard with its stats.
+struct ShardView {
+  msg::hop hop;
+  msg::shard_stats stats;
+  bool answered = false;
+};
+
+std::vector<ShardView> list_shards(caf::actor_system& sys, caf::actor sup, msg::route_info& all) {
+  caf::scoped_actor self{sys};
+  caf::error err;
+  self->request(sup, 10s, caf::get_atom::value)
+    .receive([&](msg::route_info& r) { all = std::move(r); }, [&](caf::error& e) { err = e; });
+  if (err)
+    throw model::Error(model::errc::io, "the coordinator did not answer: " + sys.render(err));
+  std::vector<ShardView> out;
+  for (auto& h : all.hops) {
+    ShardView v{h, {}, false};
+    self->request(h.shard, 2s, atom::stats_atom_v)
+      .receive(
+        [&](msg::shard_stats& s) {
+          v.stats = std::move(s);
+          v.answered = true;
+        },
+        [](caf::error&) {});
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+} // namespace
+
+int run_status(int argc, char** argv) {
+  Args a;
+  a.option("cluster", "HOST:PORT", "the coordinator");
+  add_liveness_options(a);
+  a.parse(argc, argv, 2);
+  if (a.help_requested()) {
+    std::cout << "usage: strata status --cluster HOST:PORT\n\nPrints the cluster: epoch, current route, and per "
+                 "shard node: id, layers, cache bytes, sessions, hits and misses by reason.\n\noptions:\n"
+              << a.help_text();
+    return 0;
+  }
+  const Endpoint ep = parse_endpoint(a.required("cluster"), "cluster");
+  cluster_config cfg{liveness_from(a)};
+  caf::actor_system sys{cfg};
+  auto sup = connect_coordinator(sys, ep);
+  msg::route_info all;
+  auto shards = list_shards(sys, sup, all);
+  std::printf("cluster %s:%u  model %s  epoch %lld  shard nodes %zu\n", ep.host.c_str(), ep.port,
+              all.recipe.model.empty() ? "-" : all.recipe.model.c_str(), static_cast<long long>(all.epoch),
+              shards.size());
+  std::printf("%-3s %-28s %-7s %-12s %-8s %-8s %s\n", "#", "node", "layers", "cache bytes", "sessions", "hits",
+              "misses (unknown,ttl,lru,released,superseded,seq)");
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    auto& v = shards[i];
+    const std::string layers = std::to_string(v.hop.first) + "-" + std::to_string(v.hop.last);
+    if (!v.answered) {
+      std::printf("%-3zu %-28s %-7s (not answering)\n", i, caf::to_string(v.hop.shard.node()).c_str(), layers.c_str());
+      continue;
+    }
+    std::string misses;
+    for (std::size_t r = 1; r < v.stats.misses.size(); ++r)
+      misses += (r > 1 ? "," : "") + std::to_string(v.stats.misses[r]);
+    std::printf("%-3zu %-28s %-7s %-12llu %-8llu %-8llu %s\n", i, caf::to_string(v.hop.shard.node()).c_str(),
+                layers.c_str(), static_cast<unsigned long long>(v.stats.cache_bytes),
+                static_cast<unsigned long long>(v.stats.sessions), static_cast<unsigned long long>(v.stats.hits),
+                misses.c_str());
+  }
+  caf::anon_send_exit(sup, caf::exit_reason::user_shutdown); // drops our proxy only
+  return 0;
+}
+
+int run_inject(int argc, char** argv) {
+  Args a;
+  a.option("cluster", "HOST:PORT", "the coordinator")
+    .option("node", "ID", "node index from 'strata status' or its node id")
+    .option("session", "ID", "evict: only this session (default: all)")
+    .option("seconds", "N", "freeze: how long (default 3)");
+  add_liveness_options(a);
+  a.parse(argc, argv, 2, "KIND");
+  if (a.help_requested()) {
+    std::cout << "usage: strata inject kill|freeze|evict|epoch --cluster HOST:PORT [--node ID] [--session ID] "
+                 "[--seconds N]\n\nkill: the node exits as if killed; freeze: it stops answering for N seconds; "
+                 "evict: it drops one or all sessions; epoch: the supervisor bumps the route epoch.\n\noptions:\n"
+              << a.help_text();
+    return 0;
+  }
+  if (a.positionals().size() != 1)
+    throw UsageError("give exactly one kind: kill, freeze, evict or epoch");
+  const std::string kind = a.positionals()[0];
+  if (kind != "kill" && kind != "freeze" && kind != "evict" && kind != "epoch")
+    throw UsageError("unknown kind '" + kind + "' (kill, freeze, evict, epoch)");
+  if (kind != "epoch" && !a.has("node"))
+    throw UsageError(kind + " needs --node ID");
+  const int64_t seconds = a.integer("seconds", 3, 1, 3600);
+  const Endpoint ep = parse_endpoint(a.required("cluster"), "cluster");
+  cluster_config cfg{liveness_from(a)};
+  caf::actor_system sys{cfg};
+  auto sup = connect_coordinator(sys, ep);
+  caf::scoped_actor self{sys};
+  if (kind == "epoch") {
+    int64_t epoch = -1;
+    self->request(sup, 10s, atom::bump_atom_v).receive([&](int64_t e) { epoch = e; }, [](caf::error&) {});
+    std::printf("epoch %lld\n", static_cast<long long>(epoch));
+    return epoch < 0 ? 1 : 0;
+  }
+  msg::route_info all;
+  auto shards = list_shards(sys, sup, all);
+  const std::string id = a.str("node");
+  const ShardView* target = nullptr;
+  for (std::size_t i = 0; i < shards.size(); ++i)
+    if (id == std::to_string(i) || id == caf::to_string(shards[i].hop.shard.node()))
+      target = &shards[i];
+  if (!target)
+    throw model::Error(model::errc::bad_argument, "no shard node '" + id + "' (see 'strata status')");
+  if (kind == "kill") {
+    crash_and_wait(sys, sup, target->hop.shard);
+  } else if (kind == "freeze") {
+    self->send(target->hop.shard, atom::freeze_atom_v, seconds * 1000);
+  } else {
+    self->send(target->hop.shard, atom::evict_atom_v, a.str("session"),
+               static_cast<uint8_t>(msg::miss_reason::evicted_lru));
+  }
+  std::printf("%s sent to node %s (layers %lld-%lld)\n", kind.c_str(), caf::to_string(target->hop.shard.node()).c_str(),
+              static_cast<long long>(target->hop.first), static_cast<long long>(target->hop.last));
+  return 0;
+}
+
+} // namespace strata::runtime

@@ -1,0 +1,54 @@
+#pragma once
+// strata across processes: `strata node` (a coordinator hosting the route
+// supervisor, or a shard node that loads its layer range, publishes its shard
+// actor and registers with the coordinator), and the client side used by
+// `strata generate --cluster`, `strata status` and `strata inject`.
+// Transport is CAF's io module (BASP over TCP); heartbeats detect frozen peers.
+
+#include "actors/cluster.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace strata::runtime {
+
+struct Endpoint {
+  std::string host;
+  uint16_t port = 0;
+};
+
+/// "HOST:PORT" (port 0 = any free port). Throws UsageError.
+Endpoint parse_endpoint(const std::string& text, const std::string& option);
+bool is_loopback(const std::string& host);
+
+/// Liveness settings every process of a cluster must share.
+struct Liveness {
+  std::chrono::milliseconds heartbeat{200};
+  std::chrono::milliseconds dead_after{1500}; ///< a silent peer is declared dead after this
+};
+
+/// An actor_system_config with strata's types, the middleman and heartbeats.
+struct cluster_config : actors::actor_config {
+  explicit cluster_config(Liveness l = {});
+};
+
+/// `strata node ...`; returns the process exit code.
+int run_node(int argc, char** argv);
+/// `strata status ...`
+int run_status(int argc, char** argv);
+/// `strata inject ...`
+int run_inject(int argc, char** argv);
+
+/// Connects to a coordinator and returns its supervisor. Throws model::Error(io).
+caf::actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep);
+
+/// Applies an injection against a cluster of processes: hop I is looked up in
+/// the supervisor's current plan.
+void apply_remote_injection(caf::actor_system& sys, caf::actor supervisor, const actors::Injection& inj,
+                            const std::string& session);
+
+} // namespace strata::runtime

@@ -1,0 +1,129 @@
+// Multi-process tests on loopback: a coordinator and shard nodes are separate
+// `strata node` processes talking BASP over real TCP; clients are separate
+// `strata generate --cluster` processes.
+
+#include "tests/cluster/process.hpp"
+#include "tests/support.hpp"
+
+#include <memory>
+#include <sstream>
+
+namespace strata {
+namespace {
+
+using test::Process;
+
+const std::string exe = STRATA_EXE;
+
+struct Cluster {
+  std::unique_ptr<Process> coordinator;
+  std::vector<std::unique_ptr<Process>> nodes;
+  std::string address; // HOST:PORT of the coordinator
+
+  explicit Cluster(int route_wait_ms = 10000) {
+    coordinator = std::make_unique<Process>(std::vector<std::string>{
+      exe, "node", "--coordinator", "--listen", "127.0.0.1:0", "--route-wait-ms", std::to_string(route_wait_ms)});
+    const auto line = coordinator->wait_line("ready coordinator ");
+    address = line.empty() ? "" : line.substr(std::string("ready coordinator ").size());
+  }
+  Process& add(const std::string& layers, const std::string& model = "builtin:tiny") {
+    nodes.push_back(std::make_unique<Process>(std::vector<std::string>{
+      exe, "node", "--listen", "127.0.0.1:0", "--join", address, "--model", model, "--layers", layers, "--threads", "1"}));
+    return *nodes.back();
+  }
+  bool add_ready(const std::string& layers) { return !add(layers).wait_line("ready node ").empty(); }
+};
+
+std::string run(const std::string& args) {
+  Process p({"/bin/sh", "-c", exe + " " + args + " 2>&1"});
+  return p.drain();
+}
+
+std::string ids_line(const std::string& out) {
+  // The ids line is the one made only of digits and spaces.
+  std::istringstream is(out);
+  std::string line;
+  while (std::getline(is, line))
+    if (!line.empty() && line.find_first_not_of("0123456789 ") == std::string::npos)
+      return line;
+  return "";
+}
+
+const std::string prompt = "--prompt 'Once upon a time' --max-tokens 40 --output ids";
+
+std::string local_ids() {
+  return ids_line(run("generate --model builtin:tiny " + prompt));
+}
+
+TEST(Cluster, ThreeNodesEqualOneProcess) {
+  Cluster c;
+  ASSERT_FALSE(c.address.empty());
+  ASSERT_TRUE(c.add_ready("0-1"));
+  ASSERT_TRUE(c.add_ready("2-3"));
+  ASSERT_TRUE(c.add_ready("4"));
+  const auto expected = local_ids();
+  ASSERT_FALSE(expected.empty());
+  const auto out = run("generate --cluster " + c.address + " " + prompt);
+  EXPECT_EQ(ids_line(out), expected) << out;
+  const auto status = run("status --cluster " + c.address);
+  EXPECT_NE(status.find("shard nodes 3"), std::string::npos) << status;
+  EXPECT_NE(status.find("2-3"), std::string::npos) << status;
+}
+
+TEST(Cluster, KilledNodeReplicaTakesOver) {
+  Cluster c;
+  ASSERT_TRUE(c.add_ready("0-1"));
+  ASSERT_TRUE(c.add_ready("2-3"));
+  ASSERT_TRUE(c.add_ready("2-3")); // replica
+  ASSERT_TRUE(c.add_ready("4"));
+  const auto out = run("generate --cluster " + c.address + " " + prompt + " --inject kill:1@10");
+  EXPECT_EQ(ids_line(out), local_ids()) << out;
+  EXPECT_NE(out.find("route changes"), std::string::npos) << out;
+  // Exactly one of the two replicas is gone.
+  const int exited = (c.nodes[1]->wait_exit(std::chrono::milliseconds(100)) != -1) +
+                     (c.nodes[2]->wait_exit(std::chrono::milliseconds(100)) != -1);
+  EXPECT_EQ(exited, 1);
+}
+
+TEST(Cluster, KilledNodeRestartsAndTheSessionWaitsForIt) {
+  Cluster c;
+  ASSERT_TRUE(c.add_ready("0-1"));
+  ASSERT_TRUE(c.add_ready("2-3"));
+  ASSERT_TRUE(c.add_ready("4"));
+  Process gen({"/bin/sh", "-c", exe + " generate --cluster " + c.address + " " + prompt + " --inject kill:1@10 2>&1"});
+  // The node serving hop 1 exits (137, as if killed); start a new one for its layers.
+  EXPECT_EQ(c.nodes[1]->wait_exit(std::chrono::seconds(30)), 137);
+  ASSERT_TRUE(c.add_ready("2-3"));
+  const auto out = gen.drain();
+  EXPECT_EQ(ids_line(out), local_ids()) << out;
+}
+
+TEST(Cluster, FrozenNodeIsDetectedAndRoutedAround) {
+  Cluster c;
+  ASSERT_TRUE(c.add_ready("0-1"));
+  ASSERT_TRUE(c.add_ready("2-3"));
+  ASSERT_TRUE(c.add_ready("2-3"));
+  ASSERT_TRUE(c.add_ready("4"));
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto out = run("generate --cluster " + c.address + " " + prompt + " --inject freeze:1@10");
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(ids_line(out), local_ids()) << out;
+  // Frozen for 3 s, declared dead after 1.5 s of silence: the generation went on
+  // before the node woke up.
+  EXPECT_LT(took, std::chrono::milliseconds(2900)) << out;
+}
+
+TEST(Cluster, IncompatibleNodeIsRefused) {
+  Cluster c;
+  ASSERT_TRUE(c.add_ready("0-4"));
+  auto& bad = c.add("0-0", "builtin:qwen2-0.5b");
+  EXPECT_EQ(bad.wait_exit(std::chrono::seconds(60)), 3);
+}
+
+TEST(Cluster, NonLoopbackNeedsInsecure) {
+  const auto out = run("node --coordinator --listen 0.0.0.0:0");
+  EXPECT_NE(out.find("--insecure"), std::string::npos) << out;
+}
+
+} // namespace
+} // namespace strata

@@ -1,0 +1,123 @@
+#pragma once
+// Test helper: runs `strata` subcommands as real child processes and reads
+// their standard output line by line, with deadlines.
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <poll.h>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+namespace strata::test {
+
+class Process {
+public:
+  explicit Process(const std::vector<std::string>& args) {
+    int out[2];
+    if (::pipe(out) != 0)
+      return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out[1], STDOUT_FILENO);
+      ::close(out[0]);
+      ::close(out[1]);
+      std::vector<char*> argv;
+      for (auto& a : args)
+        argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    fd_ = out[0];
+  }
+  ~Process() {
+    stop(SIGTERM);
+    if (fd_ >= 0)
+      ::close(fd_);
+  }
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+
+  /// Reads output until a line starting with `prefix`; returns it, or "" at the deadline or EOF.
+  std::string wait_line(const std::string& prefix, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      for (auto nl = buf_.find('\n'); nl != std::string::npos; nl = buf_.find('\n')) {
+        std::string line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        all_ += line + "\n";
+        if (line.rfind(prefix, 0) == 0)
+          return line;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0)
+        return {};
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0)
+        return {};
+      char tmp[4096];
+      const auto n = ::read(fd_, tmp, sizeof tmp);
+      if (n <= 0)
+        return {};
+      buf_.append(tmp, static_cast<std::size_t>(n));
+    }
+  }
+  /// Everything printed so far (after waiting for the process to end).
+  std::string drain() {
+    wait_line("\x01never", std::chrono::seconds(60));
+    return all_ + buf_;
+  }
+  void signal(int sig) {
+    if (pid_ > 0)
+      ::kill(pid_, sig);
+  }
+  /// Waits for the exit code (-1 when killed or still running at the deadline).
+  int wait_exit(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (pid_ > 0) {
+      int status = 0;
+      const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        pid_ = -1;
+        exit_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        return exit_;
+      }
+      if (std::chrono::steady_clock::now() > deadline)
+        return -1;
+      pollfd p{fd_, POLLIN, 0}; // wait on output (or its end) instead of sleeping blindly
+      if (::poll(&p, 1, 20) > 0) {
+        char tmp[4096];
+        const auto n = ::read(fd_, tmp, sizeof tmp);
+        if (n > 0)
+          buf_.append(tmp, static_cast<std::size_t>(n));
+      }
+    }
+    return exit_;
+  }
+  void stop(int sig) {
+    if (pid_ <= 0)
+      return;
+    ::kill(pid_, SIGCONT);
+    ::kill(pid_, sig);
+    if (wait_exit(std::chrono::seconds(5)) == -1 && pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+
+private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  int exit_ = -1;
+  std::string buf_, all_;
+};
+
+} // namespace strata::test
