@@ -124,8 +124,11 @@ Outcome LocalCluster::generate(msg::generation_request req, const std::vector<In
 Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::generation_request req, SessionOptions opts,
                        const std::vector<Injection>& inject,
                        const std::function<void(const Injection&, const std::string& session)>& apply,
-                       const std::function<void(const msg::token_event&)>& on_token) {
+                       const std::function<void(const msg::token_event&)>& on_token,
+                       const std::function<caf::actor()>& reconnect) {
   caf::scoped_actor self{sys};
+  if (reconnect)
+    self->monitor(supervisor);
   const std::string session = req.session;
   std::vector<bool> done(inject.size(), false);
   auto fire = [&](int64_t tokens) {
@@ -161,6 +164,15 @@ Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::gener
       [&](caf::error& e) {
         out.error = std::move(e);
         finished = true;
+      },
+      [&](caf::down_msg& dm) {
+        if (dm.source != supervisor.address() || !reconnect)
+          return;
+        if (auto fresh = reconnect()) {
+          supervisor = fresh;
+          self->monitor(supervisor);
+          self->send(s, atom::register_atom_v, supervisor);
+        }
       },
       caf::after(backstop) >> [&] {
         caf::anon_send(s, atom::cancel_atom_v);

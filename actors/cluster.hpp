@@ -53,10 +53,13 @@ struct Outcome {
 /// Runs one generation through a session actor on `supervisor`, streaming
 /// tokens to `on_token`. The session pauses at each injection's token count
 /// until `apply` has put the failure in place. Blocks until the end.
+/// `reconnect` (optional) is called when the supervisor goes down and returns a
+/// new one (or an invalid handle); the session is told to follow it.
 Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::generation_request req, SessionOptions opts,
                        const std::vector<Injection>& inject,
                        const std::function<void(const Injection&, const std::string& session)>& apply,
-                       const std::function<void(const msg::token_event&)>& on_token);
+                       const std::function<void(const msg::token_event&)>& on_token,
+                       const std::function<caf::actor()>& reconnect = {});
 
 class LocalCluster {
 public:

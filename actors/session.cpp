@@ -232,6 +232,15 @@ caf::behavior session_actor(caf::stateful_actor<session_state>* self, caf::actor
       if (attempt == self->state.attempt)
         fetch_route(self);
     },
+    [=](atom::register_atom, caf::actor sup) {
+      // A restarted coordinator: follow it; its route pushes (higher epochs) drive
+      // the re-prefill, and a step lost with the old one times out and retries.
+      auto& st = self->state;
+      st.supervisor = sup;
+      self->send(sup, atom::subscribe_atom_v, caf::actor_cast<caf::actor>(self));
+      if (st.route.hops.empty() && !st.paused)
+        fetch_route(self);
+    },
     [=](atom::cancel_atom) {
       fail(self, caf::make_error(ec::cancelled, "session '" + self->state.req.session + "' was cancelled"));
     },

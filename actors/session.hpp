@@ -13,6 +13,9 @@
 // for (resume_atom) before its next step, so a client can inject a failure at
 // an exact step.
 //
+// (register_atom, supervisor) hands the session a new supervisor (the client
+// reconnected after a coordinator restart); it subscribes there and goes on.
+//
 // Phases are behaviors: `routing` (waiting for a route), `stepping` (a step in
 // flight); the route_info and cancel handlers are shared.
 

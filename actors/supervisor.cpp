@@ -56,6 +56,10 @@ void supervisor_state::changed(caf::event_based_actor* self) {
 
 caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, SupervisorOptions opts) {
   self->state.opts = opts;
+  self->state.epoch = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count() *
+                      1000;
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
     auto it = std::find_if(st.shards.begin(), st.shards.end(), [&](auto& e) { return e.actor.address() == dm.source; });

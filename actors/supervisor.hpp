@@ -37,6 +37,8 @@ struct shard_entry {
 struct supervisor_state {
   std::vector<shard_entry> shards;
   std::optional<msg::cache_recipe> recipe;
+  /// Starts at the coordinator's start time (ms since 1970, x1000), so epochs
+  /// keep growing across coordinator restarts and shards never see one go back.
   int64_t epoch = 1;
   std::vector<caf::actor> sessions;
   struct waiter {

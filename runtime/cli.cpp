@@ -177,7 +177,22 @@ int cmd_generate(int argc, char** argv) {
                      [&](const actors::Injection& inj, const std::string& session) {
                        apply_remote_injection(sys, coordinator, inj, session);
                      },
-                     [&](const msg::token_event& ev) { emit(ev.token); })
+                     [&](const msg::token_event& ev) { emit(ev.token); },
+                     [&]() -> caf::actor {
+                       // The coordinator restarted: reconnect to it (bounded).
+                       const auto ep = parse_endpoint(a.str("cluster"), "cluster");
+                       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+                       while (std::chrono::steady_clock::now() < deadline) {
+                         auto sup = sys.middleman().remote_actor(ep.host, ep.port);
+                         if (sup) {
+                           coordinator = *sup;
+                           return coordinator;
+                         }
+                         caf::scoped_actor pause{sys};
+                         pause->receive(caf::after(std::chrono::milliseconds(200)) >> [] {});
+                       }
+                       return caf::actor{};
+                     })
                  : local->generate(greq, inject, [&](const msg::token_event& ev) { emit(ev.token); });
     if (!out.ok())
       throw model::Error(model::errc::io, "generation failed: " + sys.render(out.error));

@@ -41,6 +41,9 @@ cluster_config::cluster_config(Liveness l) {
   load<caf::io::middleman>();
   set("middleman.heartbeat-interval", caf::timespan{l.heartbeat});
   set("middleman.connection-timeout", caf::timespan{l.dead_after});
+  // Connect directly to nodes learned through the coordinator instead of
+  // relaying every step through it.
+  set("middleman.enable-automatic-connections", true);
 }
 
 caf::actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep) {

@@ -20,9 +20,10 @@ struct Cluster {
   std::vector<std::unique_ptr<Process>> nodes;
   std::string address; // HOST:PORT of the coordinator
 
-  explicit Cluster(int route_wait_ms = 10000) {
-    coordinator = std::make_unique<Process>(std::vector<std::string>{
-      exe, "node", "--coordinator", "--listen", "127.0.0.1:0", "--route-wait-ms", std::to_string(route_wait_ms)});
+  explicit Cluster(std::string listen = "127.0.0.1:0") { start_coordinator(listen); }
+  void start_coordinator(const std::string& listen) {
+    coordinator = std::make_unique<Process>(
+      std::vector<std::string>{exe, "node", "--coordinator", "--listen", listen, "--route-wait-ms", "15000"});
     const auto line = coordinator->wait_line("ready coordinator ");
     address = line.empty() ? "" : line.substr(std::string("ready coordinator ").size());
   }
@@ -111,6 +112,28 @@ TEST(Cluster, FrozenNodeIsDetectedAndRoutedAround) {
   // Frozen for 3 s, declared dead after 1.5 s of silence: the generation went on
   // before the node woke up.
   EXPECT_LT(took, std::chrono::milliseconds(2900)) << out;
+}
+
+TEST(Cluster, CoordinatorRestartMidGeneration) {
+  Cluster c;
+  ASSERT_TRUE(c.add_ready("0-1"));
+  ASSERT_TRUE(c.add_ready("2-3"));
+  ASSERT_TRUE(c.add_ready("4"));
+  const std::string longer = "--prompt 'Once upon a time' --max-tokens 400 --output text";
+  const auto expected = run("generate --model builtin:tiny " + longer);
+  Process gen({"/bin/sh", "-c", exe + " generate --cluster " + c.address + " " + longer + " 2>/dev/null"});
+  // Once text streams, the generation is under way: kill the coordinator and
+  // start a new one on the same address. Nodes re-register, the client reconnects.
+  ASSERT_FALSE(gen.wait_line("Once").empty());
+  c.coordinator->signal(SIGKILL);
+  c.coordinator->wait_exit();
+  const std::string old = c.address;
+  c.start_coordinator(old);
+  ASSERT_EQ(c.address, old);
+  for (auto& n : c.nodes)
+    EXPECT_FALSE(n->wait_line("re-registered").empty());
+  const auto out = gen.drain();
+  EXPECT_EQ(out, expected.substr(0, expected.find("[strata]")));
 }
 
 TEST(Cluster, IncompatibleNodeIsRefused) {
