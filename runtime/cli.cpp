@@ -7,6 +7,8 @@
 #include "runtime/args.hpp"
 #include "runtime/generator.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -25,6 +27,7 @@ constexpr const char* top_usage =
   "  inject       inject a failure into a cluster (kill, freeze, evict, epoch)\n"
   "  tokenize     print the token ids of a text\n"
   "  detokenize   print the text of token ids\n"
+  "  info         print a model's configuration\n"
   "\n"
   "Run 'strata <command> --help' for the options of a command.\n";
 
@@ -142,7 +145,10 @@ int cmd_generate(int argc, char** argv) {
     std::fwrite(head.data(), 1, head.size(), stdout);
     std::fflush(stdout);
   }
+  std::vector<double> token_ms; // arrival time of each generated token since the start
+  const auto gen_start = std::chrono::steady_clock::now();
   auto emit = [&](int32_t id) {
+    token_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - gen_start).count());
     if (dec) {
       const std::string piece = dec->push(id);
       std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -231,6 +237,15 @@ int cmd_generate(int argc, char** argv) {
   const double tps = res.decode_ms > 0 && res.ids.size() > 1 ? (res.ids.size() - 1) * 1000.0 / res.decode_ms : 0.0;
   std::fprintf(stderr, "[strata] %zu prompt tokens, %zu generated, finish=%s, prefill %.1f ms, decode %.1f tok/s\n",
                prompt_ids.size(), res.ids.size(), to_string(res.finish), res.prefill_ms, tps);
+  if (token_ms.size() >= 2) {
+    std::vector<double> gaps;
+    for (std::size_t i = 1; i < token_ms.size(); ++i)
+      gaps.push_back(token_ms[i] - token_ms[i - 1]);
+    std::sort(gaps.begin(), gaps.end());
+    auto pct = [&](double q) { return gaps[std::min(gaps.size() - 1, static_cast<std::size_t>(q * gaps.size()))]; };
+    std::fprintf(stderr, "[strata] time to first token %.1f ms; inter-token p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+                 token_ms.front(), pct(0.5), pct(0.99), gaps.back());
+  }
   return 0;
 }
 
@@ -257,6 +272,26 @@ int cmd_tokenize(int argc, char** argv) {
   for (std::size_t i = 0; i < ids.size(); ++i)
     std::printf("%s%d", i ? " " : "", ids[i]);
   std::printf("\n");
+  return 0;
+}
+
+int cmd_info(int argc, char** argv) {
+  Args a;
+  a.option("model", "PATH|builtin:NAME", "the model");
+  a.parse(argc, argv, 2);
+  if (a.help_requested()) {
+    std::cout << "usage: strata info --model PATH|builtin:NAME\n\nPrints the model's configuration, one 'key value' "
+                 "per line, without loading its weights.\n\noptions:\n"
+              << a.help_text();
+    return 0;
+  }
+  const auto c = model::read_config(a.required("model"));
+  std::printf("architecture %s\nlayers %lld\ndim %lld\nhidden_dim %lld\nheads %lld\nkv_heads %lld\nhead_dim %lld\n"
+              "vocab %lld\nmax_seq_len %lld\nsummary %s\n",
+              c.architecture.c_str(), static_cast<long long>(c.n_layers), static_cast<long long>(c.dim),
+              static_cast<long long>(c.hidden_dim), static_cast<long long>(c.n_heads),
+              static_cast<long long>(c.n_kv_heads), static_cast<long long>(c.head_dim),
+              static_cast<long long>(c.vocab_size), static_cast<long long>(c.max_seq_len), c.summary().c_str());
   return 0;
 }
 
@@ -300,6 +335,8 @@ int run_cli(int argc, char** argv) {
       return cmd_tokenize(argc, argv);
     if (cmd == "detokenize")
       return cmd_detokenize(argc, argv);
+    if (cmd == "info")
+      return cmd_info(argc, argv);
     if (cmd == "node")
       return run_node(argc, argv);
     if (cmd == "status")

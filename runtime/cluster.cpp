@@ -385,7 +385,6 @@ int run_status(int argc, char** argv) {
                 static_cast<unsigned long long>(v.stats.sessions), static_cast<unsigned long long>(v.stats.hits),
                 misses.c_str());
   }
-  caf::anon_send_exit(sup, caf::exit_reason::user_shutdown); // drops our proxy only
   return 0;
 }
 
