@@ -100,8 +100,10 @@ void send_step(self_ptr self) {
   for (int64_t i = 0; i < static_cast<int64_t>(r.tokens.size()); ++i)
     r.positions.push_back(r.past_len + i);
   const bool prefill = st.needs_prefill;
-  if (prefill && st.result.steps > 0)
+  if (prefill && st.result.steps > 0) {
     ++st.result.reprefills;
+    st.result.recomputed_tokens += st.seq.size();
+  }
   ++st.result.steps;
   const auto attempt = ++st.attempt;
   const auto t0 = clk::now();
@@ -126,6 +128,7 @@ void send_step(self_ptr self) {
           st.first_token_seen = true;
         }
         st.needs_prefill = false;
+        st.avoid.clear(); // a step went through: forget old suspicions
         st.rng_state = rep.rng_state;
         on_token(self, rep.token);
       },
@@ -136,7 +139,12 @@ void send_step(self_ptr self) {
         if (err == ec::incompatible_recipe || err == ec::budget_exceeded || err == ec::model_error ||
             err == ec::bad_shape || err == ec::bad_request)
           return fail(self, std::move(err));
-        // stale epoch, timeout, a shard that went away: get a fresh route.
+        // stale epoch, timeout, a shard that went away: get a fresh route. A shard
+        // this process cannot reach (even if the supervisor can) is avoided.
+        if (err == caf::sec::request_receiver_down)
+          for (auto& h : st.route.hops)
+            if (std::find(st.avoid.begin(), st.avoid.end(), h.shard) == st.avoid.end())
+              st.avoid.push_back(h.shard);
         st.route.hops.clear();
         retry(self, err);
       });
@@ -145,7 +153,7 @@ void send_step(self_ptr self) {
 void fetch_route(self_ptr self) {
   auto& st = self->state;
   const auto attempt = ++st.attempt;
-  self->request(st.supervisor, st.opts.route_timeout, atom::route_atom_v)
+  self->request(st.supervisor, st.opts.route_timeout, atom::route_atom_v, st.avoid)
     .then(
       [=](msg::route_info& r) {
         auto& st = self->state;

@@ -51,6 +51,7 @@ struct session_state {
   std::chrono::steady_clock::time_point started;
   bool first_token_seen = false;
   bool paused = false;
+  std::vector<caf::actor> avoid; // shards this session could not reach (asks routes without them)
   static inline const char* name = "strata.session";
 };
 

@@ -5,7 +5,7 @@
 
 namespace strata::actors {
 
-msg::route_info supervisor_state::plan(bool count_load) {
+msg::route_info supervisor_state::plan(bool count_load, const std::vector<caf::actor>& avoid) {
   msg::route_info r;
   r.epoch = epoch;
   if (!recipe)
@@ -15,12 +15,14 @@ msg::route_info supervisor_state::plan(bool count_load) {
   // Depth-first over shards starting where the previous one ended, trying the
   // least-loaded candidates first.
   std::vector<std::size_t> chain;
+  bool allow_avoided = false;
+  auto avoided = [&](const caf::actor& a) { return std::find(avoid.begin(), avoid.end(), a) != avoid.end(); };
   std::function<bool(int64_t)> dfs = [&](int64_t layer) -> bool {
     if (layer == n)
       return true;
     std::vector<std::size_t> cands;
     for (std::size_t i = 0; i < shards.size(); ++i)
-      if (shards[i].first == layer)
+      if (shards[i].first == layer && (allow_avoided || !avoided(shards[i].actor)))
         cands.push_back(i);
     std::stable_sort(cands.begin(), cands.end(), [&](auto a, auto b) { return shards[a].load < shards[b].load; });
     for (auto i : cands) {
@@ -31,8 +33,14 @@ msg::route_info supervisor_state::plan(bool count_load) {
     }
     return false;
   };
-  if (!dfs(0))
-    return r;
+  if (!dfs(0)) {
+    if (avoid.empty())
+      return r;
+    allow_avoided = true; // better a shard the caller doubts than no route
+    chain.clear();
+    if (!dfs(0))
+      return r;
+  }
   for (auto i : chain) {
     if (count_load)
       ++shards[i].load;
@@ -53,6 +61,22 @@ void supervisor_state::changed(caf::event_based_actor* self) {
     waiting.clear();
   }
 }
+
+namespace {
+
+caf::result<msg::route_info> route_request(caf::stateful_actor<supervisor_state>* self,
+                                           const std::vector<caf::actor>& avoid) {
+  auto& st = self->state;
+  auto r = st.plan(true, avoid);
+  if (!r.hops.empty())
+    return r;
+  auto rp = self->make_response_promise();
+  st.waiting.push_back({rp, self->clock().now() + st.opts.route_wait}); // the actor clock: testable
+  self->delayed_send(self, st.opts.route_wait, atom::tick_atom_v);
+  return rp;
+}
+
+} // namespace
 
 caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, SupervisorOptions opts) {
   self->state.opts = opts;
@@ -93,16 +117,8 @@ caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, Supe
       st.changed(self);
       return st.epoch;
     },
-    [=](atom::route_atom) -> caf::result<msg::route_info> {
-      auto& st = self->state;
-      auto r = st.plan(true);
-      if (!r.hops.empty())
-        return r;
-      auto rp = self->make_response_promise();
-      st.waiting.push_back({rp, self->clock().now() + st.opts.route_wait}); // the actor clock: testable
-      self->delayed_send(self, st.opts.route_wait, atom::tick_atom_v);
-      return rp;
-    },
+    [=](atom::route_atom) { return route_request(self, {}); },
+    [=](atom::route_atom, const std::vector<caf::actor>& avoid) { return route_request(self, avoid); },
     [=](atom::tick_atom) {
       auto& st = self->state;
       const auto now = self->clock().now();

@@ -9,6 +9,8 @@
 //   (register_atom, actor, first, last, cache_recipe) -> int64 epoch | incompatible_recipe
 //   (route_atom)               -> route_info; waits up to `route_wait` for a complete
 //                                 route, then ec::no_route
+//   (route_atom, vector<actor> avoid) -> the same, avoiding shards the caller
+//                                 cannot reach if another complete route exists
 //   (subscribe_atom, actor)    -> the session receives route_info on every change
 //   (bump_atom)                -> int64 new epoch
 //   (stats_atom)               -> route_info of the current plan (epoch, hops)
@@ -50,7 +52,8 @@ struct supervisor_state {
   static inline const char* name = "strata.supervisor";
 
   /// A complete chain of shards, least-loaded first; empty hops when none exists.
-  msg::route_info plan(bool count_load);
+  /// Shards in `avoid` are used only when no complete chain exists without them.
+  msg::route_info plan(bool count_load, const std::vector<caf::actor>& avoid = {});
   void changed(caf::event_based_actor* self);
 };
 

@@ -192,12 +192,13 @@ struct generation_result {
   uint64_t retries = 0;
   std::vector<uint64_t> misses; // by miss_reason
   uint64_t route_changes = 0;
+  uint64_t recomputed_tokens = 0; ///< tokens processed again by re-prefills
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_result& x) {
   return f(caf::meta::type_name("generation_result"), x.session, x.ids, x.finish, x.prefill_ms, x.total_ms, x.steps,
-           x.reprefills, x.retries, x.misses, x.route_changes);
+           x.reprefills, x.retries, x.misses, x.route_changes, x.recomputed_tokens);
 }
 
 /// A generation's request: prompt ids, limits, sampling.

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <fstream>
 #include <sstream>
 
 namespace strata::runtime {
@@ -12,7 +13,55 @@ Args& Args::option(const std::string& name, const std::string& value_name, const
   return *this;
 }
 
+void Args::set_value(const std::string& name, const std::string& value, bool has_value, bool from_file,
+                     const std::string& where) {
+  auto it = opts_.find(name);
+  if (it == opts_.end())
+    throw UsageError(where + "unknown option '--" + name + "'");
+  if (values_.count(name)) {
+    if (from_file)
+      return; // the command line wins
+    throw UsageError("option '--" + name + "' given twice");
+  }
+  if (it->second.value_name.empty()) {
+    if (has_value && !(from_file && (value == "true" || value == "1")))
+      throw UsageError(where + "option '--" + name + "' takes no value");
+    values_[name] = "1";
+  } else {
+    values_[name] = value;
+  }
+}
+
+void Args::read_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw UsageError("cannot read config file '" + path + "'");
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    const auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line[first] == '#' || line[first] == ';' || line[first] == '[')
+      continue;
+    const auto eq = line.find('=');
+    const std::string where = path + ":" + std::to_string(n) + ": ";
+    if (eq == std::string::npos)
+      throw UsageError(where + "expected 'name = value'");
+    auto trim = [](std::string x) {
+      const auto b = x.find_first_not_of(" \t\r");
+      const auto e = x.find_last_not_of(" \t\r");
+      return b == std::string::npos ? std::string{} : x.substr(b, e - b + 1);
+    };
+    const std::string name = trim(line.substr(0, eq));
+    std::string value = trim(line.substr(eq + 1));
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"')
+      value = value.substr(1, value.size() - 2);
+    set_value(name, value, true, true, where);
+  }
+}
+
 void Args::parse(int argc, char** argv, int first, const std::string& positional_name) {
+  std::string config_file;
   for (int i = first; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -32,24 +81,28 @@ void Args::parse(int argc, char** argv, int first, const std::string& positional
       name = name.substr(0, eq);
       inline_value = true;
     }
-    auto it = opts_.find(name);
-    if (it == opts_.end())
-      throw UsageError("unknown option '--" + name + "'");
-    if (values_.count(name))
-      throw UsageError("option '--" + name + "' given twice");
-    if (it->second.value_name.empty()) {
-      if (inline_value)
-        throw UsageError("option '--" + name + "' takes no value");
-      values_[name] = "1";
-    } else {
+    if (name == "config") {
       if (!inline_value) {
         if (i + 1 >= argc)
-          throw UsageError("option '--" + name + "' needs a value (" + it->second.value_name + ")");
+          throw UsageError("option '--config' needs a value (FILE)");
         value = argv[++i];
       }
-      values_[name] = value;
+      config_file = value;
+      continue;
     }
+    auto it = opts_.find(name);
+    if (it != opts_.end() && !it->second.value_name.empty() && !inline_value) {
+      if (i + 1 >= argc)
+        throw UsageError("option '--" + name + "' needs a value (" + it->second.value_name + ")");
+      value = argv[++i];
+      inline_value = true;
+    } else if (it != opts_.end() && it->second.value_name.empty() && inline_value) {
+      throw UsageError("option '--" + name + "' takes no value");
+    }
+    set_value(name, value, inline_value, false, "");
   }
+  if (!config_file.empty())
+    read_config_file(config_file);
 }
 
 std::string Args::str(const std::string& name, const std::string& dflt) const {
@@ -106,6 +159,7 @@ std::string Args::help_text() const {
       os << "\n" << std::string(28, ' ');
     os << o.help << "\n";
   }
+  os << "  --config FILE             read options from an INI-style file (name = value)\n";
   os << "  --help                    this text\n";
   return os.str();
 }

@@ -22,6 +22,10 @@ public:
   /// `name` without dashes; `value_name` empty for a flag without value.
   Args& option(const std::string& name, const std::string& value_name, const std::string& help);
   /// Parses argv[first..]; positionals are allowed only when `positional_name` is set.
+  /// `--config FILE` reads more options from an INI-style file (`name = value`
+  /// lines, `#`/`;` comments, `[sections]` ignored, values may be quoted, a flag
+  /// is `name = true`); the command line wins over the file; unknown names and
+  /// malformed lines are errors naming the file and line.
   void parse(int argc, char** argv, int first, const std::string& positional_name = {});
 
   bool has(const std::string& name) const { return values_.count(name) != 0; }
@@ -35,6 +39,9 @@ public:
   std::string help_text() const;
 
 private:
+  void read_config_file(const std::string& path);
+  void set_value(const std::string& name, const std::string& value, bool inline_value, bool from_file,
+                 const std::string& where);
   struct Opt {
     std::string value_name, help;
   };

@@ -81,6 +81,8 @@ void stop_node(int code) {
 
 struct registrar_state {
   caf::actor shard;
+  std::function<caf::actor()> respawn; // a fresh shard actor over the same weights
+  bool replacing = false;
   caf::actor coordinator;
   Endpoint join;
   model::LayerRange range;
@@ -127,21 +129,35 @@ void try_register(caf::stateful_actor<registrar_state>* self) {
       [=](caf::error&) { self->delayed_send(self, 500ms, reconnect_atom::value); });
 }
 
-caf::behavior registrar(caf::stateful_actor<registrar_state>* self, caf::actor shard, Endpoint join,
-                        model::LayerRange range, msg::cache_recipe recipe) {
+caf::behavior registrar(caf::stateful_actor<registrar_state>* self, std::function<caf::actor()> respawn,
+                        Endpoint join, model::LayerRange range, msg::cache_recipe recipe) {
   auto& st = self->state;
-  st.shard = std::move(shard);
+  st.respawn = std::move(respawn);
+  st.shard = st.respawn();
   st.join = std::move(join);
   st.range = range;
   st.recipe = std::move(recipe);
   self->set_down_handler([=](caf::down_msg& dm) {
-    if (dm.source != self->state.coordinator.address())
+    auto& st = self->state;
+    if (st.replacing && dm.source == st.shard.address()) {
+      // The old shard actor is gone: a fresh one (same weights, empty caches,
+      // new actor id) registers as a new incarnation.
+      st.replacing = false;
+      st.shard = st.respawn();
+      self->delayed_send(self, 200ms, reconnect_atom::value);
       return;
-    // The coordinator went away (restart, network): register again once it is back.
-    self->state.coordinator = nullptr;
+    }
+    if (dm.source != st.coordinator.address())
+      return;
+    // The coordinator went away (restart, network, or this node was frozen and
+    // every peer dropped it): peers consider this node's actors dead, so come
+    // back with a new shard actor, once the old one has stopped using the weights.
+    st.coordinator = nullptr;
     std::fprintf(stderr, "strata node: lost the coordinator (%s); re-registering\n",
                  self->system().render(dm.reason).c_str());
-    self->delayed_send(self, 200ms, reconnect_atom::value);
+    st.replacing = true;
+    self->monitor(st.shard);
+    self->send_exit(st.shard, caf::exit_reason::user_shutdown);
   });
   try_register(self);
   return {
@@ -231,6 +247,7 @@ int run_node(int argc, char** argv) {
   caf::actor_system sys{cfg};
   caf::actor published;
   caf::actor helper;
+  std::function<caf::actor()> respawn;
   if (coordinator) {
     actors::SupervisorOptions opts;
     opts.route_wait = std::chrono::milliseconds(a.integer("route-wait-ms", 10000, 1, 3600000));
@@ -240,6 +257,14 @@ int run_node(int argc, char** argv) {
     hooks.crash = [] { std::_Exit(137); };
     hooks.freeze = [](int64_t ms) { freeze_process(ms); };
     published = actors::spawn_shard(sys, shard, limits, hooks);
+    respawn = [&sys, shard, limits, hooks, first = std::make_shared<caf::actor>(published)]() mutable {
+      if (*first) { // the published actor serves the first incarnation
+        auto a = std::move(*first);
+        *first = nullptr;
+        return a;
+      }
+      return actors::spawn_shard(sys, shard, limits, hooks);
+    };
   }
   auto port = sys.middleman().publish(published, listen.port, listen.host.c_str(), true);
   if (!port) {
@@ -252,15 +277,15 @@ int run_node(int argc, char** argv) {
     std::printf("ready coordinator %s:%u\n", listen.host.c_str(), *port);
     std::fflush(stdout);
   } else {
-    helper = sys.spawn(registrar, published, join, range, msg::cache_recipe::of(shard->config()));
+    helper = sys.spawn(registrar, respawn, join, range, msg::cache_recipe::of(shard->config()));
   }
   int sig = 0;
   sigwait(&stop_signals, &sig);
   // A node holds no state worth saving (sessions re-prefill elsewhere), and CAF
   // keeps actors that peers have seen alive in its registry, so ~actor_system
   // would wait for them forever: close the sockets by ending the process.
-  if (sig != SIGTERM || node_exit_code == 0)
-    std::fprintf(stderr, "strata node: stopping on signal %d\n", sig);
+  if (sig == SIGINT)
+    std::fprintf(stderr, "strata node: stopping (interrupted)\n");
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(node_exit_code.load());

@@ -70,7 +70,7 @@ TEST_F(Messages, EveryTypeRoundTrips) {
   msg::shard_stats st{0, 2, 4096, 3, 10, {0, 1, 2, 3, 4, 5, 6}, 2, 11, 1};
   EXPECT_EQ(round_trip(st).misses.size(), 7u);
   round_trip(msg::token_event{"s-1", 3, 77});
-  msg::generation_result g{"s-1", {1, 2, 3}, "stop", 1.5, 9.0, 4, 1, 0, {0, 0, 1, 0, 0, 0, 0}, 2};
+  msg::generation_result g{"s-1", {1, 2, 3}, "stop", 1.5, 9.0, 4, 1, 0, {0, 0, 1, 0, 0, 0, 0}, 2, 17};
   EXPECT_EQ(round_trip(g).ids, g.ids);
   msg::generation_request gr{"s-1", {1, 5}, 10, {0, 0, 1, 0}, {2}};
   EXPECT_EQ(round_trip(gr).prompt, gr.prompt);

@@ -157,11 +157,15 @@ void bench_qwen_shape(double bw1, double bw2, bool sweep) {
 
 } // namespace
 
+int cluster_bench_main(int argc, char** argv); // bench_cluster.cpp
+
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::string what = argc > 1 ? argv[1] : "model";
+  if (what == "chaos" || what == "throughput")
+    return cluster_bench_main(argc, argv);
   if (what != "model" && what != "stories" && what != "qwen") {
-    std::fprintf(stderr, "usage: strata_bench model|stories|qwen [path/to/stories260K.bin]\n");
+    std::fprintf(stderr, "usage: strata_bench model|stories|qwen|chaos [N]|throughput [path/to/stories260K.bin]\n");
     return 2;
   }
   const std::string stories = argc > 2 ? argv[2] : "../shared/models/stories260K.bin";

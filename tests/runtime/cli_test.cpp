@@ -146,6 +146,22 @@ TEST(Cli, BadShardsAndInjectionsExitTwo) {
   }
 }
 
+TEST(Cli, OptionsFromAConfigFile) {
+  auto dir = test::scratch_dir("cli_config");
+  test::write_file(dir / "gen.ini", "# generation settings\n[generate]\nmodel = \"builtin:tiny\"\nmax-tokens = 7\n"
+                                    "output = ids\n");
+  auto r = strata("generate --config " + (dir / "gen.ini").string() + " --prompt-ids 1,2");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), ' '), 6) << r.out; // 7 ids
+  // The command line wins over the file.
+  r = strata("generate --config " + (dir / "gen.ini").string() + " --prompt-ids 1,2 --max-tokens 3");
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), ' '), 2) << r.out;
+  test::write_file(dir / "bad.ini", "model = builtin:tiny\nbogus = 1\n");
+  r = strata("generate --config " + (dir / "bad.ini").string() + " --prompt-ids 1", true);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("bad.ini:2"), std::string::npos) << r.out;
+}
+
 TEST(Cli, TokenizeAndDetokenize) {
   STRATA_REQUIRE_SHARED("models/llama2-tokenizer.bin");
   const auto tok = test::shared_path("models/llama2-tokenizer.bin");
