@@ -198,9 +198,11 @@ TEST_F(ActorRuntime, SixteenConcurrentSessionsUnderATightBudget) {
 TEST_F(ActorRuntime, FrozenShardEndsInAClearErrorNotAHang) {
   // A "shard" that accepts steps and never answers (its promises are dropped).
   auto sup = sys.spawn(actors::supervisor_actor, actors::SupervisorOptions{});
-  auto frozen = sys.spawn([](caf::event_based_actor* self) {
-    return caf::behavior{[=](msg::step_request&) { return self->make_response_promise(); }};
-  });
+  auto frozen = sys.spawn(
+    [](caf::event_based_actor* self, int) {
+      return caf::behavior{[=](msg::step_request&) { return self->make_response_promise(); }};
+    },
+    0);
   const auto cfg = model::read_config("builtin:tiny");
   caf::scoped_actor self{sys};
   self->request(sup, std::chrono::seconds(5), atom::register_atom_v, frozen, int64_t{0}, int64_t{4},

@@ -30,14 +30,18 @@ struct SupervisorTest : ::testing::Test {
   msg::cache_recipe recipe{"llama", "builtin:tiny", "f32", 5, 2, 8};
 
   caf::actor fake_shard() {
-    return sys.spawn([] { return caf::behavior{[](msg::step_request&) {}}; });
+    // (A spawn argument: CAF 0.17 dereferences a null argument tuple for
+    // argument-less function actors, which UBSan reports.)
+    return sys.spawn([](int) { return caf::behavior{[](msg::step_request&) {}}; }, 0);
   }
   // A subscribed stand-in for a session that records every route it is told.
   caf::actor session() {
     auto l = log;
-    auto s = sys.spawn([l](caf::event_based_actor*) {
-      return caf::behavior{[l](msg::route_info& r) { l->routes.push_back(r); }};
-    });
+    auto s = sys.spawn(
+      [l](caf::event_based_actor*, int) {
+        return caf::behavior{[l](msg::route_info& r) { l->routes.push_back(r); }};
+      },
+      0);
     caf::anon_send(sup, atom::subscribe_atom_v, s);
     sched.run();
     return s;
@@ -48,11 +52,13 @@ struct SupervisorTest : ::testing::Test {
   void ask(Ts... xs) {
     auto l = log;
     auto target = sup;
-    sys.spawn([=](caf::event_based_actor* self) {
-      self->request(target, caf::infinite, xs...)
-        .then([=](Reply& r) { l->replies.push_back(caf::make_message(r)); },
-              [=](caf::error& e) { l->replies.push_back(caf::make_message(e)); });
-    });
+    sys.spawn(
+      [=](caf::event_based_actor* self, int) {
+        self->request(target, caf::infinite, xs...)
+          .then([=](Reply& r) { l->replies.push_back(caf::make_message(r)); },
+                [=](caf::error& e) { l->replies.push_back(caf::make_message(e)); });
+      },
+      0);
     sched.run();
   }
   int64_t epoch_reply(std::size_t i) { return log->replies.at(i).get_as<int64_t>(0); }
