@@ -3,6 +3,7 @@
 // mid-generation and shows that the text comes out the same.
 //
 //   build/scripted_generations [--model PATH|builtin:NAME] [--shards 0-1,2-3,4]
+//   build/scripted_generations --cluster HOST:PORT      (a running cluster of processes)
 //
 // The script itself is an actor (`director`): it spawns one session actor per
 // generation with itself as the client, and reacts to token_event /
@@ -11,6 +12,7 @@
 
 #include "actors/cluster.hpp"
 #include "model/tokenizer.hpp"
+#include "runtime/cluster.hpp"
 
 #include <caf/all.hpp>
 
@@ -28,8 +30,16 @@ struct Script {
   std::vector<actors::Injection> inject;
 };
 
+// Where the generations run: shard actors in this process, or a cluster of processes.
+struct Target {
+  caf::actor supervisor;
+  actors::SessionOptions opts;
+  model::ModelConfig cfg;
+  std::function<void(const actors::Injection&, const std::string&)> apply;
+};
+
 struct director_state {
-  actors::LocalCluster* cluster = nullptr;
+  Target* cluster = nullptr;
   const model::Tokenizer* tok = nullptr;
   std::vector<Script> scripts;
   std::size_t current = 0;
@@ -58,7 +68,7 @@ void start_next(director* self) {
   req.session = "example-" + std::to_string(st.current);
   req.prompt = st.tok->encode(s.prompt, true);
   req.max_tokens = 60;
-  req.stop_ids = st.cluster->config().eos_ids;
+  req.stop_ids = st.cluster->cfg.eos_ids;
   st.dec = std::make_unique<model::StreamDecoder>(*st.tok);
   std::string head;
   for (auto id : req.prompt)
@@ -68,11 +78,11 @@ void start_next(director* self) {
   for (auto& inj : s.inject)
     req.pause_after.push_back(inj.at_token); // the session waits there for us
   st.outputs.emplace_back();
-  self->spawn(actors::session_actor, st.cluster->supervisor(), caf::actor_cast<caf::actor>(self), req,
-              st.cluster->session_options());
+  self->spawn(actors::session_actor, st.cluster->supervisor, caf::actor_cast<caf::actor>(self), req,
+              st.cluster->opts);
 }
 
-caf::behavior director_actor(director* self, actors::LocalCluster* cluster, const model::Tokenizer* tok,
+caf::behavior director_actor(director* self, Target* cluster, const model::Tokenizer* tok,
                              std::vector<Script> scripts) {
   self->state.cluster = cluster;
   self->state.tok = tok;
@@ -119,38 +129,65 @@ caf::behavior director_actor(director* self, actors::LocalCluster* cluster, cons
 } // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "builtin:tiny", shards = "0-1,2-3,4";
+  std::string model = "builtin:tiny", shards = "0-1,2-3,4", cluster_address;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--model") == 0)
       model = argv[i + 1];
     else if (std::strcmp(argv[i], "--shards") == 0)
       shards = argv[i + 1];
+    else if (std::strcmp(argv[i], "--cluster") == 0)
+      cluster_address = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: scripted_generations [--model PATH|builtin:NAME] [--shards RANGES]\n");
+      std::fprintf(stderr, "usage: scripted_generations [--model PATH|builtin:NAME] [--shards RANGES] "
+                           "[--cluster HOST:PORT]\n");
       return 2;
     }
   }
   try {
-    actors::actor_config cfg;
+    runtime::cluster_config cfg; // strata's types + the middleman (used only with --cluster)
     caf::actor_system sys{cfg};
-    actors::LocalCluster cluster(sys, model, model::parse_layer_ranges(shards));
-    auto tok = model::default_tokenizer_for(cluster.config());
+    std::unique_ptr<actors::LocalCluster> local;
+    Target target;
+    if (cluster_address.empty()) {
+      local = std::make_unique<actors::LocalCluster>(sys, model, model::parse_layer_ranges(shards));
+      target = {local->supervisor(), local->session_options(), local->config(),
+                [&](const actors::Injection& inj, const std::string& s) { local->apply(inj, s); }};
+    } else {
+      auto sup = runtime::connect_coordinator(sys, runtime::parse_endpoint(cluster_address, "cluster"));
+      caf::scoped_actor self{sys};
+      msg::route_info plan;
+      self->request(sup, std::chrono::seconds(30), atom::route_atom_v)
+        .receive([&](msg::route_info& r) { plan = std::move(r); }, [](caf::error&) {});
+      if (plan.hops.empty()) {
+        std::fprintf(stderr, "scripted_generations: the cluster at %s has no complete route\n", cluster_address.c_str());
+        return 1;
+      }
+      target.supervisor = sup;
+      target.cfg = model::read_config(plan.recipe.model);
+      target.opts.max_context = target.cfg.max_seq_len;
+      target.apply = [&sys, sup](const actors::Injection& inj, const std::string& s) {
+        // Against processes an evicted cache and a killed node (replica or restart needed).
+        runtime::apply_remote_injection(sys, sup, inj, s);
+      };
+    }
+    auto tok = model::default_tokenizer_for(target.cfg);
     if (!tok) {
-      std::fprintf(stderr, "scripted_generations: %s brings no tokenizer; use builtin:tiny\n", model.c_str());
+      std::fprintf(stderr, "scripted_generations: %s brings no tokenizer; use builtin:tiny\n", target.cfg.identity.c_str());
       return 2;
     }
     const std::string story = "Once upon a time";
     std::vector<Script> scripts = {
       {"plain generation", story, {}},
       {"another prompt", "The little robot", {}},
-      {"same story, shard 1 evicts at token 15", story, {actors::Injection{actors::Injection::evict, 1, 15, msg::miss_reason::evicted_lru}}},
+      {"same story, shard 1 evicts at token 15", story,
+       {actors::Injection{actors::Injection::evict, 1, 15, msg::miss_reason::evicted_lru}}},
       {"same story, shard 0 killed at token 25", story, {actors::Injection{actors::Injection::kill, 0, 25, {}}}},
     };
     caf::error result;
     {
       caf::scoped_actor self{sys};
       // Detached: the director blocks on the cluster's injection calls.
-      auto d = self->spawn<caf::monitored + caf::detached>(director_actor, &cluster, tok.get(), scripts);
+      auto d = self->spawn<caf::monitored + caf::detached>(director_actor, &target, tok.get(), scripts);
       self->receive([&](caf::down_msg& dm) { result = dm.reason; });
     }
     return result ? 1 : 0;

@@ -136,6 +136,19 @@ TEST(Cluster, CoordinatorRestartMidGeneration) {
   EXPECT_EQ(out, expected.substr(0, expected.find("[strata]")));
 }
 
+TEST(Cluster, ExampleActorScriptsGenerationsAgainstProcesses) {
+  Cluster c;
+  ASSERT_TRUE(c.add_ready("0-1"));
+  ASSERT_TRUE(c.add_ready("0-1")); // the example kills hop 0: a replica takes over
+  ASSERT_TRUE(c.add_ready("2-3"));
+  ASSERT_TRUE(c.add_ready("4"));
+  Process ex({STRATA_EXAMPLE, "--cluster", c.address});
+  const auto out = ex.drain();
+  EXPECT_NE(out.find("identical with and without failures: yes"), std::string::npos) << out;
+  EXPECT_NE(out.find("cache misses 1, re-prefills 1"), std::string::npos) << out;
+  EXPECT_EQ(ex.wait_exit(), 0);
+}
+
 TEST(Cluster, IncompatibleNodeIsRefused) {
   Cluster c;
   ASSERT_TRUE(c.add_ready("0-4"));
