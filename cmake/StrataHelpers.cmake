@@ -9,9 +9,15 @@ function(strata_library)
   target_link_libraries(${L_NAME} PUBLIC ${L_DEPS} PRIVATE ${L_PRIVATE_DEPS})
 endfunction()
 
-# strata_test(NAME <target> SOURCES ... DEPS ... LABELS ...)
+# strata_test(NAME <target> SOURCES ... DEPS ... LABELS ... [SERIAL])
+# SERIAL: run its tests one at a time, alone (multi-process tests whose
+# heartbeat deadlines must not compete with the rest of the suite for 2 cores).
 function(strata_test)
-  cmake_parse_arguments(T "" "NAME" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "SERIAL" "NAME" "SOURCES;DEPS;LABELS" ${ARGN})
+  set(serial FALSE)
+  if(T_SERIAL)
+    set(serial TRUE)
+  endif()
   add_executable(${T_NAME} ${T_SOURCES})
   target_compile_options(${T_NAME} PRIVATE -Wall -Wextra)
   target_compile_definitions(${T_NAME} PRIVATE
@@ -20,6 +26,6 @@ function(strata_test)
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
   gtest_discover_tests(${T_NAME}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-    PROPERTIES LABELS "${T_LABELS}"
+    PROPERTIES LABELS "${T_LABELS}" RUN_SERIAL ${serial}
     DISCOVERY_TIMEOUT 60)
 endfunction()
