@@ -184,6 +184,23 @@ Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::gener
   return out;
 }
 
+void wait_until_unregistered(caf::actor_system& sys, const caf::actor& supervisor, const caf::actor& shard,
+                             std::chrono::milliseconds timeout) {
+  caf::scoped_actor self{sys};
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool listed = false;
+    self->request(supervisor, timeout, caf::get_atom::value)
+      .receive(
+        [&](msg::route_info& all) {
+          listed = std::any_of(all.hops.begin(), all.hops.end(), [&](auto& h) { return h.shard == shard; });
+        },
+        [](caf::error&) {});
+    if (!listed)
+      return;
+  }
+}
+
 void LocalCluster::kill_and_replace(std::size_t i) {
   // Kill, wait until the shard is gone and the supervisor has seen it go, then
   // register the replacement: the supervisor sees "down" before "registered",
@@ -193,18 +210,7 @@ void LocalCluster::kill_and_replace(std::size_t i) {
   self->monitor(old);
   caf::anon_send_exit(old, caf::exit_reason::kill);
   self->receive([](caf::down_msg&) {}, caf::after(std::chrono::seconds(30)) >> [] {});
-  // Ask the supervisor until its plan no longer routes through the dead shard.
-  for (int tries = 0; tries < 10000; ++tries) {
-    bool still_there = false;
-    self->request(supervisor_, std::chrono::seconds(10), atom::stats_atom_v)
-      .receive(
-        [&](msg::route_info& r) {
-          still_there = std::any_of(r.hops.begin(), r.hops.end(), [&](auto& h) { return h.shard == old; });
-        },
-        [](caf::error&) {});
-    if (!still_there)
-      break;
-  }
+  wait_until_unregistered(sys_, supervisor_, old);
   shards_[i] = spawn_and_register(i);
 }
 

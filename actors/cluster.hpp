@@ -61,6 +61,11 @@ Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::gener
                        const std::function<void(const msg::token_event&)>& on_token,
                        const std::function<caf::actor()>& reconnect = {});
 
+/// Blocks until `supervisor` no longer lists `shard` among its registered shards
+/// (it saw the shard go down), or `timeout` passes.
+void wait_until_unregistered(caf::actor_system& sys, const caf::actor& supervisor, const caf::actor& shard,
+                             std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
 class LocalCluster {
 public:
   LocalCluster(caf::actor_system& sys, std::string model, std::vector<model::LayerRange> ranges,

@@ -297,20 +297,8 @@ namespace {
 // (connected to that node directly) has seen it go, so that sessions re-plan
 // around it instead of timing out on it.
 void crash_and_wait(caf::actor_system& sys, caf::actor supervisor, caf::actor target) {
-  caf::scoped_actor self{sys};
-  self->send(target, atom::crash_atom_v);
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    bool gone = true;
-    self->request(supervisor, 5s, caf::get_atom::value)
-      .receive(
-        [&](msg::route_info& all) {
-          gone = std::none_of(all.hops.begin(), all.hops.end(), [&](auto& h) { return h.shard == target; });
-        },
-        [](caf::error&) {});
-    if (gone)
-      return;
-  }
+  caf::anon_send(target, atom::crash_atom_v);
+  actors::wait_until_unregistered(sys, supervisor, target);
 }
 
 } // namespace

@@ -25,25 +25,29 @@ std::string model_path(const std::string& m) {
   return m == "stories" ? test::shared_path("models/stories260K.bin") : m;
 }
 
-class ShardingInvariance : public ::testing::TestWithParam<SplitCase> {};
+class ShardingInvariance : public ::testing::TestWithParam<SplitCase> {
+protected:
+  void SetUp() override {
+    if (GetParam().model == "stories" && !test::have_shared("models/stories260K.bin"))
+      GTEST_SKIP() << "test data " << test::shared_path("models/stories260K.bin") << " is absent; skipping";
+    const auto path = model_path(GetParam().model);
+    sharded = std::make_unique<runtime::LocalPipeline>(path, model::parse_layer_ranges(GetParam().split));
+    whole = std::make_unique<runtime::LocalPipeline>(path);
+  }
+  std::unique_ptr<runtime::LocalPipeline> sharded, whole;
+};
 
 TEST_P(ShardingInvariance, CachedShardedEqualsStatelessWhole) {
-  const auto& p = GetParam();
-  if (p.model == "stories")
-    STRATA_REQUIRE_SHARED("models/stories260K.bin");
-  const auto path = model_path(p.model);
-  runtime::LocalPipeline sharded(path, model::parse_layer_ranges(p.split));
-  runtime::LocalPipeline whole(path);
-  ASSERT_EQ(sharded.size(), model::parse_layer_ranges(p.split).size());
+  ASSERT_EQ(sharded->size(), model::parse_layer_ranges(GetParam().split).size());
 
   std::vector<int32_t> seq = {1, 200, 201, 202};
-  auto caches = sharded.new_caches();
-  std::vector<float> logits = sharded.step(seq, caches);
+  auto caches = sharded->new_caches();
+  std::vector<float> logits = sharded->step(seq, caches);
   double worst = 0;
   for (int step = 0; step < 48; ++step) {
     // Stateless reference: the whole prefix through the unsharded model.
-    auto fresh = whole.new_caches();
-    const std::vector<float> ref = whole.step(seq, fresh);
+    auto fresh = whole->new_caches();
+    const std::vector<float> ref = whole->step(seq, fresh);
     ASSERT_EQ(logits.size(), ref.size());
     for (std::size_t i = 0; i < ref.size(); ++i)
       worst = std::max(worst, static_cast<double>(std::abs(logits[i] - ref[i])));
@@ -52,7 +56,7 @@ TEST_P(ShardingInvariance, CachedShardedEqualsStatelessWhole) {
     seq.push_back(next);
     for (auto& c : caches)
       ASSERT_EQ(c.seq_len(), static_cast<int64_t>(seq.size()) - 1);
-    logits = sharded.step(std::span<const int32_t>(&seq.back(), 1), caches);
+    logits = sharded->step(std::span<const int32_t>(&seq.back(), 1), caches);
   }
   EXPECT_LE(worst, 1e-4) << "largest logit difference over 48 steps";
   RecordProperty("max_logit_diff", std::to_string(worst));
@@ -60,18 +64,12 @@ TEST_P(ShardingInvariance, CachedShardedEqualsStatelessWhole) {
 }
 
 TEST_P(ShardingInvariance, GreedyIdsEqualUnsharded) {
-  const auto& p = GetParam();
-  if (p.model == "stories")
-    STRATA_REQUIRE_SHARED("models/stories260K.bin");
-  const auto path = model_path(p.model);
-  runtime::LocalPipeline sharded(path, model::parse_layer_ranges(p.split));
-  runtime::LocalPipeline whole(path);
   runtime::GenerateRequest req;
   req.prompt_ids = {1, 100, 110, 120};
   req.max_tokens = 100;
-  const auto a = runtime::generate(sharded, req);
-  const auto b = runtime::generate(whole, req);
-  const auto c = runtime::generate_stateless(whole, req);
+  const auto a = runtime::generate(*sharded, req);
+  const auto b = runtime::generate(*whole, req);
+  const auto c = runtime::generate_stateless(*whole, req);
   EXPECT_EQ(a.ids, b.ids);
   EXPECT_EQ(a.ids, c.ids);
   EXPECT_FALSE(a.ids.empty());
