@@ -128,7 +128,7 @@ caf::behavior director_actor(director* self, Target* cluster, const model::Token
 
 } // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string model = "builtin:tiny", shards = "0-1,2-3,4", cluster_address;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--model") == 0)
@@ -144,8 +144,8 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    runtime::cluster_config cfg; // strata's types + the middleman (used only with --cluster)
-    caf::actor_system sys{cfg};
+    // strata's types + the middleman (used only with --cluster); never torn down (see client_system)
+    caf::actor_system& sys = runtime::client_system();
     std::unique_ptr<actors::LocalCluster> local;
     Target target;
     if (cluster_address.empty()) {
@@ -195,4 +195,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "scripted_generations: error: %s\n", e.what());
     return 1;
   }
+}
+
+int main(int argc, char** argv) {
+  runtime::end_process(run(argc, argv));
 }

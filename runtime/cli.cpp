@@ -88,13 +88,11 @@ int cmd_generate(int argc, char** argv) {
   }
   model::set_num_threads(threads);
   const bool actors_mode = a.has("shards") || a.has("inject") || on_cluster;
-  std::unique_ptr<cluster_config> ccfg;
-  std::unique_ptr<caf::actor_system> csys;
+  caf::actor_system* csys = nullptr;
   caf::actor coordinator;
   int64_t cluster_hops = 0;
   if (on_cluster) {
-    ccfg = std::make_unique<cluster_config>();
-    csys = std::make_unique<caf::actor_system>(*ccfg);
+    csys = &client_system();
     coordinator = connect_coordinator(*csys, parse_endpoint(a.str("cluster"), "cluster"));
     caf::scoped_actor self{*csys};
     msg::route_info plan;

@@ -6,12 +6,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace strata::runtime {
@@ -46,6 +49,22 @@ cluster_config::cluster_config(Liveness l) {
   set("middleman.enable-automatic-connections", true);
 }
 
+caf::actor_system& client_system(Liveness l) {
+  struct Client {
+    cluster_config cfg;
+    caf::actor_system sys;
+    explicit Client(Liveness l) : cfg(l), sys(cfg) {}
+  };
+  return (new Client(l))->sys; // deliberately never destroyed
+}
+
+void end_process(int code) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
+
 caf::actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep) {
   auto sup = sys.middleman().remote_actor(ep.host, ep.port);
   if (!sup)
@@ -77,6 +96,81 @@ void stop_node(int code) {
   ::kill(::getpid(), SIGTERM);
 }
 
+// ---------------------------------------------------------------- incarnations
+
+// A node that its coordinator declared dead (frozen, or cut off longer than the
+// liveness bound) must not come back under the same CAF node id: its peers
+// buried that id, and CAF 0.17 does not reliably route to a node id again after
+// its connection was dropped (actor-framework issue #546). Such a node exits
+// with this code and comes back as a new process (new pid, so new node id): the
+// original process turns into a small waiter that starts and watches workers,
+// so the pid that whoever started the node holds keeps standing for the node.
+constexpr int reincarnate_code = 75;
+constexpr const char* waiter_env = "STRATA_NODE_WAITER";
+constexpr const char* worker_env = "STRATA_NODE_WORKER";
+
+pid_t worker_pid = 0;
+
+void forward_to_worker(int sig) {
+  if (worker_pid > 0)
+    ::kill(worker_pid, sig);
+}
+
+// Runs in the waiter: starts a worker, restarts it while it asks for a new
+// incarnation, and ends like the worker ended otherwise. Returns in a worker.
+void run_waiter() {
+  sigset_t none;
+  sigemptyset(&none);
+  pthread_sigmask(SIG_SETMASK, &none, nullptr); // exec kept the node's blocked signals
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCONT})
+    std::signal(sig, forward_to_worker);
+  const pid_t waiter = ::getpid();
+  while (true) {
+    const pid_t child = ::fork();
+    if (child < 0) {
+      std::perror("strata node: fork");
+      std::_Exit(1);
+    }
+    if (child == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL); // the waiter killed (kill -9): the worker goes too
+      if (::getppid() != waiter)
+        std::_Exit(1);
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCONT})
+        std::signal(sig, SIG_DFL);
+      ::setenv(worker_env, "1", 1);
+      return;
+    }
+    worker_pid = child;
+    int status = 0;
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    worker_pid = 0;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == reincarnate_code) {
+      std::fprintf(stderr, "strata node: starting a new incarnation\n");
+      continue;
+    }
+    if (WIFSIGNALED(status)) {
+      std::signal(WTERMSIG(status), SIG_DFL);
+      ::kill(::getpid(), WTERMSIG(status));
+    }
+    std::_Exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+  }
+}
+
+// Called instead of exiting when the node must come back as a new process.
+[[noreturn]] void reincarnate(char** argv) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (std::getenv(worker_env))
+    std::_Exit(reincarnate_code); // our waiter starts the next worker
+  // Become the waiter: same pid, same arguments, none of this process's sockets.
+  ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+  ::setenv(waiter_env, "1", 1);
+  ::execv("/proc/self/exe", argv);
+  std::perror("strata node: cannot restart itself");
+  std::_Exit(1);
+}
+
 // ---------------------------------------------------------------- registrar
 
 struct registrar_state {
@@ -88,6 +182,8 @@ struct registrar_state {
   model::LayerRange range;
   msg::cache_recipe recipe;
   bool announced = false;
+  caf::node_id coordinator_node; // the coordinator this node last registered with
+  bool lost = false;             // ... and lost since
   static inline const char* name = "strata.registrar";
 };
 
@@ -98,12 +194,22 @@ void try_register(caf::stateful_actor<registrar_state>* self) {
   auto& st = self->state;
   self->request(mm, 5s, caf::connect_atom::value, st.join.host, st.join.port)
     .then(
-      [=](const caf::node_id&, caf::strong_actor_ptr& p, const std::set<std::string>&) {
+      [=](const caf::node_id& nid, caf::strong_actor_ptr& p, const std::set<std::string>&) {
         auto& st = self->state;
         if (!p) {
           self->delayed_send(self, 500ms, reconnect_atom::value);
           return;
         }
+        if (st.lost && nid == st.coordinator_node) {
+          // The same coordinator is still up, so it was this node that went
+          // away (frozen or cut off): its peers buried this node id.
+          std::fprintf(stderr, "strata node: the coordinator declared this node dead (frozen or cut off longer than "
+                               "the liveness bound); coming back as a new incarnation\n");
+          stop_node(reincarnate_code);
+          return;
+        }
+        st.coordinator_node = nid;
+        st.lost = false;
         st.coordinator = caf::actor_cast<caf::actor>(std::move(p));
         self->monitor(st.coordinator);
         self->request(st.coordinator, 5s, atom::register_atom_v, st.shard, st.range.first, st.range.last, st.recipe)
@@ -153,6 +259,7 @@ caf::behavior registrar(caf::stateful_actor<registrar_state>* self, std::functio
     // every peer dropped it): peers consider this node's actors dead, so come
     // back with a new shard actor, once the old one has stopped using the weights.
     st.coordinator = nullptr;
+    st.lost = true;
     std::fprintf(stderr, "strata node: lost the coordinator (%s); re-registering\n",
                  self->system().render(dm.reason).c_str());
     st.replacing = true;
@@ -194,6 +301,10 @@ Liveness liveness_from(const Args& a) {
 } // namespace
 
 int run_node(int argc, char** argv) {
+  if (std::getenv(waiter_env)) {
+    ::unsetenv(waiter_env);
+    run_waiter(); // returns in each new worker
+  }
   Args a;
   a.option("listen", "HOST:PORT", "address to listen on (port 0: any free port)")
     .option("coordinator", "", "host the route supervisor (no model needed)")
@@ -286,6 +397,8 @@ int run_node(int argc, char** argv) {
   // would wait for them forever: close the sockets by ending the process.
   if (sig == SIGINT)
     std::fprintf(stderr, "strata node: stopping (interrupted)\n");
+  if (node_exit_code.load() == reincarnate_code)
+    reincarnate(argv);
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(node_exit_code.load());
@@ -373,8 +486,7 @@ int run_status(int argc, char** argv) {
     return 0;
   }
   const Endpoint ep = parse_endpoint(a.required("cluster"), "cluster");
-  cluster_config cfg{liveness_from(a)};
-  caf::actor_system sys{cfg};
+  auto& sys = client_system(liveness_from(a));
   auto sup = connect_coordinator(sys, ep);
   msg::route_info all;
   auto shards = list_shards(sys, sup, all);
@@ -425,8 +537,7 @@ int run_inject(int argc, char** argv) {
     throw UsageError(kind + " needs --node ID");
   const int64_t seconds = a.integer("seconds", 3, 1, 3600);
   const Endpoint ep = parse_endpoint(a.required("cluster"), "cluster");
-  cluster_config cfg{liveness_from(a)};
-  caf::actor_system sys{cfg};
+  auto& sys = client_system(liveness_from(a));
   auto sup = connect_coordinator(sys, ep);
   caf::scoped_actor self{sys};
   if (kind == "epoch") {
@@ -447,10 +558,17 @@ int run_inject(int argc, char** argv) {
   if (kind == "kill") {
     crash_and_wait(sys, sup, target->hop.shard);
   } else if (kind == "freeze") {
-    self->send(target->hop.shard, atom::freeze_atom_v, seconds * 1000);
+    // A request, so that this process does not end before the message left; the
+    // node may freeze before its answer does, so no answer is fine too.
+    self->request(target->hop.shard, 2s, atom::freeze_atom_v, seconds * 1000).receive([] {}, [](caf::error&) {});
   } else {
-    self->send(target->hop.shard, atom::evict_atom_v, a.str("session"),
-               static_cast<uint8_t>(msg::miss_reason::evicted_lru));
+    bool done = false;
+    std::string why;
+    self->request(target->hop.shard, 10s, atom::evict_atom_v, a.str("session"),
+                  static_cast<uint8_t>(msg::miss_reason::evicted_lru))
+      .receive([&] { done = true; }, [&](caf::error& e) { why = sys.render(e); });
+    if (!done)
+      throw model::Error(model::errc::io, "evict: the node did not confirm: " + why);
   }
   std::printf("%s sent to node %s (layers %lld-%lld)\n", kind.c_str(), caf::to_string(target->hop.shard.node()).c_str(),
               static_cast<long long>(target->hop.first), static_cast<long long>(target->hop.last));

@@ -36,6 +36,16 @@ struct cluster_config : actors::actor_config {
   explicit cluster_config(Liveness l = {});
 };
 
+/// The actor system of a process that talks to a cluster as a client (generate,
+/// status, inject, the example actor). It is never destroyed: CAF 0.17's
+/// ~actor_system waits for every actor a peer has seen to be released, which a
+/// peer may never do, so clients end through end_process() instead.
+caf::actor_system& client_system(Liveness l = {});
+
+/// Flushes stdout/stderr and ends the process with `code` without running
+/// destructors (see client_system). main() ends every `strata` command this way.
+[[noreturn]] void end_process(int code);
+
 /// `strata node ...`; returns the process exit code.
 int run_node(int argc, char** argv);
 /// `strata status ...`

@@ -1,5 +1,7 @@
 #include "runtime/cli.hpp"
+#include "runtime/cluster.hpp"
 
 int main(int argc, char** argv) {
-  return strata::runtime::run_cli(argc, argv);
+  // Without destructors: a client's actor system is never torn down (see client_system).
+  strata::runtime::end_process(strata::runtime::run_cli(argc, argv));
 }

@@ -74,6 +74,13 @@ struct ProcessCluster {
     is >> r >> w >> n.id;
   }
   Node* by_id(const std::string& id) {
+    for (auto& n : nodes) // a node dropped by the coordinator comes back with a new id
+      if (n.proc && !n.id.empty() && n.id != "dead")
+        if (auto line = n.proc->last_line("ready node "); !line.empty()) {
+          std::istringstream is(line);
+          std::string r, w;
+          is >> r >> w >> n.id;
+        }
     for (auto& n : nodes)
       if (n.id == id)
         return &n;
@@ -153,15 +160,19 @@ int chaos(const std::string& exe, int generations, uint64_t seed) {
         measuring = true;
         runtime::apply_remote_injection(sys, sup, i, session);
         switch (i.kind) {
-          case actors::Injection::kill:
+          case actors::Injection::kill: {
             ++kills;
-            if (auto* n = pc.by_id(victim_id)) {
+            auto* n = pc.by_id(victim_id);
+            if (!n)
+              std::fprintf(stderr, "chaos: killed node %s is not one this benchmark started\n", victim_id.c_str());
+            if (n) {
               n->proc->wait_exit(std::chrono::seconds(10));
               const std::string layers = n->layers;
               n->id = "dead";
               pc.start(layers, false); // restarts in the background; the replica serves meanwhile
             }
             break;
+          }
           case actors::Injection::freeze: ++freezes; break;
           case actors::Injection::evict: ++evicts; break;
           default: ++epochs; break;
@@ -266,7 +277,8 @@ int cluster_bench_main(int argc, char** argv) {
   const std::string exe = std::getenv("STRATA_EXE") ? std::getenv("STRATA_EXE") : "build/strata";
   if (what == "chaos") {
     const int n = argc > 2 ? std::atoi(argv[2]) : 200;
-    return chaos(exe, n, 20261130);
+    const uint64_t seed = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 20261130;
+    return chaos(exe, n, seed);
   }
   // throughput
   std::printf("# strata_bench throughput: one session's decode tok/s, 3 node processes vs one process\n\n");

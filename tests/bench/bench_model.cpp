@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
   if (what == "chaos" || what == "throughput")
     return cluster_bench_main(argc, argv);
   if (what != "model" && what != "stories" && what != "qwen") {
-    std::fprintf(stderr, "usage: strata_bench model|stories|qwen|chaos [N]|throughput [path/to/stories260K.bin]\n");
+    std::fprintf(stderr, "usage: strata_bench model|stories|qwen|chaos [N [SEED]]|throughput [path/to/stories260K.bin]\n");
     return 2;
   }
   const std::string stories = argc > 2 ? argv[2] : "../shared/models/stories260K.bin";

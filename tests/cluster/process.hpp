@@ -69,6 +69,27 @@ public:
       buf_.append(tmp, static_cast<std::size_t>(n));
     }
   }
+  /// The last line starting with `prefix` among what was printed so far, without
+  /// waiting for more ("" if none).
+  std::string last_line(const std::string& prefix) {
+    pollfd p{fd_, POLLIN, 0};
+    char tmp[4096];
+    while (fd_ >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN)) {
+      const auto n = ::read(fd_, tmp, sizeof tmp);
+      if (n <= 0)
+        break;
+      buf_.append(tmp, static_cast<std::size_t>(n));
+    }
+    std::string last;
+    for (auto nl = buf_.find('\n'); nl != std::string::npos; nl = buf_.find('\n')) {
+      std::string line = buf_.substr(0, nl);
+      buf_.erase(0, nl + 1);
+      all_ += line + "\n";
+      if (line.rfind(prefix, 0) == 0)
+        last = line;
+    }
+    return last;
+  }
   /// Everything printed so far (after waiting for the process to end).
   std::string drain() {
     wait_line("\x01never", std::chrono::seconds(60));
