@@ -125,7 +125,8 @@ Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::gener
                        const std::vector<Injection>& inject,
                        const std::function<void(const Injection&, const std::string& session)>& apply,
                        const std::function<void(const msg::token_event&)>& on_token,
-                       const std::function<caf::actor()>& reconnect) {
+                       const std::function<caf::actor()>& reconnect,
+                       const std::function<void(caf::actor session)>& on_session) {
   caf::scoped_actor self{sys};
   if (reconnect)
     self->monitor(supervisor);
@@ -143,6 +144,8 @@ Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::gener
     if (inj.at_token > 0)
       req.pause_after.push_back(inj.at_token);
   auto s = sys.spawn(session_actor, supervisor, caf::actor_cast<caf::actor>(self), std::move(req), opts);
+  if (on_session)
+    on_session(s); // e.g. to cancel it from elsewhere
   Outcome out;
   bool finished = false;
   // The session bounds every step itself; this is only a backstop.

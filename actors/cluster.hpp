@@ -59,7 +59,8 @@ Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::gener
                        const std::vector<Injection>& inject,
                        const std::function<void(const Injection&, const std::string& session)>& apply,
                        const std::function<void(const msg::token_event&)>& on_token,
-                       const std::function<caf::actor()>& reconnect = {});
+                       const std::function<caf::actor()>& reconnect = {},
+                       const std::function<void(caf::actor session)>& on_session = {});
 
 /// Blocks until `supervisor` no longer lists `shard` among its registered shards
 /// (it saw the shard go down), or `timeout` passes.

@@ -25,6 +25,7 @@ constexpr const char* top_usage =
   "  node         start a cluster node (coordinator or shard)\n"
   "  status       print a cluster's nodes, route and caches\n"
   "  inject       inject a failure into a cluster (kill, freeze, evict, epoch)\n"
+  "  serve        serve a cluster over an OpenAI-compatible HTTP API\n"
   "  tokenize     print the token ids of a text\n"
   "  detokenize   print the text of token ids\n"
   "  info         print a model's configuration\n"
@@ -316,7 +317,7 @@ int cmd_detokenize(int argc, char** argv) {
 
 } // namespace
 
-int run_cli(int argc, char** argv) {
+int run_cli(int argc, char** argv, const std::map<std::string, Command>& extra) {
   if (argc < 2) {
     std::fputs("strata: error: no command given (try 'strata --help')\n", stderr);
     return 2;
@@ -327,6 +328,8 @@ int run_cli(int argc, char** argv) {
       std::fputs(top_usage, stdout);
       return 0;
     }
+    if (auto it = extra.find(cmd); it != extra.end())
+      return it->second(argc, argv);
     if (cmd == "generate")
       return cmd_generate(argc, argv);
     if (cmd == "tokenize")

@@ -441,15 +441,6 @@ void apply_remote_injection(caf::actor_system& sys, caf::actor supervisor, const
   }
 }
 
-namespace {
-
-// Every registered shard with its stats.
-struct ShardView {
-  msg::hop hop;
-  msg::shard_stats stats;
-  bool answered = false;
-};
-
 std::vector<ShardView> list_shards(caf::actor_system& sys, caf::actor sup, msg::route_info& all) {
   caf::scoped_actor self{sys};
   caf::error err;
@@ -472,7 +463,47 @@ std::vector<ShardView> list_shards(caf::actor_system& sys, caf::actor sup, msg::
   return out;
 }
 
-} // namespace
+std::string inject_node(caf::actor_system& sys, caf::actor sup, const std::string& kind, const std::string& node,
+                        const std::string& session, int64_t seconds) {
+  caf::scoped_actor self{sys};
+  if (kind == "epoch") {
+    int64_t epoch = -1;
+    caf::error err;
+    self->request(sup, 10s, atom::bump_atom_v).receive([&](int64_t e) { epoch = e; }, [&](caf::error& e) { err = e; });
+    if (err)
+      throw model::Error(model::errc::io, "epoch: the coordinator did not answer: " + sys.render(err));
+    return "epoch " + std::to_string(epoch);
+  }
+  if (kind != "kill" && kind != "freeze" && kind != "evict")
+    throw model::Error(model::errc::bad_argument, "unknown injection '" + kind + "' (kill, freeze, evict, epoch)");
+  if (seconds < 1 || seconds > 3600)
+    throw model::Error(model::errc::bad_argument, "freeze seconds must be 1-3600, not " + std::to_string(seconds));
+  msg::route_info all;
+  auto shards = list_shards(sys, sup, all);
+  const ShardView* target = nullptr;
+  for (std::size_t i = 0; i < shards.size(); ++i)
+    if (node == std::to_string(i) || node == caf::to_string(shards[i].hop.shard.node()))
+      target = &shards[i];
+  if (!target)
+    throw model::Error(model::errc::bad_argument, "no shard node '" + node + "' (see 'strata status')");
+  if (kind == "kill") {
+    crash_and_wait(sys, sup, target->hop.shard);
+  } else if (kind == "freeze") {
+    // A request, so that a client does not end before the message left; the
+    // node may freeze before its answer does, so no answer is fine too.
+    self->request(target->hop.shard, 2s, atom::freeze_atom_v, seconds * 1000).receive([] {}, [](caf::error&) {});
+  } else {
+    bool done = false;
+    std::string why;
+    self->request(target->hop.shard, 10s, atom::evict_atom_v, session,
+                  static_cast<uint8_t>(msg::miss_reason::evicted_lru))
+      .receive([&] { done = true; }, [&](caf::error& e) { why = sys.render(e); });
+    if (!done)
+      throw model::Error(model::errc::io, "evict: the node did not confirm: " + why);
+  }
+  return kind + " sent to node " + caf::to_string(target->hop.shard.node()) + " (layers " +
+         std::to_string(target->hop.first) + "-" + std::to_string(target->hop.last) + ")";
+}
 
 int run_status(int argc, char** argv) {
   Args a;
@@ -539,39 +570,7 @@ int run_inject(int argc, char** argv) {
   const Endpoint ep = parse_endpoint(a.required("cluster"), "cluster");
   auto& sys = client_system(liveness_from(a));
   auto sup = connect_coordinator(sys, ep);
-  caf::scoped_actor self{sys};
-  if (kind == "epoch") {
-    int64_t epoch = -1;
-    self->request(sup, 10s, atom::bump_atom_v).receive([&](int64_t e) { epoch = e; }, [](caf::error&) {});
-    std::printf("epoch %lld\n", static_cast<long long>(epoch));
-    return epoch < 0 ? 1 : 0;
-  }
-  msg::route_info all;
-  auto shards = list_shards(sys, sup, all);
-  const std::string id = a.str("node");
-  const ShardView* target = nullptr;
-  for (std::size_t i = 0; i < shards.size(); ++i)
-    if (id == std::to_string(i) || id == caf::to_string(shards[i].hop.shard.node()))
-      target = &shards[i];
-  if (!target)
-    throw model::Error(model::errc::bad_argument, "no shard node '" + id + "' (see 'strata status')");
-  if (kind == "kill") {
-    crash_and_wait(sys, sup, target->hop.shard);
-  } else if (kind == "freeze") {
-    // A request, so that this process does not end before the message left; the
-    // node may freeze before its answer does, so no answer is fine too.
-    self->request(target->hop.shard, 2s, atom::freeze_atom_v, seconds * 1000).receive([] {}, [](caf::error&) {});
-  } else {
-    bool done = false;
-    std::string why;
-    self->request(target->hop.shard, 10s, atom::evict_atom_v, a.str("session"),
-                  static_cast<uint8_t>(msg::miss_reason::evicted_lru))
-      .receive([&] { done = true; }, [&](caf::error& e) { why = sys.render(e); });
-    if (!done)
-      throw model::Error(model::errc::io, "evict: the node did not confirm: " + why);
-  }
-  std::printf("%s sent to node %s (layers %lld-%lld)\n", kind.c_str(), caf::to_string(target->hop.shard.node()).c_str(),
-              static_cast<long long>(target->hop.first), static_cast<long long>(target->hop.last));
+  std::printf("%s\n", inject_node(sys, sup, kind, a.str("node"), a.str("session"), seconds).c_str());
   return 0;
 }
 

@@ -56,6 +56,24 @@ int run_inject(int argc, char** argv);
 /// Connects to a coordinator and returns its supervisor. Throws model::Error(io).
 caf::actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep);
 
+/// A registered shard with its stats (answered = it replied within 2 s).
+struct ShardView {
+  msg::hop hop;
+  msg::shard_stats stats;
+  bool answered = false;
+};
+
+/// Every registered shard, in registration order, with its stats; `all` gets
+/// the supervisor's view (epoch, recipe). Throws model::Error(io) if the
+/// coordinator does not answer within 10 s.
+std::vector<ShardView> list_shards(caf::actor_system& sys, caf::actor sup, msg::route_info& all);
+
+/// `strata inject`: kind kill|freeze|evict|epoch against node `node` (an index
+/// from `strata status` or a node id); evict drops `session` ("" = all). Returns
+/// what was done, one line. Throws model::Error naming what is wrong.
+std::string inject_node(caf::actor_system& sys, caf::actor sup, const std::string& kind, const std::string& node,
+                        const std::string& session, int64_t seconds);
+
 /// Applies an injection against a cluster of processes: hop I is looked up in
 /// the supervisor's current plan.
 void apply_remote_injection(caf::actor_system& sys, caf::actor supervisor, const actors::Injection& inj,

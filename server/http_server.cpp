@@ -1,0 +1,851 @@
+#include "server/http_server.hpp"
+
+#include "actors/cluster.hpp"
+#include "model/error.hpp"
+#include "model/sampler.hpp"
+#include "runtime/args.hpp"
+#include "runtime/cluster.hpp"
+#include "server/openai.hpp"
+#include "server/page.hpp"
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <deque>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <thread>
+
+namespace strata::server {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using nlohmann::json;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// JSON text that never throws: invalid UTF-8 (a sampled model can produce
+// any bytes) becomes U+FFFD.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+struct Reply {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  static Reply json_body(int status, const json& j) { return {status, "application/json", dump(j)}; }
+  static Reply error(const ApiError& e) { return json_body(e.status, e.body()); }
+};
+
+ApiError api_error(int status, std::string message, std::string type, std::string code = "") {
+  ApiError e;
+  e.status = status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.code = std::move(code);
+  return e;
+}
+
+// What the server knows of the cluster's model, loaded on first use.
+struct ModelState {
+  bool loaded = false;
+  std::string id;
+  model::ModelConfig cfg;
+  std::shared_ptr<model::Tokenizer> tok;
+  std::string family;
+};
+
+} // namespace
+
+class Connection;
+
+// One generation, shared by its connection (io thread) and its driver thread.
+struct Job {
+  std::atomic<bool> cancelled{false};
+  std::mutex mu;
+  caf::actor session;
+  void cancel() {
+    cancelled = true;
+    std::lock_guard<std::mutex> g(mu);
+    if (session)
+      caf::anon_send(session, atom::cancel_atom_v);
+  }
+};
+
+struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
+  caf::actor_system& sys;
+  std::function<caf::actor()> supervisor;
+  std::function<caf::actor()> reconnect;
+  ServerOptions opts;
+  net::io_context ioc{1};
+  tcp::acceptor acceptor{ioc};
+  net::signal_set signals{ioc, SIGINT, SIGTERM};
+  net::steady_timer drain_timer{ioc};
+  Metrics metrics;
+  std::mutex model_mu;
+  ModelState model;
+  bool draining = false;
+  std::set<std::shared_ptr<Connection>> generating; // io thread only
+  std::atomic<std::size_t> in_flight{0};
+  std::atomic<uint64_t> session_counter{0};
+
+  Impl(caf::actor_system& s, std::function<caf::actor()> sup, std::function<caf::actor()> rc, ServerOptions o)
+    : sys(s), supervisor(std::move(sup)), reconnect(std::move(rc)), opts(std::move(o)) {}
+
+  // Loads the model's config and tokenizer the first time the cluster has one.
+  std::optional<ApiError> ensure_model(ModelState& out) {
+    std::lock_guard<std::mutex> g(model_mu);
+    if (!model.loaded) {
+      msg::route_info all;
+      try {
+        runtime::list_shards(sys, supervisor(), all);
+      } catch (const std::exception& e) {
+        return api_error(503, std::string("the cluster is not reachable: ") + e.what(), "server_error",
+                         "cluster_unavailable");
+      }
+      if (all.recipe.model.empty())
+        return api_error(503, "the cluster has no model yet: no shard node has registered", "server_error",
+                         "cluster_unavailable");
+      try {
+        model.cfg = model::read_config(all.recipe.model);
+        model.tok = opts.tokenizer.empty() ? std::shared_ptr<model::Tokenizer>(model::default_tokenizer_for(model.cfg))
+                                           : std::shared_ptr<model::Tokenizer>(model::Tokenizer::load(opts.tokenizer));
+      } catch (const std::exception& e) {
+        return api_error(500, std::string("cannot load the model's config or tokenizer: ") + e.what(), "server_error");
+      }
+      model.id = all.recipe.model;
+      model.family = chat_family(model.cfg);
+      model.loaded = true;
+    }
+    out = model;
+    return std::nullopt;
+  }
+
+  ClusterSnapshot snapshot() {
+    ClusterSnapshot c;
+    msg::route_info all;
+    try {
+      c.shards = runtime::list_shards(sys, supervisor(), all);
+      c.reachable = true;
+      c.epoch = all.epoch;
+      // Complete: the registered ranges cover every layer (the supervisor's own plan).
+      caf::scoped_actor self{sys};
+      self->request(supervisor(), std::chrono::seconds(5), atom::stats_atom_v)
+        .receive([&](msg::route_info& r) { c.route_complete = !r.hops.empty(); }, [](caf::error&) {});
+    } catch (const std::exception&) {
+      c.reachable = false;
+    }
+    return c;
+  }
+
+  void accept();
+  void begin_shutdown();
+  void job_ended(const std::shared_ptr<Connection>& c);
+};
+
+// ---------------------------------------------------------------- connection
+
+class Connection : public std::enable_shared_from_this<Connection> {
+public:
+  Connection(tcp::socket s, std::shared_ptr<Server::Impl> srv) : sock_(std::move(s)), srv_(std::move(srv)) {}
+
+  void start() { read(); }
+
+  // Ends a generation early (drain deadline, request timeout).
+  void abort(const ApiError& why) {
+    if (!job_ || finished_)
+      return;
+    job_->cancel();
+    srv_->metrics.cancelled();
+    if (streaming_) {
+      send_event(dump(json{{"error", why.body()["error"]}}));
+      finish_stream();
+    } else {
+      respond(Reply::error(why), false);
+      finished_ = true;
+    }
+  }
+
+private:
+  tcp::socket sock_;
+  std::shared_ptr<Server::Impl> srv_;
+  beast::flat_buffer buf_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::string endpoint_;
+  bool keep_alive_ = true;
+  // generation state (io thread)
+  std::shared_ptr<Job> job_;
+  ApiRequest req_;
+  ModelState model_;
+  std::string id_, created_model_;
+  int64_t created_ = 0;
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  std::optional<model::StreamDecoder> dec_;
+  std::optional<StopMatcher> stop_;
+  std::string text_;
+  bool streaming_ = false, finished_ = false, stopped_by_string_ = false;
+  clk::time_point started_, last_token_;
+  std::deque<std::string> out_;
+  bool writing_ = false, close_after_write_ = false;
+  std::optional<net::steady_timer> timeout_;
+  char probe_[1];
+
+  void read() {
+    parser_.emplace();
+    parser_->body_limit(srv_->opts.max_body);
+    parser_->header_limit(16 * 1024);
+    http::async_read(sock_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      self->on_read(ec);
+    });
+  }
+
+  void on_read(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset)
+      return close();
+    if (ec == http::error::body_limit) {
+      endpoint_ = "other";
+      return respond(Reply::error(api_error(413,
+                                            "the request body is larger than the limit of " +
+                                              std::to_string(srv_->opts.max_body) + " bytes",
+                                            "invalid_request_error", "request_too_large")),
+                     false);
+    }
+    if (ec) {
+      endpoint_ = "other";
+      return respond(Reply::error(api_error(400, "malformed HTTP request: " + ec.message(), "invalid_request_error")),
+                     false);
+    }
+    auto req = parser_->release();
+    keep_alive_ = req.keep_alive();
+    route(req);
+  }
+
+  bool authorized(const http::request<http::string_body>& req) {
+    if (srv_->opts.api_key.empty())
+      return true;
+    const auto h = req[http::field::authorization];
+    return std::string(h) == "Bearer " + srv_->opts.api_key;
+  }
+
+  void route(http::request<http::string_body>& req) {
+    const std::string target(req.target());
+    const std::string path = target.substr(0, target.find('?'));
+    const auto method = req.method();
+    endpoint_ = path;
+    if (path == "/" && method == http::verb::get)
+      return respond({200, "text/html; charset=utf-8", page_html()}, keep_alive_);
+    if (path == "/health" && method == http::verb::get)
+      return offload([srv = srv_] {
+        auto c = srv->snapshot();
+        json j = {{"status", c.reachable && c.route_complete ? "ok" : "degraded"},
+                  {"cluster_reachable", c.reachable},
+                  {"route_complete", c.route_complete},
+                  {"epoch", c.epoch},
+                  {"shards", c.shards.size()}};
+        return Reply::json_body(c.reachable && c.route_complete ? 200 : 503, j);
+      });
+    if (path == "/metrics" && method == http::verb::get)
+      return offload([srv = srv_] {
+        return Reply{200, "text/plain; version=0.0.4; charset=utf-8", srv->metrics.render(srv->snapshot())};
+      });
+    const bool api = path.rfind("/v1/", 0) == 0;
+    if (api && !authorized(req))
+      return respond(Reply::error(api_error(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                                            "invalid_request_error", "invalid_api_key")),
+                     keep_alive_);
+    if (path == "/v1/models" && method == http::verb::get)
+      return offload([srv = srv_] {
+        ModelState m;
+        if (auto e = srv->ensure_model(m))
+          return Reply::error(*e);
+        return Reply::json_body(
+          200, json{{"object", "list"},
+                    {"data", json::array({json{{"id", m.id}, {"object", "model"}, {"created", 0}, {"owned_by", "strata"},
+                                               {"context_length", m.cfg.max_seq_len}}})}});
+      });
+    if (path == "/v1/cluster" && method == http::verb::get)
+      return offload([srv = srv_] { return cluster_json(*srv); });
+    if (path == "/v1/cluster/inject" && method == http::verb::post) {
+      if (!srv_->opts.allow_inject)
+        return respond(Reply::error(api_error(403, "failure injection is disabled on this server", "invalid_request_error")),
+                       keep_alive_);
+      return offload([srv = srv_, body = req.body()] { return inject(*srv, body); });
+    }
+    if ((path == "/v1/completions" || path == "/v1/chat/completions") && method == http::verb::post)
+      return start_generation(req.body(), path == "/v1/chat/completions");
+    const bool known = path == "/" || path == "/health" || path == "/metrics" || path == "/v1/models" ||
+                       path == "/v1/cluster" || path == "/v1/cluster/inject" || path == "/v1/completions" ||
+                       path == "/v1/chat/completions";
+    endpoint_ = known ? path : "other";
+    if (known)
+      return respond(Reply::error(api_error(405, "method " + std::string(req.method_string()) + " is not allowed on " + path,
+                                            "invalid_request_error")),
+                     keep_alive_);
+    return respond(Reply::error(api_error(404, "no such endpoint: " + path, "invalid_request_error")), keep_alive_);
+  }
+
+  static Reply cluster_json(Server::Impl& srv) {
+    auto c = srv.snapshot();
+    json shards = json::array();
+    for (std::size_t i = 0; i < c.shards.size(); ++i) {
+      auto& v = c.shards[i];
+      json misses = json::object();
+      uint64_t total = 0;
+      for (std::size_t r = 1; r < v.stats.misses.size() && r < msg::miss_reason_count; ++r) {
+        misses[msg::to_string(static_cast<msg::miss_reason>(r))] = v.stats.misses[r];
+        total += v.stats.misses[r];
+      }
+      shards.push_back({{"index", i},
+                        {"node", caf::to_string(v.hop.shard.node())},
+                        {"first", v.hop.first},
+                        {"last", v.hop.last},
+                        {"up", v.answered},
+                        {"cache_bytes", v.stats.cache_bytes},
+                        {"sessions", v.stats.sessions},
+                        {"hits", v.stats.hits},
+                        {"misses", misses},
+                        {"recoveries", total}});
+    }
+    return Reply::json_body(200, json{{"reachable", c.reachable},
+                                      {"epoch", c.epoch},
+                                      {"route_complete", c.route_complete},
+                                      {"shards", shards}});
+  }
+
+  static Reply inject(Server::Impl& srv, const std::string& body) {
+    json j = json::parse(body, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      return Reply::error(api_error(400, "the request body must be a JSON object", "invalid_request_error"));
+    if (!j.contains("kind") || !j["kind"].is_string())
+      return Reply::error(api_error(400, "'kind' (kill, freeze, evict or epoch) is required", "invalid_request_error"));
+    const std::string kind = j["kind"].get<std::string>();
+    std::string node;
+    if (j.contains("node")) {
+      if (j["node"].is_number_integer())
+        node = std::to_string(j["node"].get<int64_t>());
+      else if (j["node"].is_string())
+        node = j["node"].get<std::string>();
+      else
+        return Reply::error(api_error(400, "'node' must be an index or a node id", "invalid_request_error"));
+    } else if (kind != "epoch") {
+      return Reply::error(api_error(400, "'" + kind + "' needs 'node'", "invalid_request_error"));
+    }
+    const std::string session = j.contains("session") && j["session"].is_string() ? j["session"].get<std::string>() : "";
+    const int64_t seconds = j.contains("seconds") && j["seconds"].is_number_integer() ? j["seconds"].get<int64_t>() : 3;
+    try {
+      return Reply::json_body(200, json{{"done", runtime::inject_node(srv.sys, srv.supervisor(), kind, node, session, seconds)}});
+    } catch (const model::Error& e) {
+      return Reply::error(api_error(e.code() == model::errc::bad_argument ? 400 : 502, e.what(), "invalid_request_error"));
+    }
+  }
+
+  // Runs `fn` (which may block on the cluster) off the io thread; answers with its reply.
+  template <class F>
+  void offload(F fn) {
+    std::thread([self = shared_from_this(), fn = std::move(fn)]() mutable {
+      Reply r;
+      try {
+        r = fn();
+      } catch (const std::exception& e) {
+        r = Reply::error(api_error(500, e.what(), "server_error"));
+      }
+      net::post(self->sock_.get_executor(), [self, r = std::move(r)] { self->respond(r, self->keep_alive_); });
+    }).detach();
+  }
+
+  void respond(const Reply& r, bool keep_alive) {
+    srv_->metrics.request(endpoint_, r.status);
+    auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(r.status), 11);
+    res->set(http::field::server, "strata");
+    res->set(http::field::content_type, r.content_type);
+    res->keep_alive(keep_alive && !srv_->draining);
+    res->body() = r.body;
+    res->prepare_payload();
+    http::async_write(sock_, *res, [self = shared_from_this(), res](beast::error_code ec, std::size_t) {
+      if (ec || !res->keep_alive())
+        return self->close();
+      self->read();
+    });
+  }
+
+  void close() {
+    beast::error_code ec;
+    sock_.shutdown(tcp::socket::shutdown_send, ec);
+    sock_.close(ec);
+  }
+
+  // ------------------------------------------------------------ generation
+
+  void start_generation(const std::string& body, bool chat) {
+    auto parsed = parse_request(body, chat);
+    if (auto* e = std::get_if<ApiError>(&parsed))
+      return respond(Reply::error(*e), keep_alive_);
+    req_ = std::get<ApiRequest>(std::move(parsed));
+    if (srv_->draining)
+      return respond(Reply::error(api_error(503, "the server is shutting down", "server_error")), false);
+    if (srv_->in_flight.load() >= srv_->opts.max_in_flight)
+      return respond(Reply::error(api_error(429,
+                                            "too many generations in flight (limit " +
+                                              std::to_string(srv_->opts.max_in_flight) + "); retry later",
+                                            "rate_limit_exceeded")),
+                     keep_alive_);
+    ++srv_->in_flight;
+    srv_->metrics.in_flight(+1);
+    job_ = std::make_shared<Job>();
+    srv_->generating.insert(shared_from_this());
+    started_ = clk::now();
+    // Tokenizing and the context check need the model: off the io thread.
+    std::thread([self = shared_from_this()] { self->prepare_and_run(); }).detach();
+  }
+
+  // Driver thread.
+  void prepare_and_run() {
+    ModelState m;
+    std::vector<int32_t> prompt;
+    std::optional<ApiError> err = srv_->ensure_model(m);
+    int64_t max_tokens = 0;
+    if (!err && !m.tok && !(req_.prompt_is_ids && !req_.chat))
+      err = api_error(500, "the server has no tokenizer for " + m.id + " (start it with --tokenizer)", "server_error");
+    if (!err) {
+      try {
+        if (req_.chat)
+          prompt = encode_chat(req_.messages, m.family, *m.tok, m.cfg);
+        else if (req_.prompt_is_ids)
+          prompt = req_.prompt_ids;
+        else
+          prompt = m.tok->encode(req_.prompt, m.cfg.bos_id >= 0 && m.tok->bos_id() == m.cfg.bos_id);
+      } catch (const std::exception& e) {
+        err = api_error(400, std::string("cannot encode the prompt: ") + e.what(), "invalid_request_error");
+      }
+    }
+    if (!err && prompt.empty())
+      err = api_error(400, "the prompt encodes to no tokens", "invalid_request_error");
+    if (!err)
+      for (auto id : prompt)
+        if (id < 0 || id >= m.cfg.vocab_size) {
+          err = api_error(400, "prompt token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                 std::to_string(m.cfg.vocab_size),
+                          "invalid_request_error");
+          break;
+        }
+    if (!err) {
+      const auto n = static_cast<int64_t>(prompt.size());
+      max_tokens = req_.max_tokens ? *req_.max_tokens : (req_.chat ? std::max<int64_t>(m.cfg.max_seq_len - n, 0) : 16);
+      err = check_context(n, max_tokens, m.cfg.max_seq_len);
+      if (!err && max_tokens < 1)
+        err = check_context(n, 1, m.cfg.max_seq_len);
+    }
+    if (err) {
+      net::post(sock_.get_executor(), [self = shared_from_this(), e = *err] { self->fail_before_start(e); });
+      return;
+    }
+    msg::generation_request g;
+    g.session = "http-" + std::to_string(++srv_->session_counter) + "-" + make_id("").substr(0, 8);
+    g.prompt = prompt;
+    g.max_tokens = max_tokens;
+    g.stop_ids = m.cfg.eos_ids;
+    model::SamplingParams sp;
+    sp.temperature = req_.temperature;
+    sp.top_p = req_.top_p;
+    sp.top_k = req_.top_k;
+    sp.seed = req_.seed ? *req_.seed : std::random_device{}();
+    g.sampling = {sp.temperature, sp.top_k, sp.top_p, model::Sampler(sp).state()};
+    actors::SessionOptions so;
+    so.max_context = m.cfg.max_seq_len;
+    net::post(sock_.get_executor(), [self = shared_from_this(), m, n = static_cast<int64_t>(prompt.size())] {
+      self->begin_response(m, n);
+    });
+    auto job = job_;
+    auto out = actors::run_generation(
+      srv_->sys, srv_->supervisor(), g, so, {}, {},
+      [self = shared_from_this()](const msg::token_event& ev) {
+        net::post(self->sock_.get_executor(), [self, id = ev.token] { self->on_token(id); });
+      },
+      srv_->reconnect,
+      [job](caf::actor s) {
+        std::lock_guard<std::mutex> lk(job->mu);
+        job->session = s;
+        if (job->cancelled)
+          caf::anon_send(s, atom::cancel_atom_v);
+      });
+    std::string error;
+    if (!out.ok())
+      error = srv_->sys.render(out.error);
+    else
+      srv_->metrics.generation(out.result);
+    net::post(sock_.get_executor(), [self = shared_from_this(), r = out.result, error] { self->on_done(r, error); });
+  }
+
+  void fail_before_start(const ApiError& e) {
+    end_job();
+    respond(Reply::error(e), keep_alive_);
+  }
+
+  void end_job() {
+    if (!job_)
+      return;
+    --srv_->in_flight;
+    srv_->metrics.in_flight(-1);
+    srv_->job_ended(shared_from_this());
+  }
+
+  json usage() const {
+    return {{"prompt_tokens", prompt_tokens_},
+            {"completion_tokens", completion_tokens_},
+            {"total_tokens", prompt_tokens_ + completion_tokens_}};
+  }
+
+  json chunk(const std::string& piece, const char* finish, bool role = false) const {
+    json choice = {{"index", 0}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
+    if (req_.chat) {
+      json delta = json::object();
+      if (role)
+        delta["role"] = "assistant";
+      if (!piece.empty() || role)
+        delta["content"] = piece;
+      choice["delta"] = delta;
+    } else {
+      choice["text"] = piece;
+      choice["logprobs"] = nullptr;
+    }
+    return {{"id", id_},
+            {"object", req_.chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created_},
+            {"model", created_model_},
+            {"choices", json::array({choice})}};
+  }
+
+  void begin_response(const ModelState& m, int64_t prompt_tokens) {
+    model_ = m;
+    prompt_tokens_ = prompt_tokens;
+    srv_->metrics.prompt_tokens(static_cast<uint64_t>(prompt_tokens));
+    id_ = make_id(req_.chat ? "chatcmpl-" : "cmpl-");
+    created_ = unix_now();
+    created_model_ = req_.model.empty() ? m.id : req_.model;
+    if (m.tok)
+      dec_.emplace(*m.tok);
+    stop_.emplace(req_.stop);
+    last_token_ = started_;
+    timeout_.emplace(sock_.get_executor());
+    timeout_->expires_after(srv_->opts.request_timeout);
+    timeout_->async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (!ec)
+        self->abort(api_error(504, "the generation did not finish within the request timeout of " +
+                                     std::to_string(self->srv_->opts.request_timeout.count()) + " s",
+                              "server_error", "timeout"));
+    });
+    // A client that goes away cancels its session (it sends nothing more on this request).
+    sock_.async_read_some(net::buffer(probe_), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      if (ec && !self->finished_) {
+        self->job_->cancel();
+        self->srv_->metrics.cancelled();
+        self->finished_ = true;
+        self->srv_->metrics.request(self->endpoint_, 499);
+      }
+    });
+    if (req_.stream) {
+      streaming_ = true;
+      srv_->metrics.request(endpoint_, 200);
+      out_.push_back("HTTP/1.1 200 OK\r\nServer: strata\r\nContent-Type: text/event-stream\r\nCache-Control: "
+                     "no-cache\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n");
+      flush();
+      if (req_.chat)
+        send_event(dump(chunk("", nullptr, true)));
+    }
+  }
+
+  void on_token(int32_t id) {
+    if (finished_)
+      return;
+    const auto now = clk::now();
+    srv_->metrics.token(std::chrono::duration<double>(now - last_token_).count(), completion_tokens_ == 0);
+    last_token_ = now;
+    ++completion_tokens_;
+    std::string piece = dec_ ? dec_->push(id) : std::to_string(id) + " ";
+    piece = stop_->push(piece);
+    emit(piece);
+    if (stop_->stopped()) {
+      stopped_by_string_ = true;
+      job_->cancel(); // frees the caches now; on_done sees the cancel and ends with "stop"
+      complete("stop");
+    }
+  }
+
+  void emit(const std::string& piece) {
+    if (piece.empty())
+      return;
+    text_ += piece;
+    if (streaming_)
+      send_event(dump(chunk(piece, nullptr)));
+  }
+
+  void on_done(const msg::generation_result& r, const std::string& error) {
+    if (finished_) {
+      end_job();
+      return;
+    }
+    if (!error.empty()) {
+      end_job();
+      const auto e = api_error(502, "the generation failed in the cluster: " + error, "server_error", "cluster_error");
+      if (streaming_) {
+        send_event(dump(json{{"error", e.body()["error"]}}));
+        return finish_stream();
+      }
+      finished_ = true;
+      return respond(Reply::error(e), false);
+    }
+    if (dec_)
+      emit(stop_->push(dec_->finish()));
+    if (!stop_->stopped())
+      emit(stop_->flush());
+    end_job();
+    complete(stop_->stopped() || r.finish == "stop" ? "stop" : "length");
+  }
+
+  void complete(const char* finish) {
+    if (finished_)
+      return;
+    if (timeout_)
+      timeout_->cancel();
+    if (streaming_) {
+      send_event(dump(chunk("", finish)));
+      if (req_.include_usage) {
+        json u = chunk("", nullptr);
+        u["choices"] = json::array();
+        u["usage"] = usage();
+        send_event(dump(u));
+      }
+      return finish_stream();
+    }
+    finished_ = true;
+    json choice = {{"index", 0}, {"finish_reason", finish}};
+    if (req_.chat)
+      choice["message"] = {{"role", "assistant"}, {"content", text_}};
+    else {
+      choice["text"] = text_;
+      choice["logprobs"] = nullptr;
+    }
+    respond(Reply::json_body(200, json{{"id", id_},
+                                       {"object", req_.chat ? "chat.completion" : "text_completion"},
+                                       {"created", created_},
+                                       {"model", created_model_},
+                                       {"choices", json::array({choice})},
+                                       {"usage", usage()}}),
+            false);
+  }
+
+  void send_event(const std::string& data) {
+    std::string ev = "data: " + data + "\n\n";
+    char len[32];
+    std::snprintf(len, sizeof len, "%zx\r\n", ev.size());
+    out_.push_back(len + ev + "\r\n");
+    flush();
+  }
+
+  void finish_stream() {
+    if (finished_ && !streaming_)
+      return;
+    if (timeout_)
+      timeout_->cancel();
+    send_event("[DONE]");
+    out_.push_back("0\r\n\r\n");
+    finished_ = true;
+    streaming_ = false;
+    close_after_write_ = true;
+    flush();
+  }
+
+  void flush() {
+    if (writing_ || out_.empty())
+      return;
+    writing_ = true;
+    net::async_write(sock_, net::buffer(out_.front()), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      self->writing_ = false;
+      self->out_.pop_front();
+      if (ec) {
+        self->out_.clear();
+        if (!self->finished_) {
+          self->job_->cancel();
+          self->srv_->metrics.cancelled();
+          self->finished_ = true;
+        }
+        return self->close();
+      }
+      if (!self->out_.empty())
+        return self->flush();
+      if (self->close_after_write_)
+        self->close();
+    });
+  }
+
+  friend struct Server::Impl;
+};
+
+void Server::Impl::accept() {
+  acceptor.async_accept([self = shared_from_this()](beast::error_code ec, tcp::socket s) {
+    if (ec)
+      return; // closed for shutdown
+    std::make_shared<Connection>(std::move(s), self)->start();
+    self->accept();
+  });
+}
+
+void Server::Impl::job_ended(const std::shared_ptr<Connection>& c) {
+  generating.erase(c);
+  if (draining && generating.empty()) {
+    drain_timer.cancel();
+    // Let the last writes go out, then stop.
+    net::post(ioc, [self = shared_from_this()] { self->ioc.stop(); });
+  }
+}
+
+void Server::Impl::begin_shutdown() {
+  if (draining)
+    return;
+  draining = true;
+  beast::error_code ec;
+  acceptor.close(ec);
+  std::fprintf(stderr, "strata serve: shutting down: %zu generation(s) in flight, waiting up to %lld s\n",
+               generating.size(), static_cast<long long>(opts.drain.count()));
+  if (generating.empty()) {
+    net::post(ioc, [self = shared_from_this()] { self->ioc.stop(); });
+    return;
+  }
+  drain_timer.expires_after(opts.drain);
+  drain_timer.async_wait([self = shared_from_this()](beast::error_code ec) {
+    if (ec)
+      return;
+    auto left = self->generating; // abort() ends jobs, which edits the set
+    for (auto& c : left)
+      c->abort(api_error(503, "the server is shutting down", "server_error", "shutting_down"));
+    // Give the final events a moment to leave, bounded by the io loop itself.
+    net::post(self->ioc, [self] { self->ioc.stop(); });
+  });
+}
+
+Server::Server(caf::actor_system& sys, std::function<caf::actor()> supervisor, std::function<caf::actor()> reconnect,
+               ServerOptions opts)
+  : impl_(std::make_shared<Impl>(sys, std::move(supervisor), std::move(reconnect), std::move(opts))) {}
+
+Server::~Server() = default;
+
+uint16_t Server::bind() {
+  beast::error_code ec;
+  const auto addr = net::ip::make_address(impl_->opts.host, ec);
+  if (ec)
+    throw model::Error(model::errc::bad_argument, "--http: '" + impl_->opts.host + "' is not an IP address");
+  tcp::endpoint ep{addr, impl_->opts.port};
+  impl_->acceptor.open(ep.protocol(), ec);
+  if (!ec)
+    impl_->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec)
+    impl_->acceptor.bind(ep, ec);
+  if (!ec)
+    impl_->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec)
+    throw model::Error(model::errc::io, "cannot listen on " + impl_->opts.host + ":" +
+                                          std::to_string(impl_->opts.port) + ": " + ec.message());
+  return impl_->acceptor.local_endpoint().port();
+}
+
+void Server::run() {
+  impl_->signals.async_wait([impl = impl_](beast::error_code ec, int) {
+    if (!ec)
+      impl->begin_shutdown();
+  });
+  impl_->accept();
+  while (true) {
+    try {
+      impl_->ioc.run(); // returns when stopped
+      return;
+    } catch (const std::exception& e) { // one request's bug must not take the server down
+      std::fprintf(stderr, "strata serve: error in a handler (serving goes on): %s\n", e.what());
+    }
+  }
+}
+
+void Server::shutdown() {
+  net::post(impl_->ioc, [impl = impl_] { impl->begin_shutdown(); });
+}
+
+// ---------------------------------------------------------------- strata serve
+
+int run_serve(int argc, char** argv) {
+  runtime::Args a;
+  a.option("cluster", "HOST:PORT", "the coordinator")
+    .option("http", "HOST:PORT", "address for HTTP (default 127.0.0.1:8080; port 0 picks one)")
+    .option("tokenizer", "PATH", "tokenizer for the cluster's model (default: the model's own)")
+    .option("max-body", "BYTES", "largest request body (default 1048576)")
+    .option("request-timeout", "S", "seconds one generation may take (default 300)")
+    .option("drain", "S", "seconds in-flight generations get at shutdown (default 10)")
+    .option("max-in-flight", "N", "generations at once; more get 429 (default 64)")
+    .option("api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/* (or env STRATA_API_KEY)")
+    .option("no-inject", "", "disable POST /v1/cluster/inject")
+    .option("insecure", "", "allow a non-loopback HTTP address without authentication");
+  a.parse(argc, argv, 2);
+  if (a.help_requested()) {
+    std::cout << "usage: strata serve --cluster HOST:PORT [--http HOST:PORT] [options]\n\n"
+              << "Serves the cluster over an OpenAI-compatible HTTP API (/v1/completions,\n"
+              << "/v1/chat/completions, /v1/models), with /health, /metrics (Prometheus) and a page at /.\n"
+              << "Stops gracefully on SIGINT/SIGTERM.\n\noptions:\n"
+              << a.help_text();
+    return 0;
+  }
+  ServerOptions o;
+  const auto http_ep = runtime::parse_endpoint(a.has("http") ? a.str("http") : "127.0.0.1:8080", "http");
+  o.host = http_ep.host == "localhost" ? "127.0.0.1" : http_ep.host;
+  o.port = http_ep.port;
+  o.tokenizer = a.str("tokenizer");
+  o.max_body = static_cast<std::size_t>(a.integer("max-body", 1 << 20, 64, int64_t{1} << 30));
+  o.request_timeout = std::chrono::seconds(a.integer("request-timeout", 300, 1, 86400));
+  o.drain = std::chrono::seconds(a.integer("drain", 10, 0, 3600));
+  o.max_in_flight = static_cast<std::size_t>(a.integer("max-in-flight", 64, 1, 100000));
+  o.api_key = a.has("api-key") ? a.str("api-key") : (std::getenv("STRATA_API_KEY") ? std::getenv("STRATA_API_KEY") : "");
+  o.allow_inject = !a.has("no-inject");
+  if (!runtime::is_loopback(o.host) && o.api_key.empty() && !a.has("insecure"))
+    throw runtime::UsageError("serving HTTP on non-loopback address '" + o.host +
+                              "' needs --api-key (and a TLS proxy in front) or an explicit --insecure");
+  const auto cluster_ep = runtime::parse_endpoint(a.required("cluster"), "cluster");
+  auto& sys = runtime::client_system();
+  auto sup = std::make_shared<caf::actor>(runtime::connect_coordinator(sys, cluster_ep));
+  auto sup_mu = std::make_shared<std::mutex>();
+  auto current = [sup, sup_mu] {
+    std::lock_guard<std::mutex> g(*sup_mu);
+    return *sup;
+  };
+  auto reconnect = [&sys, sup, sup_mu, cluster_ep]() -> caf::actor {
+    const auto deadline = clk::now() + std::chrono::seconds(30);
+    while (clk::now() < deadline) {
+      if (auto fresh = sys.middleman().remote_actor(cluster_ep.host, cluster_ep.port)) {
+        std::lock_guard<std::mutex> g(*sup_mu);
+        *sup = *fresh;
+        return *fresh;
+      }
+      caf::scoped_actor pause{sys};
+      pause->receive(caf::after(std::chrono::milliseconds(200)) >> [] {});
+    }
+    return caf::actor{};
+  };
+  Server server(sys, current, reconnect, o);
+  const auto port = server.bind();
+  std::printf("ready http %s:%u\n", o.host.c_str(), port);
+  std::fflush(stdout);
+  server.run();
+  std::fprintf(stderr, "strata serve: stopped\n");
+  return 0;
+}
+
+} // namespace strata::server

@@ -1,0 +1,69 @@
+#pragma once
+// The OpenAI-compatible HTTP front door (Boost.Beast, HTTP/1.1, asynchronous).
+// Each generation request becomes a session actor in the cluster, driven on its
+// own thread by actors::run_generation; tokens are posted back to the connection.
+//
+//   GET  /                      the page for people (prompt box, live route, injections)
+//   GET  /v1/models             the cluster's model
+//   POST /v1/completions        text completion, optionally streamed (SSE)
+//   POST /v1/chat/completions   chat in the model family's format, optionally streamed
+//   GET  /health                200 when a complete route exists, 503 when not
+//   GET  /metrics               Prometheus text format
+//   GET  /v1/cluster            the route and shards as JSON (for the page)
+//   POST /v1/cluster/inject     {"kind": kill|freeze|evict|epoch, "node": ID, ...}
+//
+// A client that disconnects cancels its session, which releases its caches on
+// every shard. SIGINT/SIGTERM stop accepting, let generations finish for the
+// drain period, then end the rest with an error event.
+
+#include "server/metrics.hpp"
+
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace strata::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;
+  std::size_t max_body = 1 << 20;                  ///< bytes; larger bodies get 413
+  std::chrono::seconds request_timeout{300};       ///< per generation
+  std::chrono::seconds drain{10};                  ///< graceful shutdown
+  std::size_t max_in_flight = 64;                  ///< generations at once; more get 429
+  std::string tokenizer;                           ///< tokenizer path ("" = the model's default)
+  std::string api_key;                             ///< "" = no authentication
+  bool allow_inject = true;                        ///< POST /v1/cluster/inject
+};
+
+class Server {
+public:
+  /// `supervisor` returns the current route supervisor; `reconnect` (optional)
+  /// returns a new one after the coordinator restarted.
+  Server(caf::actor_system& sys, std::function<caf::actor()> supervisor, std::function<caf::actor()> reconnect,
+         ServerOptions opts);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// Binds; returns the port (useful with port 0). Throws model::Error(io).
+  uint16_t bind();
+  /// Serves until SIGINT/SIGTERM (or shutdown()) and the drain have ended.
+  void run();
+  /// Starts a graceful shutdown from any thread.
+  void shutdown();
+
+  struct Impl;
+
+private:
+  std::shared_ptr<Impl> impl_;
+};
+
+/// `strata serve --cluster HOST:PORT --http HOST:PORT ...`
+int run_serve(int argc, char** argv);
+
+} // namespace strata::server

@@ -1,0 +1,174 @@
+#include "server/metrics.hpp"
+
+#include <cstdio>
+
+namespace strata::server {
+
+namespace {
+
+std::string num(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.17g", v);
+  return b;
+}
+
+std::string bound(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+std::string esc(const std::string& s) { // label values: backslash, quote, newline
+  std::string o;
+  for (char c : s) {
+    if (c == '\\' || c == '"')
+      o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+
+void head(std::string& out, const std::string& name, const char* type, const std::string& help) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+} // namespace
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double v) {
+  std::size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i])
+    ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+void Histogram::render(std::string& out, const std::string& name, const std::string& help) const {
+  head(out, name, "histogram", help);
+  uint64_t cum = 0;
+  for (std::size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    out += name + "_bucket{le=\"" + bound(bounds_[i]) + "\"} " + std::to_string(cum) + "\n";
+  }
+  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  out += name + "_sum " + num(sum_) + "\n" + name + "_count " + std::to_string(count_) + "\n";
+}
+
+Metrics::Metrics()
+  : misses_(msg::miss_reason_count, 0),
+    ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
+    itl_({0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}) {}
+
+void Metrics::request(const std::string& endpoint, int status) {
+  std::lock_guard<std::mutex> g(mu_);
+  ++requests_[{endpoint, status}];
+}
+
+void Metrics::in_flight(int delta) {
+  std::lock_guard<std::mutex> g(mu_);
+  in_flight_ += delta;
+}
+
+void Metrics::prompt_tokens(uint64_t n) {
+  std::lock_guard<std::mutex> g(mu_);
+  prompt_tokens_ += n;
+}
+
+void Metrics::token(double since_previous_s, bool first) {
+  std::lock_guard<std::mutex> g(mu_);
+  ++tokens_;
+  (first ? ttft_ : itl_).observe(since_previous_s);
+}
+
+void Metrics::generation(const msg::generation_result& r) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (std::size_t i = 1; i < r.misses.size() && i < misses_.size(); ++i)
+    misses_[i] += r.misses[i];
+  reprefills_ += r.reprefills;
+  route_changes_ += r.route_changes;
+  retries_ += r.retries;
+  recomputed_ += r.recomputed_tokens;
+}
+
+void Metrics::cancelled() {
+  std::lock_guard<std::mutex> g(mu_);
+  ++cancelled_;
+}
+
+std::string Metrics::render(const ClusterSnapshot& c) const {
+  std::string out;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    head(out, "strata_http_requests_total", "counter", "HTTP requests answered, by endpoint and status code.");
+    for (auto& [k, v] : requests_)
+      out += "strata_http_requests_total{endpoint=\"" + esc(k.first) + "\",status=\"" + std::to_string(k.second) +
+             "\"} " + std::to_string(v) + "\n";
+    head(out, "strata_http_requests_in_flight", "gauge", "Generations being served now.");
+    out += "strata_http_requests_in_flight " + std::to_string(in_flight_) + "\n";
+    head(out, "strata_prompt_tokens_total", "counter", "Prompt tokens of served generations.");
+    out += "strata_prompt_tokens_total " + std::to_string(prompt_tokens_) + "\n";
+    head(out, "strata_tokens_generated_total", "counter", "Tokens generated for HTTP clients.");
+    out += "strata_tokens_generated_total " + std::to_string(tokens_) + "\n";
+    ttft_.render(out, "strata_time_to_first_token_seconds", "Time from request to first generated token.");
+    itl_.render(out, "strata_inter_token_latency_seconds", "Time between consecutive generated tokens.");
+    head(out, "strata_session_cache_misses_total", "counter",
+         "Cache misses the cluster reported to this server's sessions, by reason.");
+    for (std::size_t r = 1; r < misses_.size(); ++r)
+      out += std::string("strata_session_cache_misses_total{reason=\"") + msg::to_string(static_cast<msg::miss_reason>(r)) +
+             "\"} " + std::to_string(misses_[r]) + "\n";
+    head(out, "strata_reprefills_total", "counter", "Re-prefills after a cache miss or route change.");
+    out += "strata_reprefills_total " + std::to_string(reprefills_) + "\n";
+    head(out, "strata_recomputed_tokens_total", "counter", "Tokens processed again by re-prefills.");
+    out += "strata_recomputed_tokens_total " + std::to_string(recomputed_) + "\n";
+    head(out, "strata_route_changes_total", "counter", "Route changes pushed to this server's sessions.");
+    out += "strata_route_changes_total " + std::to_string(route_changes_) + "\n";
+    head(out, "strata_session_retries_total", "counter", "Failed steps retried by this server's sessions.");
+    out += "strata_session_retries_total " + std::to_string(retries_) + "\n";
+    head(out, "strata_cancelled_total", "counter", "Generations cancelled (client gone, stop string, timeout, shutdown).");
+    out += "strata_cancelled_total " + std::to_string(cancelled_) + "\n";
+  }
+  head(out, "strata_cluster_reachable", "gauge", "1 if the coordinator answered this scrape.");
+  out += std::string("strata_cluster_reachable ") + (c.reachable ? "1" : "0") + "\n";
+  head(out, "strata_route_epoch", "gauge", "The route supervisor's current epoch.");
+  out += "strata_route_epoch " + std::to_string(c.epoch) + "\n";
+  head(out, "strata_route_complete", "gauge", "1 if registered shards cover every layer.");
+  out += std::string("strata_route_complete ") + (c.route_complete ? "1" : "0") + "\n";
+  auto labels = [](const runtime::ShardView& v) {
+    return "node=\"" + esc(caf::to_string(v.hop.shard.node())) + "\",layers=\"" + std::to_string(v.hop.first) + "-" +
+           std::to_string(v.hop.last) + "\"";
+  };
+  head(out, "strata_shard_up", "gauge", "1 if the shard answered this scrape within 2 s, else 0.");
+  for (auto& v : c.shards)
+    out += "strata_shard_up{" + labels(v) + "} " + (v.answered ? "1" : "0") + "\n";
+  head(out, "strata_shard_cache_bytes", "gauge", "KV cache bytes held by the shard.");
+  for (auto& v : c.shards)
+    if (v.answered)
+      out += "strata_shard_cache_bytes{" + labels(v) + "} " + std::to_string(v.stats.cache_bytes) + "\n";
+  head(out, "strata_shard_sessions", "gauge", "Sessions cached by the shard.");
+  for (auto& v : c.shards)
+    if (v.answered)
+      out += "strata_shard_sessions{" + labels(v) + "} " + std::to_string(v.stats.sessions) + "\n";
+  head(out, "strata_shard_cache_hits_total", "counter", "Steps served from the shard's cache.");
+  for (auto& v : c.shards)
+    if (v.answered)
+      out += "strata_shard_cache_hits_total{" + labels(v) + "} " + std::to_string(v.stats.hits) + "\n";
+  head(out, "strata_shard_cache_misses_total", "counter", "Cache misses the shard answered, by reason.");
+  for (auto& v : c.shards)
+    if (v.answered)
+      for (std::size_t r = 1; r < v.stats.misses.size() && r < msg::miss_reason_count; ++r)
+        out += "strata_shard_cache_misses_total{" + labels(v) + ",reason=\"" +
+               msg::to_string(static_cast<msg::miss_reason>(r)) + "\"} " + std::to_string(v.stats.misses[r]) + "\n";
+  head(out, "strata_shard_evictions_total", "counter", "Sessions the shard evicted.");
+  for (auto& v : c.shards)
+    if (v.answered)
+      out += "strata_shard_evictions_total{" + labels(v) + "} " + std::to_string(v.stats.evictions) + "\n";
+  return out;
+}
+
+} // namespace strata::server

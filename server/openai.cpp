@@ -1,0 +1,348 @@
+#include "server/openai.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+namespace strata::server {
+
+using nlohmann::json;
+
+json ApiError::body() const {
+  json e = {{"message", message}, {"type", type}};
+  e["param"] = param.empty() ? json(nullptr) : json(param);
+  e["code"] = code.empty() ? json(nullptr) : json(code);
+  return json{{"error", e}};
+}
+
+namespace {
+
+ApiError bad(std::string param, std::string message, std::string code = "") {
+  ApiError e;
+  e.param = std::move(param);
+  e.message = std::move(message);
+  e.code = std::move(code);
+  return e;
+}
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::number_float: return "a number";
+    default: return "an integer";
+  }
+}
+
+// Reads an optional number field within [lo, hi]; a bound is open when the flag says so.
+std::optional<ApiError> number(const json& j, const char* name, float& out, double lo, double hi, bool lo_open) {
+  if (!j.contains(name) || j[name].is_null())
+    return std::nullopt;
+  const auto& v = j[name];
+  if (!v.is_number())
+    return bad(name, std::string("'") + name + "' must be a number, not " + type_name(v));
+  const double x = v.get<double>();
+  auto fmt = [](double d) {
+    std::ostringstream os;
+    os << d;
+    return os.str();
+  };
+  if (!std::isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo))
+    return bad(name, std::string("'") + name + "' must be " +
+                       (lo_open ? "greater than " + fmt(lo) + " and at most " : "between " + fmt(lo) + " and ") + fmt(hi) +
+                       ", not " + v.dump());
+  out = static_cast<float>(x);
+  return std::nullopt;
+}
+
+std::optional<ApiError> integer(const json& j, const char* name, int64_t& out, int64_t lo, int64_t hi) {
+  const auto& v = j[name];
+  if (!v.is_number_integer())
+    return bad(name, std::string("'") + name + "' must be an integer, not " + type_name(v));
+  const bool out_of_range = v.is_number_unsigned()
+                              ? (v.get<uint64_t>() > static_cast<uint64_t>(hi) ||
+                                 (lo > 0 && v.get<uint64_t>() < static_cast<uint64_t>(lo)))
+                              : (v.get<int64_t>() < lo || v.get<int64_t>() > hi);
+  if (out_of_range)
+    return bad(name, std::string("'") + name + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi) +
+                       ", not " + v.dump());
+  out = v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>()) : v.get<int64_t>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> text_content(const json& v, const std::string& param, std::string& out) {
+  if (v.is_string()) {
+    out = v.get<std::string>();
+    return std::nullopt;
+  }
+  if (v.is_array()) { // [{"type": "text", "text": "..."}]
+    out.clear();
+    for (auto& part : v) {
+      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+        return bad(param, "'" + param + "' parts must be {\"type\": \"text\", \"text\": string}; only text is supported");
+      out += part["text"].get<std::string>();
+    }
+    return std::nullopt;
+  }
+  return bad(param, "'" + param + "' must be a string or an array of text parts, not " + type_name(v));
+}
+
+// Fields a client may send that strata does not implement: accepted only at
+// their neutral value, otherwise a 400 that says so.
+std::optional<ApiError> unsupported(const json& j) {
+  auto neutral = [&](const char* name, auto ok) -> std::optional<ApiError> {
+    if (!j.contains(name) || j[name].is_null() || ok(j[name]))
+      return std::nullopt;
+    return bad(name, std::string("'") + name + "' = " + j[name].dump() + " is not supported by strata");
+  };
+  auto is_one = [](const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; };
+  auto is_zero = [](const json& v) { return v.is_number() && v.get<double>() == 0.0; };
+  auto is_false = [](const json& v) { return v.is_boolean() && !v.get<bool>(); };
+  auto is_empty = [](const json& v) { return (v.is_object() || v.is_array()) && v.empty(); };
+  if (j.contains("n") && !j["n"].is_null() && !is_one(j["n"]))
+    return bad("n", "'n' = " + j["n"].dump() + ": only one choice per request is supported (n must be 1)");
+  for (auto r : {neutral("best_of", is_one), neutral("presence_penalty", is_zero), neutral("frequency_penalty", is_zero),
+                 neutral("logprobs", [&](const json& v) { return is_false(v) || is_zero(v); }),
+                 neutral("top_logprobs", is_zero), neutral("echo", is_false), neutral("logit_bias", is_empty),
+                 neutral("tools", is_empty), neutral("functions", is_empty), neutral("suffix", [](const json& v) {
+                   return v.is_string() && v.get<std::string>().empty();
+                 })})
+    if (r)
+      return r;
+  if (j.contains("response_format") && !j["response_format"].is_null()) {
+    const auto& f = j["response_format"];
+    if (!f.is_object() || f.value("type", "") != "text")
+      return bad("response_format", "'response_format' = " + f.dump() + " is not supported (only {\"type\": \"text\"})");
+  }
+  return std::nullopt;
+}
+
+} // namespace
+
+std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool chat) {
+  json j = json::parse(body, nullptr, false);
+  if (j.is_discarded())
+    return bad("", "the request body is not valid JSON");
+  if (!j.is_object())
+    return bad("", std::string("the request body must be a JSON object, not ") + type_name(j));
+  ApiRequest r;
+  r.chat = chat;
+  if (j.contains("model") && !j["model"].is_null()) {
+    if (!j["model"].is_string())
+      return bad("model", std::string("'model' must be a string, not ") + type_name(j["model"]));
+    r.model = j["model"].get<std::string>();
+  }
+  if (chat) {
+    if (!j.contains("messages"))
+      return bad("messages", "'messages' is required");
+    const auto& m = j["messages"];
+    if (!m.is_array() || m.empty())
+      return bad("messages", "'messages' must be a non-empty array");
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      const std::string p = "messages[" + std::to_string(i) + "]";
+      if (!m[i].is_object())
+        return bad(p, "'" + p + "' must be an object with 'role' and 'content'");
+      const std::string role = m[i].contains("role") && m[i]["role"].is_string() ? m[i]["role"].get<std::string>() : "";
+      if (role != "system" && role != "user" && role != "assistant" && role != "developer")
+        return bad(p + ".role", "'" + p + ".role' must be one of system, developer, user, assistant");
+      if (!m[i].contains("content"))
+        return bad(p + ".content", "'" + p + ".content' is required");
+      ChatMessage msg{role == "developer" ? "system" : role, {}};
+      if (auto e = text_content(m[i]["content"], p + ".content", msg.content))
+        return *e;
+      r.messages.push_back(std::move(msg));
+    }
+  } else {
+    if (!j.contains("prompt"))
+      return bad("prompt", "'prompt' is required");
+    const auto& p = j["prompt"];
+    if (p.is_string()) {
+      r.prompt = p.get<std::string>();
+    } else if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](auto& x) { return x.is_number_integer(); })) {
+      r.prompt_is_ids = true;
+      for (auto& x : p) {
+        const auto id = x.get<int64_t>();
+        if (id < 0 || id > INT32_MAX)
+          return bad("prompt", "'prompt' token id " + std::to_string(id) + " is out of range");
+        r.prompt_ids.push_back(static_cast<int32_t>(id));
+      }
+    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+      r.prompt = p[0].get<std::string>();
+    } else if (p.is_array()) {
+      return bad("prompt", "'prompt' must be a string, one string in an array, or an array of token ids; several "
+                           "prompts in one request are not supported");
+    } else {
+      return bad("prompt", std::string("'prompt' must be a string, not ") + type_name(p));
+    }
+    if (!r.prompt_is_ids && r.prompt.empty())
+      return bad("prompt", "'prompt' is empty");
+  }
+  for (const char* name : {"max_tokens", "max_completion_tokens"})
+    if (j.contains(name) && !j[name].is_null()) {
+      int64_t v = 0;
+      if (auto e = integer(j, name, v, 1, int64_t{1} << 31))
+        return *e;
+      r.max_tokens = v;
+    }
+  if (auto e = number(j, "temperature", r.temperature, 0.0, 2.0, false))
+    return *e;
+  if (auto e = number(j, "top_p", r.top_p, 0.0, 1.0, true))
+    return *e;
+  if (j.contains("top_k") && !j["top_k"].is_null()) {
+    int64_t v = 0;
+    if (auto e = integer(j, "top_k", v, 0, 1 << 20))
+      return *e;
+    r.top_k = static_cast<int32_t>(v);
+  }
+  if (j.contains("seed") && !j["seed"].is_null()) {
+    const auto& v = j["seed"];
+    if (!v.is_number_integer())
+      return bad("seed", std::string("'seed' must be an integer, not ") + type_name(v));
+    r.seed = v.is_number_unsigned() ? v.get<uint64_t>() : static_cast<uint64_t>(v.get<int64_t>());
+  }
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const auto& v = j["stop"];
+    if (v.is_string()) {
+      r.stop.push_back(v.get<std::string>());
+    } else if (v.is_array() && v.size() <= 4 && std::all_of(v.begin(), v.end(), [](auto& x) { return x.is_string(); })) {
+      for (auto& x : v)
+        r.stop.push_back(x.get<std::string>());
+    } else {
+      return bad("stop", "'stop' must be a string or an array of at most 4 strings");
+    }
+    for (auto& s : r.stop)
+      if (s.empty())
+        return bad("stop", "'stop' strings must not be empty");
+  }
+  if (j.contains("stream") && !j["stream"].is_null()) {
+    if (!j["stream"].is_boolean())
+      return bad("stream", std::string("'stream' must be a boolean, not ") + type_name(j["stream"]));
+    r.stream = j["stream"].get<bool>();
+  }
+  if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+    const auto& o = j["stream_options"];
+    if (!o.is_object())
+      return bad("stream_options", "'stream_options' must be an object");
+    if (o.contains("include_usage")) {
+      if (!o["include_usage"].is_boolean())
+        return bad("stream_options.include_usage", "'stream_options.include_usage' must be a boolean");
+      r.include_usage = o["include_usage"].get<bool>();
+    }
+  }
+  if (auto e = unsupported(j))
+    return *e;
+  return r;
+}
+
+std::string chat_family(const model::ModelConfig& cfg) {
+  if (cfg.identity.rfind("builtin:", 0) == 0)
+    return "plain";
+  return cfg.architecture == "qwen2" ? "chatml" : "llama2";
+}
+
+std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const std::string& family,
+                                 const model::Tokenizer& tok, const model::ModelConfig& cfg) {
+  const bool bos = cfg.bos_id >= 0 && tok.bos_id() == cfg.bos_id;
+  if (family == "chatml") {
+    std::string text;
+    for (auto& m : messages)
+      text += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    text += "<|im_start|>assistant\n";
+    return tok.encode(text, bos);
+  }
+  if (family == "llama2") {
+    // <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {answer} </s><s>[INST] {user} [/INST]
+    std::vector<int32_t> ids;
+    std::string system, pending;
+    const int32_t eos = cfg.eos_ids.empty() ? 2 : cfg.eos_ids.front();
+    for (auto& m : messages) {
+      if (m.role == "system") {
+        system += (system.empty() ? "" : "\n") + m.content;
+      } else if (m.role == "user") {
+        std::string u = m.content;
+        if (!system.empty()) {
+          u = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + u;
+          system.clear();
+        }
+        pending = "[INST] " + u + " [/INST]";
+      } else { // assistant: closes the turn
+        auto part = tok.encode(pending + " " + m.content + " ", bos);
+        ids.insert(ids.end(), part.begin(), part.end());
+        ids.push_back(eos);
+        pending.clear();
+      }
+    }
+    if (pending.empty())
+      pending = "[INST] " + (system.empty() ? std::string() : "<<SYS>>\n" + system + "\n<</SYS>>\n\n") + " [/INST]";
+    auto part = tok.encode(pending, bos);
+    ids.insert(ids.end(), part.begin(), part.end());
+    return ids;
+  }
+  std::string text; // plain: the contents, one per line
+  for (std::size_t i = 0; i < messages.size(); ++i)
+    text += (i ? "\n" : "") + messages[i].content;
+  return tok.encode(text, bos);
+}
+
+std::optional<ApiError> check_context(int64_t prompt_tokens, int64_t max_tokens, int64_t context) {
+  if (prompt_tokens + max_tokens <= context)
+    return std::nullopt;
+  return bad("max_tokens",
+             "This model's maximum context length is " + std::to_string(context) + " tokens. However, you requested " +
+               std::to_string(prompt_tokens + max_tokens) + " tokens (" + std::to_string(prompt_tokens) +
+               " in the prompt, " + std::to_string(max_tokens) + " for the completion). Please reduce the prompt or " +
+               "max_tokens.",
+             "context_length_exceeded");
+}
+
+StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+
+std::string StopMatcher::push(std::string_view piece) {
+  if (stopped_)
+    return {};
+  held_.append(piece);
+  // The earliest complete stop string ends the text.
+  std::size_t cut = std::string::npos;
+  for (auto& s : stops_)
+    if (auto at = held_.find(s); at != std::string::npos)
+      cut = std::min(cut, at);
+  if (cut != std::string::npos) {
+    stopped_ = true;
+    std::string out = held_.substr(0, cut);
+    held_.clear();
+    return out;
+  }
+  // Hold back the longest tail that is a proper prefix of some stop string.
+  std::size_t keep = 0;
+  for (auto& s : stops_)
+    for (std::size_t n = std::min(s.size() - 1, held_.size()); n > keep; --n)
+      if (held_.compare(held_.size() - n, n, s, 0, n) == 0) {
+        keep = n;
+        break;
+      }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string StopMatcher::flush() {
+  std::string out;
+  if (!stopped_)
+    out.swap(held_);
+  return out;
+}
+
+std::string make_id(const std::string& prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* hex = "0123456789abcdef";
+  std::string id = prefix;
+  for (int i = 0; i < 24; ++i)
+    id += hex[rng() % 16];
+  return id;
+}
+
+} // namespace strata::server

@@ -1,0 +1,89 @@
+#pragma once
+// The OpenAI-compatible API without the network: request parsing and
+// validation (every rule answers with an OpenAI-style error object naming the
+// field), chat templates per model family, stop strings over streamed text,
+// and response bodies. Pure functions, unit-tested in tests/server.
+
+#include "model/config.hpp"
+#include "model/tokenizer.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace strata::server {
+
+/// An error the client gets as {"error": {...}} with an HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string param; ///< the offending field ("" when none)
+  std::string type = "invalid_request_error";
+  std::string code;  ///< e.g. context_length_exceeded
+  nlohmann::json body() const;
+};
+
+struct ChatMessage {
+  std::string role; ///< system | user | assistant
+  std::string content;
+};
+
+struct ApiRequest {
+  bool chat = false;
+  std::string prompt;                  ///< completions: text
+  std::vector<int32_t> prompt_ids;     ///< completions: token ids given directly
+  bool prompt_is_ids = false;
+  std::vector<ChatMessage> messages;   ///< chat
+  std::optional<int64_t> max_tokens;   ///< absent: completions 16, chat the rest of the context
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;          ///< stream_options.include_usage
+  std::string model;
+};
+
+/// Parses and validates a request body for /v1/completions (chat = false) or
+/// /v1/chat/completions (chat = true).
+std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool chat);
+
+/// "chatml" (Qwen2), "llama2" (Llama 2 checkpoints) or "plain" (builtin:*).
+std::string chat_family(const model::ModelConfig& cfg);
+
+/// The prompt ids for a chat in the model family's format.
+std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const std::string& family,
+                                 const model::Tokenizer& tok, const model::ModelConfig& cfg);
+
+/// 400 context_length_exceeded naming both numbers when prompt + completion do
+/// not fit the context.
+std::optional<ApiError> check_context(int64_t prompt_tokens, int64_t max_tokens, int64_t context);
+
+/// Finds stop strings in streamed text. push() returns the text that is safe to
+/// send now: text that could still become the start of a stop string is held
+/// back until it cannot. After a stop string is seen, stopped() is true and the
+/// stop string and everything after it are dropped.
+class StopMatcher {
+public:
+  explicit StopMatcher(std::vector<std::string> stops);
+  std::string push(std::string_view piece);
+  /// The held-back text at the end of a generation that did not stop.
+  std::string flush();
+  bool stopped() const { return stopped_; }
+
+private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+/// A unique id like "cmpl-3f2a..." (prefix + 24 hex digits).
+std::string make_id(const std::string& prefix);
+
+} // namespace strata::server

@@ -1,0 +1,40 @@
+// Drives a strata server with the official `openai` npm client: completions and
+// chat, streaming and not. Prints one JSON object with the texts it got.
+// usage: node openai_client.mjs BASE_URL PROMPT MAX_TOKENS
+import OpenAI from 'openai';
+
+const [baseURL, prompt, maxTokens] = process.argv.slice(2);
+const client = new OpenAI({baseURL, apiKey: process.env.STRATA_API_KEY || 'none', maxRetries: 0});
+const common = {model: 'builtin:tiny', max_tokens: Number(maxTokens), temperature: 0};
+
+const out = {};
+const c = await client.completions.create({...common, prompt});
+out.completion = c.choices[0].text;
+out.completion_finish = c.choices[0].finish_reason;
+out.completion_tokens = c.usage.completion_tokens;
+
+let text = '', finish = null;
+for await (const chunk of await client.completions.create({...common, prompt, stream: true})) {
+  text += chunk.choices[0]?.text ?? '';
+  finish = chunk.choices[0]?.finish_reason ?? finish;
+}
+out.completion_stream = text;
+out.completion_stream_finish = finish;
+
+const messages = [{role: 'user', content: prompt}];
+const ch = await client.chat.completions.create({...common, messages});
+out.chat = ch.choices[0].message.content;
+out.chat_role = ch.choices[0].message.role;
+
+text = '';
+for await (const chunk of await client.chat.completions.create({...common, messages, stream: true}))
+  text += chunk.choices[0]?.delta?.content ?? '';
+out.chat_stream = text;
+
+try {
+  await client.completions.create({...common, prompt, max_tokens: 100000});
+  out.too_long = 'accepted';
+} catch (e) {
+  out.too_long = `${e.status} ${e.message}`;
+}
+console.log(JSON.stringify(out));

@@ -1,0 +1,112 @@
+// Request parsing, validation, chat formats and stop strings, without a network.
+
+#include "server/openai.hpp"
+
+#include <gtest/gtest.h>
+
+namespace strata::server {
+namespace {
+
+ApiError err(const std::string& body, bool chat = false) {
+  auto r = parse_request(body, chat);
+  EXPECT_TRUE(std::holds_alternative<ApiError>(r)) << body;
+  return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r) : ApiError{};
+}
+
+TEST(OpenAI, ParsesACompletionRequest) {
+  auto r = parse_request(R"({"model":"m","prompt":"hi","max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":3,
+                             "seed":7,"stop":["a","bc"],"stream":true,"stream_options":{"include_usage":true},"n":1})",
+                         false);
+  ASSERT_TRUE(std::holds_alternative<ApiRequest>(r));
+  auto& q = std::get<ApiRequest>(r);
+  EXPECT_EQ(q.prompt, "hi");
+  EXPECT_EQ(*q.max_tokens, 5);
+  EXPECT_FLOAT_EQ(q.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(q.top_p, 0.9f);
+  EXPECT_EQ(q.top_k, 3);
+  EXPECT_EQ(*q.seed, 7u);
+  EXPECT_EQ(q.stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_TRUE(q.stream);
+  EXPECT_TRUE(q.include_usage);
+  auto ids = parse_request(R"({"prompt":[1,2,3]})", false);
+  ASSERT_TRUE(std::holds_alternative<ApiRequest>(ids));
+  EXPECT_EQ(std::get<ApiRequest>(ids).prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+}
+
+TEST(OpenAI, EveryRuleNamesTheField) {
+  EXPECT_EQ(err("{nope").message, "the request body is not valid JSON");
+  EXPECT_NE(err("[1]").message.find("JSON object"), std::string::npos);
+  EXPECT_EQ(err("{}").param, "prompt");
+  EXPECT_EQ(err(R"({"prompt":""})").param, "prompt");
+  EXPECT_EQ(err(R"({"prompt":["a","b"]})").param, "prompt");
+  EXPECT_EQ(err(R"({"prompt":"x","max_tokens":0})").param, "max_tokens");
+  EXPECT_EQ(err(R"({"prompt":"x","max_tokens":"5"})").message, "'max_tokens' must be an integer, not a string");
+  EXPECT_EQ(err(R"({"prompt":"x","temperature":2.5})").message, "'temperature' must be between 0 and 2, not 2.5");
+  EXPECT_EQ(err(R"({"prompt":"x","temperature":"hot"})").param, "temperature");
+  EXPECT_EQ(err(R"({"prompt":"x","top_p":0})").message, "'top_p' must be greater than 0 and at most 1, not 0");
+  EXPECT_EQ(err(R"({"prompt":"x","top_p":1.5})").param, "top_p");
+  EXPECT_EQ(err(R"({"prompt":"x","top_k":-1})").param, "top_k");
+  EXPECT_EQ(err(R"({"prompt":"x","seed":1.5})").param, "seed");
+  EXPECT_EQ(err(R"({"prompt":"x","stop":["a","b","c","d","e"]})").param, "stop");
+  EXPECT_EQ(err(R"({"prompt":"x","stop":[""]})").param, "stop");
+  EXPECT_EQ(err(R"({"prompt":"x","stream":"yes"})").param, "stream");
+  EXPECT_NE(err(R"({"prompt":"x","n":2})").message.find("n must be 1"), std::string::npos);
+  EXPECT_EQ(err(R"({"prompt":"x","logprobs":5})").param, "logprobs");
+  EXPECT_EQ(err(R"({"prompt":"x","presence_penalty":0.5})").param, "presence_penalty");
+  EXPECT_EQ(err(R"({"prompt":"x","response_format":{"type":"json_object"}})").param, "response_format");
+  EXPECT_EQ(err(R"({"prompt":"x","model":3})").param, "model");
+  EXPECT_EQ(err(R"({})", true).param, "messages");
+  EXPECT_EQ(err(R"({"messages":[]})", true).param, "messages");
+  EXPECT_EQ(err(R"({"messages":[{"role":"robot","content":"x"}]})", true).param, "messages[0].role");
+  EXPECT_EQ(err(R"({"messages":[{"role":"user"}]})", true).param, "messages[0].content");
+  EXPECT_EQ(err(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true).param,
+            "messages[0].content");
+  for (auto& e : {err("{nope"), err(R"({"prompt":"x","n":2})")})
+    EXPECT_EQ(e.body()["error"]["type"], "invalid_request_error");
+}
+
+TEST(OpenAI, ContextCheckNamesBothNumbers) {
+  EXPECT_FALSE(check_context(10, 502, 512));
+  auto e = check_context(10, 503, 512);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, "context_length_exceeded");
+  EXPECT_NE(e->message.find("maximum context length is 512 tokens"), std::string::npos);
+  EXPECT_NE(e->message.find("513 tokens (10 in the prompt, 503 for the completion)"), std::string::npos);
+}
+
+TEST(OpenAI, StopStringsHoldBackPossiblePrefixes) {
+  StopMatcher m({"STOP", "xy"});
+  EXPECT_EQ(m.push("abc S"), "abc ");
+  EXPECT_EQ(m.push("T"), "");
+  EXPECT_EQ(m.push("ay"), "STay"); // not a stop after all
+  EXPECT_EQ(m.push("x"), "");
+  EXPECT_EQ(m.push("yz"), "");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.push("more"), "");
+  StopMatcher n({"END"});
+  EXPECT_EQ(n.push("the E"), "the ");
+  EXPECT_EQ(n.flush(), "E");
+  StopMatcher none({});
+  EXPECT_EQ(none.push("all of it"), "all of it");
+}
+
+TEST(OpenAI, ChatFormatsPerFamily) {
+  auto bytes = model::Tokenizer::bytes();
+  model::ModelConfig cfg;
+  cfg.identity = "builtin:tiny";
+  cfg.bos_id = bytes->bos_id();
+  EXPECT_EQ(chat_family(cfg), "plain");
+  std::vector<ChatMessage> chat = {{"system", "Be brief."}, {"user", "Hi"}};
+  EXPECT_EQ(bytes->decode(encode_chat(chat, "plain", *bytes, cfg)), "Be brief.\nHi");
+  EXPECT_EQ(bytes->decode(encode_chat(chat, "chatml", *bytes, cfg)),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(bytes->decode(encode_chat(chat, "llama2", *bytes, cfg)), "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]");
+  cfg.identity = "/m/qwen";
+  cfg.architecture = "qwen2";
+  EXPECT_EQ(chat_family(cfg), "chatml");
+  cfg.architecture = "llama";
+  EXPECT_EQ(chat_family(cfg), "llama2");
+}
+
+} // namespace
+} // namespace strata::server

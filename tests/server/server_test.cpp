@@ -1,0 +1,365 @@
+// `strata serve` in front of a real cluster of processes on loopback, driven by
+// curl, the official openai npm client and headless Chromium.
+
+#include "tests/cluster/process.hpp"
+#include "tests/support.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <regex>
+#include <sstream>
+
+namespace strata {
+namespace {
+
+using test::Process;
+using nlohmann::json;
+
+const std::string exe = STRATA_EXE;
+
+std::string sh(const std::string& cmd) {
+  Process p({"/bin/sh", "-c", cmd});
+  return p.drain();
+}
+
+bool have(const std::string& tool) { return sh("command -v " + tool + " >/dev/null && echo yes") == "yes\n"; }
+
+std::string quote(const std::string& s) { // for /bin/sh single quotes
+  std::string o = "'";
+  for (char c : s)
+    o += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return o + "'";
+}
+
+struct Http {
+  int status = 0;
+  std::string body;
+};
+
+struct Served {
+  std::unique_ptr<Process> coordinator, server;
+  std::vector<std::unique_ptr<Process>> nodes;
+  std::string cluster, base;
+  Served() {
+    coordinator = std::make_unique<Process>(
+      std::vector<std::string>{exe, "node", "--coordinator", "--listen", "127.0.0.1:0", "--route-wait-ms", "15000"});
+    cluster = coordinator->wait_line("ready coordinator ").substr(18);
+    for (auto layers : {"0-1", "2-3", "2-3", "4"}) {
+      nodes.push_back(std::make_unique<Process>(std::vector<std::string>{
+        exe, "node", "--listen", "127.0.0.1:0", "--join", cluster, "--model", "builtin:tiny", "--layers", layers,
+        "--threads", "1"}));
+      nodes.back()->wait_line("ready node ");
+    }
+    server = std::make_unique<Process>(
+      std::vector<std::string>{exe, "serve", "--cluster", cluster, "--http", "127.0.0.1:0", "--max-body", "65536"});
+    const auto line = server->wait_line("ready http ");
+    base = line.empty() ? "" : "http://" + line.substr(11);
+  }
+  Http call(const std::string& path, const std::string& body = "", const std::string& extra = "") const {
+    const std::string data = body.empty() ? "" : " --data-binary " + quote(body);
+    const auto out = sh("curl -s -m 60 " + extra + " -w '\\n%{http_code}' " + data + " " + base + path);
+    const auto nl = out.rfind('\n');
+    return {nl == std::string::npos ? 0 : std::atoi(out.c_str() + nl + 1), nl == std::string::npos ? out : out.substr(0, nl)};
+  }
+};
+
+Served* cluster_ = nullptr;
+
+class Server : public ::testing::Test {
+protected:
+  static void SetUpTestSuite() {
+    if (!have("curl"))
+      return;
+    cluster_ = new Served();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override {
+    if (!cluster_)
+      GTEST_SKIP() << "curl is not installed (scripts/test installs it)";
+    ASSERT_FALSE(cluster_->base.empty()) << "strata serve did not start";
+  }
+  const Served& c() const { return *cluster_; }
+};
+
+// What a single-process run generates after `prompt` (greedy).
+std::string local_text(const std::string& prompt, int max_tokens) {
+  const auto out = sh(exe + " generate --model builtin:tiny --prompt " + quote(prompt) + " --max-tokens " +
+                      std::to_string(max_tokens) + " 2>/dev/null");
+  EXPECT_EQ(out.rfind(prompt, 0), 0u) << out;
+  return out.substr(prompt.size(), out.size() - prompt.size() - 1); // without the prompt and the newline
+}
+
+std::string completion_body(const std::string& prompt, int max_tokens, bool stream, const std::string& more = "") {
+  return json{{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", stream}}.dump().insert(1, more);
+}
+
+// The text of an SSE response; `finish` gets the last finish_reason, `done` whether [DONE] came.
+std::string sse_text(const std::string& body, std::string* finish = nullptr, bool* done = nullptr, json* usage = nullptr) {
+  std::istringstream is(body);
+  std::string line, text;
+  while (std::getline(is, line)) {
+    if (line.rfind("data: ", 0) != 0)
+      continue;
+    const auto data = line.substr(6);
+    if (data == "[DONE]") {
+      if (done)
+        *done = true;
+      continue;
+    }
+    auto j = json::parse(data);
+    if (j.contains("usage") && usage)
+      *usage = j["usage"];
+    if (j["choices"].empty())
+      continue;
+    auto& ch = j["choices"][0];
+    if (ch.contains("text"))
+      text += ch["text"].get<std::string>();
+    if (ch.contains("delta") && ch["delta"].contains("content"))
+      text += ch["delta"]["content"].get<std::string>();
+    if (!ch["finish_reason"].is_null() && finish)
+      *finish = ch["finish_reason"].get<std::string>();
+  }
+  return text;
+}
+
+TEST_F(Server, CompletionsWithCurlEqualTheSingleProcessRun) {
+  const std::string prompt = "Once upon a time";
+  const auto expected = local_text(prompt, 40);
+  auto r = c().call("/v1/completions", completion_body(prompt, 40, false));
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], expected);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 40);
+  EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int>() + 40);
+  // Streamed (curl -N): the same text, a finish reason, usage on request, [DONE].
+  auto s = c().call("/v1/completions",
+                    completion_body(prompt, 40, true, R"("stream_options":{"include_usage":true},)"), "-N");
+  ASSERT_EQ(s.status, 200);
+  std::string finish;
+  bool done = false;
+  json usage;
+  EXPECT_EQ(sse_text(s.body, &finish, &done, &usage), expected) << s.body;
+  EXPECT_EQ(finish, "length");
+  EXPECT_TRUE(done);
+  EXPECT_EQ(usage["completion_tokens"], 40);
+  // Chat (builtin: plain concatenation of the contents).
+  auto ch = c().call("/v1/chat/completions",
+                     R"({"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":40,"temperature":0})");
+  ASSERT_EQ(ch.status, 200) << ch.body;
+  EXPECT_EQ(json::parse(ch.body)["choices"][0]["message"]["content"], expected);
+  auto cs = c().call("/v1/chat/completions",
+                     R"({"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":40,"temperature":0,"stream":true})",
+                     "-N");
+  EXPECT_EQ(sse_text(cs.body), expected);
+  // Models and health.
+  auto m = c().call("/v1/models");
+  EXPECT_EQ(json::parse(m.body)["data"][0]["id"], "builtin:tiny");
+  auto h = c().call("/health");
+  EXPECT_EQ(h.status, 200) << h.body;
+  EXPECT_EQ(json::parse(h.body)["route_complete"], true);
+}
+
+TEST_F(Server, SamplingStopStringsAndSeeds) {
+  const std::string prompt = "The cat";
+  const auto expected = local_text(prompt, 40);
+  const std::string stop = expected.substr(10, 3);
+  auto r = c().call("/v1/completions", completion_body(prompt, 40, false, R"("stop":)" + json(stop).dump() + ","));
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["text"], expected.substr(0, expected.find(stop)));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  const std::string sampled = R"({"prompt":"The cat","max_tokens":30,"temperature":0.9,"top_p":0.95,"top_k":40,"seed":42})";
+  auto a = json::parse(c().call("/v1/completions", sampled).body);
+  auto b = json::parse(c().call("/v1/completions", sampled).body);
+  EXPECT_EQ(a["choices"][0]["text"], b["choices"][0]["text"]);
+}
+
+TEST_F(Server, BadRequestsGetClearErrors) {
+  auto expect = [&](const std::string& path, const std::string& body, int status, const std::string& words) {
+    auto r = c().call(path, body);
+    EXPECT_EQ(r.status, status) << body << " -> " << r.body;
+    auto j = json::parse(r.body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.body;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(words), std::string::npos) << r.body;
+  };
+  expect("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":600})", 400,
+         "maximum context length is 512 tokens. However, you requested 617 tokens (17 in the prompt, 600");
+  expect("/v1/completions", "{not json", 400, "not valid JSON");
+  expect("/v1/completions", R"({"prompt":"x","max_tokens":"ten"})", 400, "'max_tokens' must be an integer");
+  expect("/v1/completions", R"({"prompt":"x","temperature":9})", 400, "'temperature' must be between 0 and 2");
+  expect("/v1/completions", R"({"prompt":"x","top_p":-1})", 400, "'top_p' must be greater than 0");
+  expect("/v1/completions", R"({"prompt":"x","top_k":-3})", 400, "'top_k' must be between 0");
+  expect("/v1/completions", R"({"prompt":"x","n":3})", 400, "n must be 1");
+  expect("/v1/completions", R"({"prompt":"x","logprobs":2})", 400, "not supported");
+  expect("/v1/chat/completions", R"({"messages":"hi"})", 400, "'messages' must be a non-empty array");
+  expect("/v1/completions", R"({"prompt":"x","pad":")" + std::string(70000, 'a') + "\"}", 413, "larger than the limit");
+  expect("/v1/nothing", "", 404, "no such endpoint");
+  expect("/v1/completions", "", 405, "not allowed");
+  // The server is still serving.
+  EXPECT_EQ(c().call("/v1/completions", completion_body("Once", 5, false)).status, 200);
+}
+
+TEST_F(Server, ThirtyTwoConcurrentStreamsEqualEachServedAlone) {
+  std::vector<std::string> prompts;
+  for (int i = 0; i < 32; ++i)
+    prompts.push_back("Story " + std::to_string(i) + ":");
+  std::vector<std::unique_ptr<Process>> running;
+  for (auto& p : prompts)
+    running.push_back(std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c",
+      "curl -sN -m 120 --data-binary " + quote(completion_body(p, 24, true)) + " " + c().base + "/v1/completions"}));
+  std::vector<std::string> together;
+  for (auto& r : running)
+    together.push_back(sse_text(r->drain()));
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const auto alone = sse_text(c().call("/v1/completions", completion_body(prompts[i], 24, true), "-N").body);
+    EXPECT_FALSE(alone.empty());
+    EXPECT_EQ(together[i], alone) << prompts[i];
+  }
+}
+
+// /metrics as {"name{labels}": value}; fails the test on a line that is not
+// valid Prometheus text exposition.
+std::map<std::string, double> scrape(const Served& c) {
+  auto r = c.call("/metrics");
+  EXPECT_EQ(r.status, 200);
+  static const std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? (-?[0-9.e+-]+|\+Inf|NaN)$)");
+  static const std::regex meta(R"(^# (HELP [a-zA-Z_:][a-zA-Z0-9_:]* .*|TYPE [a-zA-Z_:][a-zA-Z0-9_:]* (counter|gauge|histogram|summary|untyped))$)");
+  std::map<std::string, double> out;
+  std::istringstream is(r.body);
+  std::string line;
+  while (std::getline(is, line)) {
+    if (line.empty())
+      continue;
+    if (line[0] == '#') {
+      EXPECT_TRUE(std::regex_match(line, meta)) << line;
+      continue;
+    }
+    EXPECT_TRUE(std::regex_match(line, sample)) << line;
+    const auto sp = line.rfind(' ');
+    out[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
+  }
+  return out;
+}
+
+TEST_F(Server, MetricsParseAndMoveWithRequestsAndAnEviction) {
+  auto before = scrape(c());
+  ASSERT_TRUE(before.count("strata_route_epoch"));
+  EXPECT_EQ(before["strata_route_complete"], 1);
+  const std::string ok = R"(strata_http_requests_total{endpoint="/v1/completions",status="200"})";
+  const std::string bad = R"(strata_http_requests_total{endpoint="/v1/completions",status="400"})";
+  const std::string lru = R"(strata_session_cache_misses_total{reason="evicted_lru"})";
+  ASSERT_EQ(c().call("/v1/completions", completion_body("Once", 10, false)).status, 200);
+  ASSERT_EQ(c().call("/v1/completions", completion_body("Twice", 10, false)).status, 200);
+  ASSERT_EQ(c().call("/v1/completions", R"({"prompt":"x","n":2})").status, 400);
+  // A long stream; once it runs, every shard drops all its sessions.
+  const std::string prompt = "Once upon a time";
+  const auto expected = local_text(prompt, 480);
+  Process stream({"/bin/sh", "-c",
+                  "curl -sN -m 120 --data-binary " + quote(completion_body(prompt, 480, true)) + " " + c().base +
+                    "/v1/completions"});
+  const auto first = stream.wait_line("data: ");
+  ASSERT_FALSE(first.empty());
+  for (int node = 0; node < 4; ++node)
+    EXPECT_EQ(c().call("/v1/cluster/inject", R"({"kind":"evict","node":)" + std::to_string(node) + "}").status, 200);
+  EXPECT_EQ(sse_text(stream.drain()), expected); // drain() includes the lines already read
+  auto after = scrape(c());
+  EXPECT_EQ(after[ok] - before[ok], 3);
+  EXPECT_EQ(after[bad] - before[bad], 1);
+  EXPECT_GE(after["strata_tokens_generated_total"] - before["strata_tokens_generated_total"], 500);
+  EXPECT_GE(after[lru] - before[lru], 1);
+  EXPECT_GE(after["strata_reprefills_total"] - before["strata_reprefills_total"], 1);
+  EXPECT_GE(after["strata_time_to_first_token_seconds_count"] - before["strata_time_to_first_token_seconds_count"], 3);
+}
+
+TEST_F(Server, ClientThatDisconnectsCancelsAndFreesCaches) {
+  auto before = scrape(c());
+  // head closes the pipe after the first bytes; curl then drops the connection.
+  sh("curl -sN -m 60 --data-binary " + quote(completion_body("Once upon a time", 480, true)) + " " + c().base +
+     "/v1/completions | head -c 100 >/dev/null");
+  std::map<std::string, double> after;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  do
+    after = scrape(c());
+  while (after["strata_cancelled_total"] == before["strata_cancelled_total"] &&
+         std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(after["strata_cancelled_total"] - before["strata_cancelled_total"], 1);
+  EXPECT_LT(after["strata_tokens_generated_total"] - before["strata_tokens_generated_total"], 480);
+  // Every shard let go of the session.
+  do {
+    after = scrape(c());
+    double sessions = 0;
+    for (auto& [k, v] : after)
+      if (k.rfind("strata_shard_sessions{", 0) == 0)
+        sessions += v;
+    if (sessions == 0)
+      break;
+  } while (std::chrono::steady_clock::now() < deadline);
+  for (auto& [k, v] : after)
+    if (k.rfind("strata_shard_sessions{", 0) == 0)
+      EXPECT_EQ(v, 0) << k;
+}
+
+TEST_F(Server, OfficialOpenAINpmClient) {
+  const std::filesystem::path npm = std::filesystem::path(STRATA_BINARY_DIR) / "npm";
+  if (!have("node") || !std::filesystem::exists(npm / "node_modules" / "openai"))
+    GTEST_SKIP() << "the openai npm client is not installed in " << npm << " (scripts/test installs it)";
+  std::filesystem::copy_file(STRATA_OPENAI_SCRIPT, npm / "openai_client.mjs",
+                             std::filesystem::copy_options::overwrite_existing);
+  const std::string prompt = "Once upon a time";
+  const auto expected = local_text(prompt, 30);
+  const auto out = sh("node " + (npm / "openai_client.mjs").string() + " " + c().base + "/v1 " + quote(prompt) + " 30");
+  auto j = json::parse(out.substr(out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["completion"], expected);
+  EXPECT_EQ(j["completion_finish"], "length");
+  EXPECT_EQ(j["completion_tokens"], 30);
+  EXPECT_EQ(j["completion_stream"], expected);
+  EXPECT_EQ(j["completion_stream_finish"], "length");
+  EXPECT_EQ(j["chat"], expected);
+  EXPECT_EQ(j["chat_role"], "assistant");
+  EXPECT_EQ(j["chat_stream"], expected);
+  EXPECT_NE(j["too_long"].get<std::string>().find("400"), std::string::npos) << j["too_long"];
+}
+
+std::string unescape_html(std::string s) {
+  for (auto [from, to] : std::vector<std::pair<std::string, std::string>>{
+         {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&#39;", "'"}, {"&amp;", "&"}})
+    for (auto at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+      s.replace(at, from.size(), to);
+  return s;
+}
+
+// Last: it kills a node (its range has a replica).
+TEST_F(Server, PageInChromiumStreamsAndSurvivesAKill) {
+  if (!have("chromium"))
+    GTEST_SKIP() << "chromium is not installed (scripts/test installs it)";
+  const std::string prompt = "Once upon a time";
+  const auto expected = local_text(prompt, 200);
+  auto page = c().call("/");
+  EXPECT_EQ(page.status, 200);
+  EXPECT_NE(page.body.find("<textarea id=\"prompt\""), std::string::npos);
+  // The page runs the prompt itself and presses "kill" on node 1 (layers 2-3) at
+  // token 20, as a person would; --dump-dom prints the page once it is idle.
+  const auto url = c().base + "/?prompt=Once%20upon%20a%20time&max_tokens=200&autorun=1&inject=kill&node=1&at=20";
+  const auto dom = sh("chromium --headless --no-sandbox --disable-gpu --virtual-time-budget=60000 --dump-dom " +
+                      quote(url) + " 2>/dev/null");
+  EXPECT_NE(dom.find("data-finish=\"length\""), std::string::npos) << dom;
+  const auto open = dom.find("<pre id=\"out\">");
+  ASSERT_NE(open, std::string::npos) << dom;
+  const auto start = open + std::string("<pre id=\"out\">").size();
+  EXPECT_EQ(unescape_html(dom.substr(start, dom.find("</pre>", start) - start)), expected);
+  EXPECT_NE(dom.find("kill sent to node"), std::string::npos) << dom;
+  EXPECT_EQ(cluster_->nodes[1]->wait_exit(std::chrono::seconds(10)), 137);
+}
+
+} // namespace
+} // namespace strata
