@@ -338,6 +338,25 @@ std::string unescape_html(std::string s) {
   return s;
 }
 
+TEST_F(Server, ShutdownEndsInFlightStreamsCleanly) {
+  // A second server on the same cluster, with no drain time: SIGTERM while a
+  // stream runs ends it with an error event and [DONE], and the server exits 0.
+  Process second({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--drain", "0"});
+  const auto line = second.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  Process stream({"/bin/sh", "-c",
+                  "curl -sN -m 60 --data-binary " + quote(completion_body("Once upon a time", 480, true)) +
+                    " http://" + line.substr(11) + "/v1/completions"});
+  ASSERT_FALSE(stream.wait_line("data: ").empty());
+  second.signal(SIGTERM);
+  EXPECT_EQ(second.wait_exit(std::chrono::seconds(20)), 0);
+  const auto body = stream.drain();
+  bool done = false;
+  sse_text(body, nullptr, &done);
+  EXPECT_TRUE(done) << body;
+  EXPECT_NE(body.find("shutting down"), std::string::npos) << body;
+}
+
 // Last: it kills a node (its range has a replica).
 TEST_F(Server, PageInChromiumStreamsAndSurvivesAKill) {
   if (!have("chromium"))
