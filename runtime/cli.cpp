@@ -1,6 +1,7 @@
 #include "runtime/cli.hpp"
 
 #include "actors/cluster.hpp"
+#include "runtime/certs.hpp"
 #include "runtime/cluster.hpp"
 #include "model/error.hpp"
 #include "model/tokenizer.hpp"
@@ -26,6 +27,7 @@ constexpr const char* top_usage =
   "  status       print a cluster's nodes, route and caches\n"
   "  inject       inject a failure into a cluster (kill, freeze, evict, epoch)\n"
   "  serve        serve a cluster over an OpenAI-compatible HTTP API\n"
+  "  certs        create a cluster CA and certificates for mutual TLS\n"
   "  tokenize     print the token ids of a text\n"
   "  detokenize   print the text of token ids\n"
   "  info         print a model's configuration\n"
@@ -55,6 +57,7 @@ int cmd_generate(int argc, char** argv) {
     .option("shards", "A-B,C-D,...", "run through in-process shard actors with these layer ranges")
     .option("inject", "SPEC[,SPEC]", "failures at decode steps: evict:I@S kill:I@S epoch@S desync:I@S dup:I@S"
                                      " (freeze:I@S with --cluster)");
+  add_network_options(a); // with --cluster
   a.parse(argc, argv, 2);
   if (a.help_requested()) {
     std::cout << "usage: strata generate --model PATH|builtin:NAME (--prompt TEXT | --prompt-ids 1,2,3) [options]\n\n"
@@ -93,7 +96,7 @@ int cmd_generate(int argc, char** argv) {
   caf::actor coordinator;
   int64_t cluster_hops = 0;
   if (on_cluster) {
-    csys = &client_system();
+    csys = &client_system(liveness_from(a), tls_from(a));
     coordinator = connect_coordinator(*csys, parse_endpoint(a.str("cluster"), "cluster"));
     caf::scoped_actor self{*csys};
     msg::route_info plan;
@@ -188,7 +191,7 @@ int cmd_generate(int argc, char** argv) {
                        const auto ep = parse_endpoint(a.str("cluster"), "cluster");
                        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
                        while (std::chrono::steady_clock::now() < deadline) {
-                         auto sup = sys.middleman().remote_actor(ep.host, ep.port);
+                         auto sup = try_connect(sys, ep);
                          if (sup) {
                            coordinator = *sup;
                            return coordinator;
@@ -340,6 +343,8 @@ int run_cli(int argc, char** argv, const std::map<std::string, Command>& extra) 
       return cmd_info(argc, argv);
     if (cmd == "node")
       return run_node(argc, argv);
+    if (cmd == "certs")
+      return run_certs(argc, argv);
     if (cmd == "status")
       return run_status(argc, argv);
     if (cmd == "inject")

@@ -4,6 +4,8 @@
 #include "model/error.hpp"
 #include "runtime/args.hpp"
 
+#include <caf/openssl/all.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -40,22 +42,30 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
 }
 
-cluster_config::cluster_config(Liveness l) {
+cluster_config::cluster_config(Liveness l, const Tls& tls) {
   load<caf::io::middleman>();
   set("middleman.heartbeat-interval", caf::timespan{l.heartbeat});
   set("middleman.connection-timeout", caf::timespan{l.dead_after});
-  // Connect directly to nodes learned through the coordinator instead of
-  // relaying every step through it.
-  set("middleman.enable-automatic-connections", true);
+  if (tls.enabled()) {
+    load<caf::openssl::manager>(); // after the middleman
+    set("openssl.certificate", tls.cert);
+    set("openssl.key", tls.key);
+    set("openssl.cafile", tls.ca);
+    set("middleman.enable-automatic-connections", false);
+  } else {
+    // Connect directly to nodes learned through the coordinator instead of
+    // relaying every step through it.
+    set("middleman.enable-automatic-connections", true);
+  }
 }
 
-caf::actor_system& client_system(Liveness l) {
+caf::actor_system& client_system(Liveness l, const Tls& tls) {
   struct Client {
     cluster_config cfg;
     caf::actor_system sys;
-    explicit Client(Liveness l) : cfg(l), sys(cfg) {}
+    Client(Liveness l, const Tls& tls) : cfg(l, tls), sys(cfg) {}
   };
-  return (new Client(l))->sys; // deliberately never destroyed
+  return (new Client(l, tls))->sys; // deliberately never destroyed
 }
 
 void end_process(int code) {
@@ -65,8 +75,14 @@ void end_process(int code) {
   std::_Exit(code);
 }
 
+caf::expected<caf::actor> try_connect(caf::actor_system& sys, const Endpoint& ep) {
+  if (sys.has_openssl_manager())
+    return caf::openssl::remote_actor<caf::actor>(sys, ep.host, ep.port);
+  return sys.middleman().remote_actor(ep.host, ep.port);
+}
+
 caf::actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep) {
-  auto sup = sys.middleman().remote_actor(ep.host, ep.port);
+  auto sup = try_connect(sys, ep);
   if (!sup)
     throw model::Error(model::errc::io, "cannot reach the coordinator at " + ep.host + ":" + std::to_string(ep.port) +
                                           ": " + sys.render(sup.error()));
@@ -184,13 +200,15 @@ struct registrar_state {
   bool announced = false;
   caf::node_id coordinator_node; // the coordinator this node last registered with
   bool lost = false;             // ... and lost since
+  std::string last_connect_error;
   static inline const char* name = "strata.registrar";
 };
 
 using reconnect_atom = caf::atom_constant<caf::atom("reconnect")>;
 
 void try_register(caf::stateful_actor<registrar_state>* self) {
-  auto mm = self->system().middleman().actor_handle();
+  auto& sys = self->system();
+  auto mm = sys.has_openssl_manager() ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
   auto& st = self->state;
   self->request(mm, 5s, caf::connect_atom::value, st.join.host, st.join.port)
     .then(
@@ -232,7 +250,17 @@ void try_register(caf::stateful_actor<registrar_state>* self) {
               self->delayed_send(self, 500ms, reconnect_atom::value);
             });
       },
-      [=](caf::error&) { self->delayed_send(self, 500ms, reconnect_atom::value); });
+      [=](caf::error& e) {
+        // Say why once per kind of failure (a TLS refusal reads disconnect_during_handshake).
+        auto& st = self->state;
+        auto why = self->system().render(e);
+        if (why != st.last_connect_error) {
+          std::fprintf(stderr, "strata node: cannot reach the coordinator at %s:%u: %s (retrying)\n",
+                       st.join.host.c_str(), st.join.port, why.c_str());
+          st.last_connect_error = std::move(why);
+        }
+        self->delayed_send(self, 500ms, reconnect_atom::value);
+      });
 }
 
 caf::behavior registrar(caf::stateful_actor<registrar_state>* self, std::function<caf::actor()> respawn,
@@ -284,9 +312,15 @@ void freeze_process(int64_t ms) {
   }
 }
 
-void add_liveness_options(Args& a) {
+
+} // namespace
+
+void add_network_options(Args& a) {
   a.option("heartbeat-ms", "MS", "heartbeat interval between processes (default 200)")
-    .option("dead-after-ms", "MS", "a silent peer is declared dead after this (default 1500)");
+    .option("dead-after-ms", "MS", "a silent peer is declared dead after this (default 1500)")
+    .option("tls-cert", "FILE", "mutual TLS: this process's certificate (PEM; see 'strata certs')")
+    .option("tls-key", "FILE", "mutual TLS: its private key (PEM)")
+    .option("tls-ca", "FILE", "mutual TLS: the cluster CA certificate peers must be signed by");
 }
 
 Liveness liveness_from(const Args& a) {
@@ -298,7 +332,18 @@ Liveness liveness_from(const Args& a) {
   return l;
 }
 
-} // namespace
+Tls tls_from(const Args& a) {
+  Tls t{a.str("tls-cert"), a.str("tls-key"), a.str("tls-ca")};
+  const int given = !t.cert.empty() + !t.key.empty() + !t.ca.empty();
+  if (given == 0)
+    return t;
+  if (given != 3)
+    throw UsageError("TLS needs all three of --tls-cert, --tls-key and --tls-ca");
+  for (auto [opt, path] : {std::pair{"tls-cert", t.cert}, {"tls-key", t.key}, {"tls-ca", t.ca}})
+    if (::access(path.c_str(), R_OK) != 0)
+      throw UsageError(std::string("--") + opt + ": cannot read '" + path + "'");
+  return t;
+}
 
 int run_node(int argc, char** argv) {
   if (std::getenv(waiter_env)) {
@@ -317,7 +362,7 @@ int run_node(int argc, char** argv) {
     .option("route-wait-ms", "MS", "coordinator: how long a session waits for a complete route (default 10000)")
     .option("threads", "N", "threads for tensor math (default: all cores)")
     .option("insecure", "", "allow a non-loopback address without TLS (traffic is not authenticated)");
-  add_liveness_options(a);
+  add_network_options(a);
   a.parse(argc, argv, 2);
   if (a.help_requested()) {
     std::cout << "usage: strata node --listen HOST:PORT (--coordinator | --join HOST:PORT --model M --layers A-B)\n\n"
@@ -329,10 +374,10 @@ int run_node(int argc, char** argv) {
   }
   const Endpoint listen = parse_endpoint(a.required("listen"), "listen");
   const bool coordinator = a.has("coordinator");
-  if (!is_loopback(listen.host)) {
+  if (!is_loopback(listen.host) && !tls_from(a).enabled()) {
     if (!a.has("insecure"))
       throw UsageError("binding to non-loopback address '" + listen.host +
-                       "' needs TLS (not configured) or an explicit --insecure");
+                       "' needs TLS (--tls-cert, --tls-key, --tls-ca; see 'strata certs') or an explicit --insecure");
     std::fprintf(stderr, "strata node: WARNING: listening on %s without TLS (--insecure): any peer that can connect "
                          "can send messages to this node\n",
                  listen.host.c_str());
@@ -348,13 +393,14 @@ int run_node(int argc, char** argv) {
     limits.ttl = std::chrono::seconds(a.integer("ttl", 600, 1, 86400 * 30));
   }
   const Liveness live = liveness_from(a);
+  const Tls tls = tls_from(a);
   model::set_num_threads(static_cast<int>(a.integer("threads", 0, 0, 1024)));
   std::shared_ptr<model::Shard> shard;
   if (!coordinator)
     shard = model::Shard::load(a.required("model"), range);
 
   const sigset_t stop_signals = block_stop_signals();
-  cluster_config cfg{live};
+  cluster_config cfg{live, tls};
   caf::actor_system sys{cfg};
   caf::actor published;
   caf::actor helper;
@@ -377,7 +423,8 @@ int run_node(int argc, char** argv) {
       return actors::spawn_shard(sys, shard, limits, hooks);
     };
   }
-  auto port = sys.middleman().publish(published, listen.port, listen.host.c_str(), true);
+  auto port = tls.enabled() ? caf::openssl::publish(published, listen.port, listen.host.c_str(), true)
+                            : sys.middleman().publish(published, listen.port, listen.host.c_str(), true);
   if (!port) {
     std::fprintf(stderr, "strata node: error: cannot listen on %s:%u: %s\n", listen.host.c_str(), listen.port,
                  sys.render(port.error()).c_str());
@@ -508,7 +555,7 @@ std::string inject_node(caf::actor_system& sys, caf::actor sup, const std::strin
 int run_status(int argc, char** argv) {
   Args a;
   a.option("cluster", "HOST:PORT", "the coordinator");
-  add_liveness_options(a);
+  add_network_options(a);
   a.parse(argc, argv, 2);
   if (a.help_requested()) {
     std::cout << "usage: strata status --cluster HOST:PORT\n\nPrints the cluster: epoch, current route, and per "
@@ -517,7 +564,7 @@ int run_status(int argc, char** argv) {
     return 0;
   }
   const Endpoint ep = parse_endpoint(a.required("cluster"), "cluster");
-  auto& sys = client_system(liveness_from(a));
+  auto& sys = client_system(liveness_from(a), tls_from(a));
   auto sup = connect_coordinator(sys, ep);
   msg::route_info all;
   auto shards = list_shards(sys, sup, all);
@@ -550,7 +597,7 @@ int run_inject(int argc, char** argv) {
     .option("node", "ID", "node index from 'strata status' or its node id")
     .option("session", "ID", "evict: only this session (default: all)")
     .option("seconds", "N", "freeze: how long (default 3)");
-  add_liveness_options(a);
+  add_network_options(a);
   a.parse(argc, argv, 2, "KIND");
   if (a.help_requested()) {
     std::cout << "usage: strata inject kill|freeze|evict|epoch --cluster HOST:PORT [--node ID] [--session ID] "
@@ -568,7 +615,7 @@ int run_inject(int argc, char** argv) {
     throw UsageError(kind + " needs --node ID");
   const int64_t seconds = a.integer("seconds", 3, 1, 3600);
   const Endpoint ep = parse_endpoint(a.required("cluster"), "cluster");
-  auto& sys = client_system(liveness_from(a));
+  auto& sys = client_system(liveness_from(a), tls_from(a));
   auto sup = connect_coordinator(sys, ep);
   std::printf("%s\n", inject_node(sys, sup, kind, a.str("node"), a.str("session"), seconds).c_str());
   return 0;

@@ -6,6 +6,7 @@
 // Transport is CAF's io module (BASP over TCP); heartbeats detect frozen peers.
 
 #include "actors/cluster.hpp"
+#include "runtime/args.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -31,16 +32,32 @@ struct Liveness {
   std::chrono::milliseconds dead_after{1500}; ///< a silent peer is declared dead after this
 };
 
-/// An actor_system_config with strata's types, the middleman and heartbeats.
+/// Mutual TLS between processes (CAF's OpenSSL module): this process's
+/// certificate and key, and the cluster CA that every peer's certificate must
+/// be signed by. All three or none; every process of a cluster uses the same mode.
+struct Tls {
+  std::string cert, key, ca;
+  bool enabled() const { return !cert.empty(); }
+};
+
+/// Adds --heartbeat-ms, --dead-after-ms, --tls-cert, --tls-key, --tls-ca.
+void add_network_options(Args& a);
+Liveness liveness_from(const Args& a);
+/// Throws UsageError unless all three files are given and readable (or none).
+Tls tls_from(const Args& a);
+
+/// An actor_system_config with strata's types, the middleman and heartbeats;
+/// with TLS, the OpenSSL module (and no automatic connections: CAF 0.17 makes
+/// those over plain TCP, so traffic between nodes is relayed over the TLS links).
 struct cluster_config : actors::actor_config {
-  explicit cluster_config(Liveness l = {});
+  explicit cluster_config(Liveness l = {}, const Tls& tls = {});
 };
 
 /// The actor system of a process that talks to a cluster as a client (generate,
 /// status, inject, the example actor). It is never destroyed: CAF 0.17's
 /// ~actor_system waits for every actor a peer has seen to be released, which a
 /// peer may never do, so clients end through end_process() instead.
-caf::actor_system& client_system(Liveness l = {});
+caf::actor_system& client_system(Liveness l = {}, const Tls& tls = {});
 
 /// Flushes stdout/stderr and ends the process with `code` without running
 /// destructors (see client_system). main() ends every `strata` command this way.
@@ -54,7 +71,10 @@ int run_status(int argc, char** argv);
 int run_inject(int argc, char** argv);
 
 /// Connects to a coordinator and returns its supervisor. Throws model::Error(io).
+/// Uses TLS when the system was configured with it.
 caf::actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep);
+/// The same without throwing (for reconnect loops).
+caf::expected<caf::actor> try_connect(caf::actor_system& sys, const Endpoint& ep);
 
 /// A registered shard with its stats (answered = it replied within 2 s).
 struct ShardView {

@@ -795,6 +795,7 @@ int run_serve(int argc, char** argv) {
     .option("api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/* (or env STRATA_API_KEY)")
     .option("no-inject", "", "disable POST /v1/cluster/inject")
     .option("insecure", "", "allow a non-loopback HTTP address without authentication");
+  runtime::add_network_options(a);
   a.parse(argc, argv, 2);
   if (a.help_requested()) {
     std::cout << "usage: strata serve --cluster HOST:PORT [--http HOST:PORT] [options]\n\n"
@@ -819,7 +820,7 @@ int run_serve(int argc, char** argv) {
     throw runtime::UsageError("serving HTTP on non-loopback address '" + o.host +
                               "' needs --api-key (and a TLS proxy in front) or an explicit --insecure");
   const auto cluster_ep = runtime::parse_endpoint(a.required("cluster"), "cluster");
-  auto& sys = runtime::client_system();
+  auto& sys = runtime::client_system(runtime::liveness_from(a), runtime::tls_from(a));
   auto sup = std::make_shared<caf::actor>(runtime::connect_coordinator(sys, cluster_ep));
   auto sup_mu = std::make_shared<std::mutex>();
   auto current = [sup, sup_mu] {
@@ -829,7 +830,7 @@ int run_serve(int argc, char** argv) {
   auto reconnect = [&sys, sup, sup_mu, cluster_ep]() -> caf::actor {
     const auto deadline = clk::now() + std::chrono::seconds(30);
     while (clk::now() < deadline) {
-      if (auto fresh = sys.middleman().remote_actor(cluster_ep.host, cluster_ep.port)) {
+      if (auto fresh = runtime::try_connect(sys, cluster_ep)) {
         std::lock_guard<std::mutex> g(*sup_mu);
         *sup = *fresh;
         return *fresh;
