@@ -5,9 +5,14 @@
 #include "tests/cluster/process.hpp"
 #include "tests/support.hpp"
 
+#include <arpa/inet.h>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <netinet/in.h>
+#include <random>
 #include <sstream>
+#include <sys/socket.h>
 
 namespace strata {
 namespace {
@@ -192,6 +197,146 @@ TEST(Cluster, IncompatibleNodeIsRefused) {
 TEST(Cluster, NonLoopbackNeedsInsecure) {
   const auto out = run("node --coordinator --listen 0.0.0.0:0");
   EXPECT_NE(out.find("--insecure"), std::string::npos) << out;
+}
+
+// ---------------------------------------------------------------- TLS
+
+bool have_openssl() { return run("certs --help").find("usage: strata certs") != std::string::npos &&
+                             std::system("command -v openssl >/dev/null") == 0; }
+
+// A CA with certificates for the coordinator, nodes and a client; a rogue CA
+// with one certificate; and an expired certificate from the right CA.
+std::string make_certs() {
+  const auto dir = test::scratch_dir("tls").string();
+  run("certs init --dir " + dir + "/ca");
+  for (auto n : {"coord", "n0", "n1", "n2", "client"})
+    run("certs issue --dir " + dir + "/ca --name " + n);
+  run("certs issue --dir " + dir + "/ca --name expired --days 0");
+  run("certs init --dir " + dir + "/rogue");
+  run("certs issue --dir " + dir + "/rogue --name rogue");
+  return dir;
+}
+
+std::vector<std::string> tls_args(const std::string& dir, const std::string& name, const std::string& ca = "ca") {
+  const std::string d = dir + "/" + (name == "rogue" ? "rogue" : "ca");
+  return {"--tls-cert", d + "/" + name + ".pem", "--tls-key", d + "/" + name + ".key", "--tls-ca", dir + "/" + ca + "/ca.pem"};
+}
+
+std::string flat(const std::vector<std::string>& v) {
+  std::string s;
+  for (auto& x : v)
+    s += " " + x;
+  return s;
+}
+
+// A free TCP port on loopback (bound once, then released).
+uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+long rss_kb(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0)
+      return std::atol(line.c_str() + 6);
+  return -1;
+}
+
+struct TlsCluster {
+  std::string dir = make_certs();
+  std::unique_ptr<Process> coordinator;
+  std::vector<std::unique_ptr<Process>> nodes;
+  std::vector<uint16_t> ports;
+  std::string address;
+  TlsCluster() {
+    auto args = std::vector<std::string>{exe, "node", "--coordinator", "--listen", "127.0.0.1:0"};
+    for (auto& x : tls_args(dir, "coord"))
+      args.push_back(x);
+    coordinator = std::make_unique<Process>(args);
+    const auto line = coordinator->wait_line("ready coordinator ");
+    address = line.empty() ? "" : line.substr(std::string("ready coordinator ").size());
+    int i = 0;
+    for (auto layers : {"0-1", "2-3", "4"}) {
+      ports.push_back(free_port());
+      auto a = std::vector<std::string>{exe, "node", "--listen", "127.0.0.1:" + std::to_string(ports.back()), "--join",
+                                        address, "--model", "builtin:tiny", "--layers", layers, "--threads", "1"};
+      for (auto& x : tls_args(dir, "n" + std::to_string(i++)))
+        a.push_back(x);
+      nodes.push_back(std::make_unique<Process>(a));
+      nodes.back()->wait_line("ready node ");
+    }
+  }
+};
+
+TEST(Cluster, TlsClusterEqualsPlainAndRefusesStrangers) {
+  if (!have_openssl())
+    GTEST_SKIP() << "the openssl command is not installed";
+  TlsCluster c;
+  ASSERT_FALSE(c.address.empty());
+  const auto client = flat(tls_args(c.dir, "client"));
+  // Three clients in a row (each exits without a TLS close): identical output, and
+  // the nodes stay registered as they were (no node was dropped).
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(ids_line(run("generate --cluster " + c.address + client + " " + prompt)), local_ids());
+  const auto status = run("status --cluster " + c.address + client);
+  EXPECT_NE(status.find("shard nodes 3"), std::string::npos) << status;
+  for (auto& n : c.nodes)
+    EXPECT_TRUE(n->last_line("ready node ").empty()) << "a node registered again";
+  // Refused at the handshake, before any message is decoded: no certificate,
+  // a certificate from another CA, an expired certificate.
+  for (const auto& who : {std::string(), flat(tls_args(c.dir, "rogue", "ca")), flat(tls_args(c.dir, "expired"))}) {
+    const auto out = run("status --cluster " + c.address + who);
+    EXPECT_NE(out.find("disconnect_during_handshake"), std::string::npos) << who << ": " << out;
+  }
+  // A node with a rogue certificate says why it cannot join, and is not listed.
+  Process rogue({"/bin/sh", "-c",
+                 exe + " node --listen 127.0.0.1:0 --join " + c.address + " --model builtin:tiny --layers 0-1" +
+                   flat(tls_args(c.dir, "rogue", "rogue")) + " 2>&1"});
+  EXPECT_FALSE(rogue.wait_line("strata node: cannot reach the coordinator").empty());
+  EXPECT_NE(run("status --cluster " + c.address + client).find("shard nodes 3"), std::string::npos);
+}
+
+TEST(Cluster, ForgedFramesOnATlsPortLeaveTheNodeServingWithBoundedMemory) {
+  if (!have_openssl())
+    GTEST_SKIP() << "the openssl command is not installed";
+  TlsCluster c;
+  const pid_t node = c.nodes[0]->pid();
+  const long before = rss_kb(node);
+  ASSERT_GT(before, 0);
+  std::mt19937 rng(7);
+  for (int round = 0; round < 20; ++round) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(c.ports[0]);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    // A BASP header (operation, padding, payload length, operation data, source,
+    // destination) claiming a 4 GiB payload, then random bytes and a truncation.
+    unsigned char hdr[32] = {};
+    hdr[0] = static_cast<unsigned char>(round % 8);
+    hdr[4] = hdr[5] = hdr[6] = hdr[7] = 0xff;
+    std::string junk(reinterpret_cast<char*>(hdr), sizeof hdr);
+    for (int i = 0; i < 4096; ++i)
+      junk += static_cast<char>(rng());
+    (void)!::send(fd, junk.data(), junk.size() - (round % 3) * 100, MSG_NOSIGNAL);
+    ::close(fd);
+  }
+  // Still serving its cluster, and it did not allocate for the lying lengths.
+  EXPECT_EQ(ids_line(run("generate --cluster " + c.address + flat(tls_args(c.dir, "client")) + " " + prompt)),
+            local_ids());
+  const long after = rss_kb(node);
+  std::printf("node RSS %ld kB before, %ld kB after 20 forged connections\n", before, after);
+  EXPECT_LT(after - before, 64 * 1024) << "RSS grew from " << before << " kB to " << after << " kB";
 }
 
 } // namespace
