@@ -8,11 +8,94 @@
 #include <caf/all.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 namespace strata::msg {
+
+namespace wire {
+
+/// Refers to a vector field while it is (de)serialized. Loading does not trust
+/// the length on the wire: a length larger than the bytes left in the input is
+/// refused before anything is allocated. (CAF 0.17 resizes byte sequences to
+/// the claimed length first: 9 forged bytes made it allocate gigabytes.)
+template <class T>
+struct guarded {
+  std::vector<T>& xs;
+};
+
+template <class T>
+guarded<T> guard(std::vector<T>& xs) {
+  return {xs};
+}
+
+template <class Inspector, class T>
+typename Inspector::result_type inspect(Inspector& f, guarded<T>& g) {
+  if constexpr (Inspector::reads_state) {
+    return f(g.xs);
+  } else {
+    size_t n = 0;
+    if (auto err = f.begin_sequence(n))
+      return err;
+    std::size_t left = SIZE_MAX;
+    if (auto* bin = dynamic_cast<caf::binary_deserializer*>(&f))
+      left = bin->remaining();
+    if (n > left) // every element takes at least one byte
+      return caf::make_error(caf::sec::invalid_argument,
+                             "a sequence claims " + std::to_string(n) + " elements but only " + std::to_string(left) +
+                               " bytes are left");
+    g.xs.clear();
+    if constexpr (std::is_same_v<T, uint8_t>) {
+      g.xs.resize(n);
+      if (n > 0)
+        if (auto err = f.apply_raw(n, g.xs.data()))
+          return err;
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        T v{};
+        if (auto err = f(v))
+          return err;
+        g.xs.push_back(std::move(v));
+      }
+    }
+    return f.end_sequence();
+  }
+}
+
+/// Refers to a float or double field while it is (de)serialized: it travels as
+/// its IEEE-754 bit pattern. (CAF 0.17's float packing loops forever on an
+/// infinity; the fuzz target found it: a peer could hang a node's I/O thread.)
+template <class F>
+struct bits {
+  F& x;
+};
+
+template <class F>
+bits<F> raw(F& x) {
+  return {x};
+}
+
+template <class Inspector, class F>
+typename Inspector::result_type inspect(Inspector& f, bits<F>& b) {
+  using U = std::conditional_t<sizeof(F) == 4, uint32_t, uint64_t>;
+  U u = 0;
+  if constexpr (Inspector::reads_state) {
+    std::memcpy(&u, &b.x, sizeof u);
+    return f(u);
+  } else {
+    auto err = f(u);
+    if (!err)
+      std::memcpy(&b.x, &u, sizeof u);
+    return err;
+  }
+}
+
+} // namespace wire
+
+using wire::guard;
+using wire::raw;
 
 /// A tensor on the wire: dtype + shape + raw bytes (host byte order; strata
 /// nodes are little-endian x86-64/aarch64). Bytes (de)serialize with one memcpy.
@@ -31,7 +114,7 @@ struct tensor_blob {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tensor_blob& x) {
-  return f(caf::meta::type_name("tensor_blob"), x.dtype, x.shape, x.bytes);
+  return f(caf::meta::type_name("tensor_blob"), x.dtype, guard(x.shape), guard(x.bytes));
 }
 
 /// What a cache was made for. A shard refuses a request whose recipe differs.
@@ -74,7 +157,7 @@ struct route_info {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, route_info& x) {
-  return f(caf::meta::type_name("route_info"), x.epoch, x.hops, x.recipe);
+  return f(caf::meta::type_name("route_info"), x.epoch, guard(x.hops), x.recipe);
 }
 
 /// Sampling settings plus the generator state the tail continues from.
@@ -87,7 +170,7 @@ struct sampling_state {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_state& x) {
-  return f(caf::meta::type_name("sampling_state"), x.temperature, x.top_k, x.top_p, x.rng_state);
+  return f(caf::meta::type_name("sampling_state"), raw(x.temperature), x.top_k, raw(x.top_p), x.rng_state);
 }
 
 enum class step_mode : uint8_t { prefill = 0, decode = 1 };
@@ -112,8 +195,8 @@ struct step_request {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_request& x) {
-  return f(caf::meta::type_name("step_request"), x.session, x.epoch, x.step_id, x.mode, x.past_len, x.positions,
-           x.tokens, x.hidden, x.recipe, x.route, x.hop_index, x.sampling);
+  return f(caf::meta::type_name("step_request"), x.session, x.epoch, x.step_id, x.mode, x.past_len,
+           guard(x.positions), guard(x.tokens), x.hidden, x.recipe, guard(x.route), x.hop_index, x.sampling);
 }
 
 /// Why a shard holds no usable cache for a request.
@@ -164,8 +247,8 @@ struct shard_stats {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
-  return f(caf::meta::type_name("shard_stats"), x.first, x.last, x.cache_bytes, x.sessions, x.hits, x.misses,
-           x.evictions, x.steps, x.duplicates);
+  return f(caf::meta::type_name("shard_stats"), x.first, x.last, x.cache_bytes, x.sessions, x.hits,
+           guard(x.misses), x.evictions, x.steps, x.duplicates);
 }
 
 /// Streamed to a generation's client for every token, in order.
@@ -197,8 +280,8 @@ struct generation_result {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_result& x) {
-  return f(caf::meta::type_name("generation_result"), x.session, x.ids, x.finish, x.prefill_ms, x.total_ms, x.steps,
-           x.reprefills, x.retries, x.misses, x.route_changes, x.recomputed_tokens);
+  return f(caf::meta::type_name("generation_result"), x.session, guard(x.ids), x.finish, raw(x.prefill_ms), raw(x.total_ms),
+           x.steps, x.reprefills, x.retries, guard(x.misses), x.route_changes, x.recomputed_tokens);
 }
 
 /// A generation's request: prompt ids, limits, sampling.
@@ -215,8 +298,8 @@ struct generation_request {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
-  return f(caf::meta::type_name("generation_request"), x.session, x.prompt, x.max_tokens, x.sampling, x.stop_ids,
-           x.pause_after);
+  return f(caf::meta::type_name("generation_request"), x.session, guard(x.prompt), x.max_tokens, x.sampling,
+           guard(x.stop_ids), guard(x.pause_after));
 }
 
 } // namespace strata::msg
