@@ -49,6 +49,17 @@ caf::result<step_reply> shard_state::handle(caf::stateful_actor<shard_state>* se
                                                       std::to_string(range.first) + "-" + std::to_string(range.last));
   if (req.mode > 1)
     return caf::make_error(ec::bad_request, "unknown step mode " + std::to_string(req.mode));
+  const auto& lim = request_limits;
+  if (static_cast<int64_t>(std::max(req.tokens.size(), req.positions.size())) > lim.max_step_tokens)
+    return caf::make_error(ec::bad_request, "step carries " + std::to_string(std::max(req.tokens.size(), req.positions.size())) +
+                                              " tokens; this node accepts at most " + std::to_string(lim.max_step_tokens) +
+                                              " per step (--max-prompt)");
+  const std::size_t bytes = req.tokens.size() * sizeof(int32_t) + req.positions.size() * sizeof(int64_t) +
+                            req.hidden.bytes.size() + req.session.size();
+  if (bytes > lim.max_message_bytes)
+    return caf::make_error(ec::bad_request, "step message carries " + std::to_string(bytes) +
+                                              " bytes; this node accepts at most " + std::to_string(lim.max_message_bytes) +
+                                              " (--max-message-bytes)");
   const bool head = range.first == 0;
   const auto T = static_cast<int64_t>(req.positions.size());
   if (T == 0 || (head && static_cast<int64_t>(req.tokens.size()) != T))
@@ -141,9 +152,12 @@ caf::result<step_reply> shard_state::handle(caf::stateful_actor<shard_state>* se
 }
 
 caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_ptr<model::Shard> shard,
-                          StoreLimits limits, ShardHooks hooks) {
+                          StoreLimits limits, ShardHooks hooks, RequestLimits request_limits) {
   auto& st = self->state;
   st.hooks = std::move(hooks);
+  st.request_limits = request_limits;
+  if (st.request_limits.max_step_tokens <= 0)
+    st.request_limits.max_step_tokens = shard->config().max_seq_len;
   st.shard = shard;
   st.recipe = msg::cache_recipe::of(shard->config());
   st.store = std::make_unique<SessionCacheStore>(limits, [shard] { return shard->new_cache(); });
@@ -184,8 +198,8 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_pt
 }
 
 caf::actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits,
-                       ShardHooks hooks) {
-  return sys.spawn<caf::detached>(shard_actor, std::move(shard), limits, std::move(hooks));
+                       ShardHooks hooks, RequestLimits request_limits) {
+  return sys.spawn<caf::detached>(shard_actor, std::move(shard), limits, std::move(hooks), request_limits);
 }
 
 } // namespace strata::actors

@@ -31,8 +31,16 @@ struct ShardHooks {
   std::function<void(int64_t ms)> freeze; ///< stop answering for a while (SIGSTOP)
 };
 
+/// What one step request may carry; larger requests are refused with
+/// ec::bad_request naming the limit (before any compute or cache is touched).
+struct RequestLimits {
+  int64_t max_step_tokens = 0;                    ///< tokens in one step (0 = the model's context)
+  std::size_t max_message_bytes = 64u << 20;      ///< tokens + positions + hidden state
+};
+
 struct shard_state {
   ShardHooks hooks;
+  RequestLimits request_limits;
   std::shared_ptr<model::Shard> shard;
   std::unique_ptr<SessionCacheStore> store;
   msg::cache_recipe recipe;
@@ -47,10 +55,10 @@ struct shard_state {
 };
 
 caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_ptr<model::Shard> shard,
-                          StoreLimits limits, ShardHooks hooks);
+                          StoreLimits limits, ShardHooks hooks, RequestLimits request_limits);
 
 /// Spawns a detached shard actor for `shard`.
 caf::actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits = {},
-                       ShardHooks hooks = {});
+                       ShardHooks hooks = {}, RequestLimits request_limits = {});
 
 } // namespace strata::actors

@@ -359,6 +359,8 @@ int run_node(int argc, char** argv) {
     .option("cache-bytes", "N", "KV cache byte budget (default 1 GiB)")
     .option("max-sessions", "N", "most sessions cached at once (default 64)")
     .option("ttl", "S", "seconds an idle session's cache is kept (default 600)")
+    .option("max-prompt", "N", "most tokens one step may carry (default: the model's context)")
+    .option("max-message-bytes", "N", "largest step message accepted (default 67108864)")
     .option("route-wait-ms", "MS", "coordinator: how long a session waits for a complete route (default 10000)")
     .option("threads", "N", "threads for tensor math (default: all cores)")
     .option("insecure", "", "allow a non-loopback address without TLS (traffic is not authenticated)");
@@ -385,12 +387,16 @@ int run_node(int argc, char** argv) {
   Endpoint join;
   model::LayerRange range;
   actors::StoreLimits limits;
+  actors::RequestLimits request_limits;
   if (!coordinator) {
     join = parse_endpoint(a.required("join"), "join");
     range = model::parse_layer_range(a.required("layers"));
     limits.max_bytes = static_cast<std::size_t>(a.integer("cache-bytes", int64_t{1} << 30, 1, INT64_MAX));
     limits.max_sessions = static_cast<std::size_t>(a.integer("max-sessions", 64, 1, 1 << 20));
     limits.ttl = std::chrono::seconds(a.integer("ttl", 600, 1, 86400 * 30));
+    request_limits.max_step_tokens = a.integer("max-prompt", 0, 1, int64_t{1} << 30);
+    request_limits.max_message_bytes =
+      static_cast<std::size_t>(a.integer("max-message-bytes", int64_t{64} << 20, 1024, int64_t{1} << 40));
   }
   const Liveness live = liveness_from(a);
   const Tls tls = tls_from(a);
@@ -413,14 +419,14 @@ int run_node(int argc, char** argv) {
     actors::ShardHooks hooks;
     hooks.crash = [] { std::_Exit(137); };
     hooks.freeze = [](int64_t ms) { freeze_process(ms); };
-    published = actors::spawn_shard(sys, shard, limits, hooks);
-    respawn = [&sys, shard, limits, hooks, first = std::make_shared<caf::actor>(published)]() mutable {
+    published = actors::spawn_shard(sys, shard, limits, hooks, request_limits);
+    respawn = [&sys, shard, limits, hooks, request_limits, first = std::make_shared<caf::actor>(published)]() mutable {
       if (*first) { // the published actor serves the first incarnation
         auto a = std::move(*first);
         *first = nullptr;
         return a;
       }
-      return actors::spawn_shard(sys, shard, limits, hooks);
+      return actors::spawn_shard(sys, shard, limits, hooks, request_limits);
     };
   }
   auto port = tls.enabled() ? caf::openssl::publish(published, listen.port, listen.host.c_str(), true)

@@ -313,5 +313,55 @@ TEST_F(ActorRuntime, BadRequestsGetTypedErrors) {
   EXPECT_EQ(err, ec::bad_shape);
 }
 
+TEST_F(ActorRuntime, MalformedStepsAreRefusedAndTheShardKeepsServing) {
+  std::shared_ptr<model::Shard> shard = model::Shard::load("builtin:tiny", {0, 4});
+  actors::RequestLimits lim;
+  lim.max_step_tokens = 8;
+  lim.max_message_bytes = 4096;
+  caf::actor a = actors::spawn_shard(sys, shard, {}, {}, lim);
+  caf::scoped_actor self{sys};
+  auto ask = [&](msg::step_request r) {
+    caf::error err;
+    msg::step_reply rep;
+    self->request(a, std::chrono::seconds(5), r).receive([&](msg::step_reply& x) { rep = x; }, [&](caf::error& e) { err = e; });
+    return std::pair{err, rep};
+  };
+  msg::step_request ok;
+  ok.session = "s";
+  ok.recipe = msg::cache_recipe::of(shard->config());
+  ok.route = {msg::hop{a, 0, 4}};
+  ok.positions = {0, 1};
+  ok.tokens = {1, 70};
+  auto r = ok;
+  r.positions = std::vector<int64_t>(9, 0);
+  r.tokens = std::vector<int32_t>(9, 1);
+  auto [e1, _1] = ask(r);
+  EXPECT_EQ(e1, ec::bad_request);
+  EXPECT_NE(sys.render(e1).find("at most 8 per step"), std::string::npos) << sys.render(e1);
+  r = ok;
+  r.hidden.bytes.resize(8192);
+  auto [e2, _2] = ask(r);
+  EXPECT_NE(sys.render(e2).find("at most 4096 (--max-message-bytes)"), std::string::npos) << sys.render(e2);
+  r = ok;
+  r.past_len = -3;
+  r.positions = {-3, -2};
+  EXPECT_EQ(ask(r).first, ec::bad_request); // negative positions
+  r = ok;
+  r.mode = static_cast<uint8_t>(msg::step_mode::decode);
+  r.session = "never-seen";
+  r.past_len = 5;
+  r.positions = {5};
+  r.tokens = {1};
+  auto [e3, miss] = ask(r); // an unknown session is a typed cache miss
+  EXPECT_FALSE(e3);
+  EXPECT_EQ(miss.kind, static_cast<uint8_t>(msg::reply_kind::cache_miss));
+  EXPECT_EQ(miss.miss, static_cast<uint8_t>(msg::miss_reason::unknown_session));
+  // Still serving.
+  auto [e4, rep] = ask(ok);
+  EXPECT_FALSE(e4) << sys.render(e4);
+  EXPECT_EQ(rep.kind, static_cast<uint8_t>(msg::reply_kind::token));
+  caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
 } // namespace
 } // namespace strata
