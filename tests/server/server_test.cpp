@@ -357,6 +357,21 @@ TEST_F(Server, ShutdownEndsInFlightStreamsCleanly) {
   EXPECT_NE(body.find("shutting down"), std::string::npos) << body;
 }
 
+TEST_F(Server, ApiKeyIsRequiredWhenConfigured) {
+  Process keyed({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--api-key", "sesame"});
+  const auto line = keyed.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  const std::string base = "http://" + line.substr(11);
+  const std::string body = " --data-binary " + quote(completion_body("Once", 3, false)) + " ";
+  auto code = [&](const std::string& extra) {
+    return sh("curl -s -o /dev/null -w '%{http_code}' " + extra + body + base + "/v1/completions");
+  };
+  EXPECT_EQ(code(""), "401");
+  EXPECT_EQ(code("-H 'Authorization: Bearer wrong'"), "401");
+  EXPECT_EQ(code("-H 'Authorization: Bearer sesame'"), "200");
+  EXPECT_EQ(sh("curl -s -o /dev/null -w '%{http_code}' " + base + "/health"), "200"); // probes stay open
+}
+
 // Last: it kills a node (its range has a replica).
 TEST_F(Server, PageInChromiumStreamsAndSurvivesAKill) {
   if (!have("chromium"))
