@@ -376,7 +376,8 @@ int run_node(int argc, char** argv) {
   }
   const Endpoint listen = parse_endpoint(a.required("listen"), "listen");
   const bool coordinator = a.has("coordinator");
-  if (!is_loopback(listen.host) && !tls_from(a).enabled()) {
+  const Tls tls = tls_from(a);
+  if (!is_loopback(listen.host) && !tls.enabled()) {
     if (!a.has("insecure"))
       throw UsageError("binding to non-loopback address '" + listen.host +
                        "' needs TLS (--tls-cert, --tls-key, --tls-ca; see 'strata certs') or an explicit --insecure");
@@ -399,7 +400,6 @@ int run_node(int argc, char** argv) {
       static_cast<std::size_t>(a.integer("max-message-bytes", int64_t{64} << 20, 1024, int64_t{1} << 40));
   }
   const Liveness live = liveness_from(a);
-  const Tls tls = tls_from(a);
   model::set_num_threads(static_cast<int>(a.integer("threads", 0, 0, 1024)));
   std::shared_ptr<model::Shard> shard;
   if (!coordinator)
