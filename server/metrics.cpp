@@ -36,6 +36,13 @@ void head(std::string& out, const std::string& name, const char* type, const std
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
 }
 
+// A metric with one unlabelled sample.
+template <class T>
+void scalar(std::string& out, const std::string& name, const char* type, const std::string& help, T value) {
+  head(out, name, type, help);
+  out += name + " " + std::to_string(value) + "\n";
+}
+
 } // namespace
 
 Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
@@ -109,12 +116,9 @@ std::string Metrics::render(const ClusterSnapshot& c) const {
     for (auto& [k, v] : requests_)
       out += "strata_http_requests_total{endpoint=\"" + esc(k.first) + "\",status=\"" + std::to_string(k.second) +
              "\"} " + std::to_string(v) + "\n";
-    head(out, "strata_http_requests_in_flight", "gauge", "Generations being served now.");
-    out += "strata_http_requests_in_flight " + std::to_string(in_flight_) + "\n";
-    head(out, "strata_prompt_tokens_total", "counter", "Prompt tokens of served generations.");
-    out += "strata_prompt_tokens_total " + std::to_string(prompt_tokens_) + "\n";
-    head(out, "strata_tokens_generated_total", "counter", "Tokens generated for HTTP clients.");
-    out += "strata_tokens_generated_total " + std::to_string(tokens_) + "\n";
+    scalar(out, "strata_http_requests_in_flight", "gauge", "Generations being served now.", in_flight_);
+    scalar(out, "strata_prompt_tokens_total", "counter", "Prompt tokens of served generations.", prompt_tokens_);
+    scalar(out, "strata_tokens_generated_total", "counter", "Tokens generated for HTTP clients.", tokens_);
     ttft_.render(out, "strata_time_to_first_token_seconds", "Time from request to first generated token.");
     itl_.render(out, "strata_inter_token_latency_seconds", "Time between consecutive generated tokens.");
     head(out, "strata_session_cache_misses_total", "counter",
@@ -122,23 +126,17 @@ std::string Metrics::render(const ClusterSnapshot& c) const {
     for (std::size_t r = 1; r < misses_.size(); ++r)
       out += std::string("strata_session_cache_misses_total{reason=\"") + msg::to_string(static_cast<msg::miss_reason>(r)) +
              "\"} " + std::to_string(misses_[r]) + "\n";
-    head(out, "strata_reprefills_total", "counter", "Re-prefills after a cache miss or route change.");
-    out += "strata_reprefills_total " + std::to_string(reprefills_) + "\n";
-    head(out, "strata_recomputed_tokens_total", "counter", "Tokens processed again by re-prefills.");
-    out += "strata_recomputed_tokens_total " + std::to_string(recomputed_) + "\n";
-    head(out, "strata_route_changes_total", "counter", "Route changes pushed to this server's sessions.");
-    out += "strata_route_changes_total " + std::to_string(route_changes_) + "\n";
-    head(out, "strata_session_retries_total", "counter", "Failed steps retried by this server's sessions.");
-    out += "strata_session_retries_total " + std::to_string(retries_) + "\n";
-    head(out, "strata_cancelled_total", "counter", "Generations cancelled (client gone, stop string, timeout, shutdown).");
-    out += "strata_cancelled_total " + std::to_string(cancelled_) + "\n";
+    scalar(out, "strata_reprefills_total", "counter", "Re-prefills after a cache miss or route change.", reprefills_);
+    scalar(out, "strata_recomputed_tokens_total", "counter", "Tokens processed again by re-prefills.", recomputed_);
+    scalar(out, "strata_route_changes_total", "counter",
+           "Route changes pushed to this server's sessions.", route_changes_);
+    scalar(out, "strata_session_retries_total", "counter", "Failed steps retried by this server's sessions.", retries_);
+    scalar(out, "strata_cancelled_total", "counter",
+           "Generations cancelled (client gone, stop string, timeout, shutdown).", cancelled_);
   }
-  head(out, "strata_cluster_reachable", "gauge", "1 if the coordinator answered this scrape.");
-  out += std::string("strata_cluster_reachable ") + (c.reachable ? "1" : "0") + "\n";
-  head(out, "strata_route_epoch", "gauge", "The route supervisor's current epoch.");
-  out += "strata_route_epoch " + std::to_string(c.epoch) + "\n";
-  head(out, "strata_route_complete", "gauge", "1 if registered shards cover every layer.");
-  out += std::string("strata_route_complete ") + (c.route_complete ? "1" : "0") + "\n";
+  scalar(out, "strata_cluster_reachable", "gauge", "1 if the coordinator answered this scrape.", int{c.reachable});
+  scalar(out, "strata_route_epoch", "gauge", "The route supervisor's current epoch.", c.epoch);
+  scalar(out, "strata_route_complete", "gauge", "1 if registered shards cover every layer.", int{c.route_complete});
   auto labels = [](const runtime::ShardView& v) {
     return "node=\"" + esc(caf::to_string(v.hop.shard.node())) + "\",layers=\"" + std::to_string(v.hop.first) + "-" +
            std::to_string(v.hop.last) + "\"";
@@ -146,28 +144,27 @@ std::string Metrics::render(const ClusterSnapshot& c) const {
   head(out, "strata_shard_up", "gauge", "1 if the shard answered this scrape within 2 s, else 0.");
   for (auto& v : c.shards)
     out += "strata_shard_up{" + labels(v) + "} " + (v.answered ? "1" : "0") + "\n";
-  head(out, "strata_shard_cache_bytes", "gauge", "KV cache bytes held by the shard.");
-  for (auto& v : c.shards)
-    if (v.answered)
-      out += "strata_shard_cache_bytes{" + labels(v) + "} " + std::to_string(v.stats.cache_bytes) + "\n";
-  head(out, "strata_shard_sessions", "gauge", "Sessions cached by the shard.");
-  for (auto& v : c.shards)
-    if (v.answered)
-      out += "strata_shard_sessions{" + labels(v) + "} " + std::to_string(v.stats.sessions) + "\n";
-  head(out, "strata_shard_cache_hits_total", "counter", "Steps served from the shard's cache.");
-  for (auto& v : c.shards)
-    if (v.answered)
-      out += "strata_shard_cache_hits_total{" + labels(v) + "} " + std::to_string(v.stats.hits) + "\n";
+  // One sample per answering shard.
+  auto per_shard = [&](const std::string& name, const char* type, const std::string& help, auto value) {
+    head(out, name, type, help);
+    for (auto& v : c.shards)
+      if (v.answered)
+        out += name + "{" + labels(v) + "} " + std::to_string(value(v.stats)) + "\n";
+  };
+  per_shard("strata_shard_cache_bytes", "gauge", "KV cache bytes held by the shard.",
+            [](const msg::shard_stats& s) { return s.cache_bytes; });
+  per_shard("strata_shard_sessions", "gauge", "Sessions cached by the shard.",
+            [](const msg::shard_stats& s) { return s.sessions; });
+  per_shard("strata_shard_cache_hits_total", "counter", "Steps served from the shard's cache.",
+            [](const msg::shard_stats& s) { return s.hits; });
+  per_shard("strata_shard_evictions_total", "counter", "Sessions the shard evicted.",
+            [](const msg::shard_stats& s) { return s.evictions; });
   head(out, "strata_shard_cache_misses_total", "counter", "Cache misses the shard answered, by reason.");
   for (auto& v : c.shards)
     if (v.answered)
       for (std::size_t r = 1; r < v.stats.misses.size() && r < msg::miss_reason_count; ++r)
         out += "strata_shard_cache_misses_total{" + labels(v) + ",reason=\"" +
                msg::to_string(static_cast<msg::miss_reason>(r)) + "\"} " + std::to_string(v.stats.misses[r]) + "\n";
-  head(out, "strata_shard_evictions_total", "counter", "Sessions the shard evicted.");
-  for (auto& v : c.shards)
-    if (v.answered)
-      out += "strata_shard_evictions_total{" + labels(v) + "} " + std::to_string(v.stats.evictions) + "\n";
   return out;
 }
 
