@@ -186,20 +186,11 @@ int cmd_generate(int argc, char** argv) {
                        apply_remote_injection(sys, coordinator, inj, session);
                      },
                      [&](const msg::token_event& ev) { emit(ev.token); },
-                     [&]() -> caf::actor {
-                       // The coordinator restarted: reconnect to it (bounded).
-                       const auto ep = parse_endpoint(a.str("cluster"), "cluster");
-                       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-                       while (std::chrono::steady_clock::now() < deadline) {
-                         auto sup = try_connect(sys, ep);
-                         if (sup) {
-                           coordinator = *sup;
-                           return coordinator;
-                         }
-                         caf::scoped_actor pause{sys};
-                         pause->receive(caf::after(std::chrono::milliseconds(200)) >> [] {});
-                       }
-                       return caf::actor{};
+                     [&]() -> caf::actor { // the coordinator restarted
+                       auto fresh = reconnect_coordinator(sys, parse_endpoint(a.str("cluster"), "cluster"));
+                       if (fresh)
+                         coordinator = fresh;
+                       return fresh; // invalid when it did not come back
                      })
                  : local->generate(greq, inject, [&](const msg::token_event& ev) { emit(ev.token); });
     if (!out.ok())

@@ -81,6 +81,17 @@ caf::expected<caf::actor> try_connect(caf::actor_system& sys, const Endpoint& ep
   return sys.middleman().remote_actor(ep.host, ep.port);
 }
 
+caf::actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep, std::chrono::seconds within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (auto sup = try_connect(sys, ep))
+      return *sup;
+    caf::scoped_actor pause{sys}; // back off before the next attempt
+    pause->receive(caf::after(200ms) >> [] {});
+  }
+  return caf::actor{};
+}
+
 caf::actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep) {
   auto sup = try_connect(sys, ep);
   if (!sup)

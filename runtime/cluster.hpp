@@ -73,8 +73,12 @@ int run_inject(int argc, char** argv);
 /// Connects to a coordinator and returns its supervisor. Throws model::Error(io).
 /// Uses TLS when the system was configured with it.
 caf::actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep);
-/// The same without throwing (for reconnect loops).
+/// The same without throwing.
 caf::expected<caf::actor> try_connect(caf::actor_system& sys, const Endpoint& ep);
+/// After a coordinator restart: tries to connect every 200 ms until `within` has
+/// passed; returns the new supervisor, or an invalid handle.
+caf::actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep,
+                                 std::chrono::seconds within = std::chrono::seconds(30));
 
 /// A registered shard with its stats (answered = it replied within 2 s).
 struct ShardView {

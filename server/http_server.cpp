@@ -828,17 +828,12 @@ int run_serve(int argc, char** argv) {
     return *sup;
   };
   auto reconnect = [&sys, sup, sup_mu, cluster_ep]() -> caf::actor {
-    const auto deadline = clk::now() + std::chrono::seconds(30);
-    while (clk::now() < deadline) {
-      if (auto fresh = runtime::try_connect(sys, cluster_ep)) {
-        std::lock_guard<std::mutex> g(*sup_mu);
-        *sup = *fresh;
-        return *fresh;
-      }
-      caf::scoped_actor pause{sys};
-      pause->receive(caf::after(std::chrono::milliseconds(200)) >> [] {});
+    auto fresh = runtime::reconnect_coordinator(sys, cluster_ep);
+    if (fresh) {
+      std::lock_guard<std::mutex> g(*sup_mu);
+      *sup = fresh;
     }
-    return caf::actor{};
+    return fresh;
   };
   Server server(sys, current, reconnect, o);
   const auto port = server.bind();
