@@ -505,13 +505,20 @@ void apply_remote_injection(caf::actor_system& sys, caf::actor supervisor, const
   }
 }
 
-std::vector<ShardView> list_shards(caf::actor_system& sys, caf::actor sup, msg::route_info& all) {
+msg::route_info cluster_view(caf::actor_system& sys, caf::actor sup) {
   caf::scoped_actor self{sys};
   caf::error err;
+  msg::route_info all;
   self->request(sup, 10s, caf::get_atom::value)
     .receive([&](msg::route_info& r) { all = std::move(r); }, [&](caf::error& e) { err = e; });
   if (err)
     throw model::Error(model::errc::io, "the coordinator did not answer: " + sys.render(err));
+  return all;
+}
+
+std::vector<ShardView> list_shards(caf::actor_system& sys, caf::actor sup, msg::route_info& all) {
+  all = cluster_view(sys, sup);
+  caf::scoped_actor self{sys};
   std::vector<ShardView> out;
   for (auto& h : all.hops) {
     ShardView v{h, {}, false};

@@ -87,6 +87,11 @@ struct ShardView {
   bool answered = false;
 };
 
+/// The supervisor's view: epoch, recipe and every registered shard (in
+/// registration order, not a chain). Throws model::Error(io) if the coordinator
+/// does not answer within 10 s.
+msg::route_info cluster_view(caf::actor_system& sys, caf::actor sup);
+
 /// Every registered shard, in registration order, with its stats; `all` gets
 /// the supervisor's view (epoch, recipe). Throws model::Error(io) if the
 /// coordinator does not answer within 10 s.

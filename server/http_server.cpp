@@ -111,7 +111,7 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
     if (!model.loaded) {
       msg::route_info all;
       try {
-        runtime::list_shards(sys, supervisor(), all);
+        all = runtime::cluster_view(sys, supervisor());
       } catch (const std::exception& e) {
         return api_error(503, std::string("the cluster is not reachable: ") + e.what(), "server_error",
                          "cluster_unavailable");
@@ -489,6 +489,13 @@ private:
     net::post(sock_.get_executor(), [self = shared_from_this(), r = out.result, error] { self->on_done(r, error); });
   }
 
+  // The client went away mid-generation: end its session (which frees its caches).
+  void client_gone() {
+    job_->cancel();
+    srv_->metrics.cancelled();
+    finished_ = true;
+  }
+
   void fail_before_start(const ApiError& e) {
     end_job();
     respond(Reply::error(e), keep_alive_);
@@ -550,9 +557,7 @@ private:
     // A client that goes away cancels its session (it sends nothing more on this request).
     sock_.async_read_some(net::buffer(probe_), [self = shared_from_this()](beast::error_code ec, std::size_t) {
       if (ec && !self->finished_) {
-        self->job_->cancel();
-        self->srv_->metrics.cancelled();
-        self->finished_ = true;
+        self->client_gone();
         self->srv_->metrics.request(self->endpoint_, 499);
       }
     });
@@ -677,11 +682,8 @@ private:
       self->out_.pop_front();
       if (ec) {
         self->out_.clear();
-        if (!self->finished_) {
-          self->job_->cancel();
-          self->srv_->metrics.cancelled();
-          self->finished_ = true;
-        }
+        if (!self->finished_)
+          self->client_gone();
         return self->close();
       }
       if (!self->out_.empty())
