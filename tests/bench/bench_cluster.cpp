@@ -69,18 +69,20 @@ struct ProcessCluster {
     const auto line = n.proc->wait_line("ready node ", std::chrono::seconds(120));
     if (line.empty())
       throw std::runtime_error("node for layers " + n.layers + " did not start");
+    n.id = node_id(line);
+  }
+  // "ready node ID layers ..." -> ID
+  static std::string node_id(const std::string& line) {
     std::istringstream is(line);
-    std::string r, w;
-    is >> r >> w >> n.id;
+    std::string r, w, id;
+    is >> r >> w >> id;
+    return id;
   }
   Node* by_id(const std::string& id) {
     for (auto& n : nodes) // a node dropped by the coordinator comes back with a new id
       if (n.proc && !n.id.empty() && n.id != "dead")
-        if (auto line = n.proc->last_line("ready node "); !line.empty()) {
-          std::istringstream is(line);
-          std::string r, w;
-          is >> r >> w >> n.id;
-        }
+        if (auto line = n.proc->last_line("ready node "); !line.empty())
+          n.id = node_id(line);
     for (auto& n : nodes)
       if (n.id == id)
         return &n;

@@ -49,45 +49,23 @@ public:
   std::string wait_line(const std::string& prefix, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
-      for (auto nl = buf_.find('\n'); nl != std::string::npos; nl = buf_.find('\n')) {
-        std::string line = buf_.substr(0, nl);
-        buf_.erase(0, nl + 1);
-        all_ += line + "\n";
+      for (std::string line; next_line(line);)
         if (line.rfind(prefix, 0) == 0)
           return line;
-      }
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0)
+      if (left.count() <= 0 || !read_some(static_cast<int>(left.count())))
         return {};
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0)
-        return {};
-      char tmp[4096];
-      const auto n = ::read(fd_, tmp, sizeof tmp);
-      if (n <= 0)
-        return {};
-      buf_.append(tmp, static_cast<std::size_t>(n));
     }
   }
   /// The last line starting with `prefix` among what was printed so far, without
   /// waiting for more ("" if none).
   std::string last_line(const std::string& prefix) {
-    pollfd p{fd_, POLLIN, 0};
-    char tmp[4096];
-    while (fd_ >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN)) {
-      const auto n = ::read(fd_, tmp, sizeof tmp);
-      if (n <= 0)
-        break;
-      buf_.append(tmp, static_cast<std::size_t>(n));
+    while (read_some(0)) {
     }
     std::string last;
-    for (auto nl = buf_.find('\n'); nl != std::string::npos; nl = buf_.find('\n')) {
-      std::string line = buf_.substr(0, nl);
-      buf_.erase(0, nl + 1);
-      all_ += line + "\n";
+    for (std::string line; next_line(line);)
       if (line.rfind(prefix, 0) == 0)
         last = line;
-    }
     return last;
   }
   /// Everything printed so far (after waiting for the process to end).
@@ -112,13 +90,7 @@ public:
       }
       if (std::chrono::steady_clock::now() > deadline)
         return -1;
-      pollfd p{fd_, POLLIN, 0}; // wait on output (or its end) instead of sleeping blindly
-      if (::poll(&p, 1, 20) > 0) {
-        char tmp[4096];
-        const auto n = ::read(fd_, tmp, sizeof tmp);
-        if (n > 0)
-          buf_.append(tmp, static_cast<std::size_t>(n));
-      }
+      read_some(20); // wait on output (or its end) instead of sleeping blindly
     }
     return exit_;
   }
@@ -135,6 +107,29 @@ public:
   }
 
 private:
+  // Reads what is there within `timeout_ms`; false on timeout or end of output.
+  bool read_some(int timeout_ms) {
+    pollfd p{fd_, POLLIN, 0};
+    if (fd_ < 0 || ::poll(&p, 1, timeout_ms) <= 0)
+      return false;
+    char tmp[4096];
+    const auto n = ::read(fd_, tmp, sizeof tmp);
+    if (n <= 0)
+      return false;
+    buf_.append(tmp, static_cast<std::size_t>(n));
+    return true;
+  }
+  // Takes one complete line from what was read (kept for drain()).
+  bool next_line(std::string& line) {
+    const auto nl = buf_.find('\n');
+    if (nl == std::string::npos)
+      return false;
+    line = buf_.substr(0, nl);
+    buf_.erase(0, nl + 1);
+    all_ += line + "\n";
+    return true;
+  }
+
   pid_t pid_ = -1;
   int fd_ = -1;
   int exit_ = -1;
