@@ -21,9 +21,10 @@ void SessionCacheStore::remember(const std::string& session, miss_reason why) {
   why_gone_[session] = why;
   while (memory_order_.size() > limits_.history) {
     const auto& old = memory_order_.front();
-    if (index_.count(old) == 0) { // never forget the epoch of a live session
+    if (index_.count(old) == 0) { // never forget the epoch or owner of a live session
       why_gone_.erase(old);
       newest_epoch_.erase(old);
+      owner_.erase(old);
     }
     memory_order_.pop_front();
   }
@@ -67,10 +68,24 @@ bool SessionCacheStore::check_epoch(const std::string& session, int64_t epoch, L
   return true;
 }
 
-SessionCacheStore::Lookup SessionCacheStore::open(const std::string& session, int64_t epoch) {
+caf::error SessionCacheStore::check_owner(const std::string& session, const msg::session_key& key) {
+  auto it = owner_.find(session);
+  if (it == owner_.end() || it->second == key)
+    return {};
+  ++counters_.conflicts;
+  return caf::make_error(ec::session_conflict, "session '" + session +
+                                                 "' belongs to another owner (the request's session key does not "
+                                                 "match); its caches were not touched");
+}
+
+SessionCacheStore::Lookup SessionCacheStore::open(const std::string& session, const msg::session_key& key,
+                                                  int64_t epoch) {
   Lookup out;
+  if ((out.err = check_owner(session, key)))
+    return out;
   if (!check_epoch(session, epoch, out))
     return out;
+  owner_[session] = key;
   expire();
   if (auto it = index_.find(session); it != index_.end()) {
     lru_.erase(it->second); // replaced by the fresh context
@@ -81,16 +96,18 @@ SessionCacheStore::Lookup SessionCacheStore::open(const std::string& session, in
     ++counters_.evictions_lru;
     drop(std::prev(lru_.end()), miss_reason::evicted_lru);
   }
-  lru_.push_front(Context{session, epoch, make_cache_(), now_(), -1, -1, {}, {}});
+  lru_.push_front(Context{session, key, epoch, make_cache_(), now_(), -1, -1, {}, {}, true, 0});
   index_[session] = lru_.begin();
   why_gone_.erase(session);
   out.ctx = &lru_.front();
   return out;
 }
 
-SessionCacheStore::Lookup SessionCacheStore::find(const std::string& session, int64_t epoch, int64_t past_len,
-                                                  int64_t step_id) {
+SessionCacheStore::Lookup SessionCacheStore::find(const std::string& session, const msg::session_key& key,
+                                                  int64_t epoch, int64_t past_len, int64_t step_id) {
   Lookup out;
+  if ((out.err = check_owner(session, key)))
+    return out;
   if (!check_epoch(session, epoch, out))
     return out;
   auto it = index_.find(session);
@@ -106,6 +123,7 @@ SessionCacheStore::Lookup SessionCacheStore::find(const std::string& session, in
     return miss(session, gone->second, std::string("cache is gone: ") + msg::to_string(gone->second));
   }
   Context& ctx = *it->second;
+  ctx.renewed = true;
   if (ctx.epoch < epoch) {
     const auto old = ctx.epoch;
     drop(it->second, miss_reason::superseded);
@@ -161,11 +179,44 @@ void SessionCacheStore::committed(Context& ctx, int64_t step_id, int64_t past_le
   ctx.last_used = now_();
 }
 
-void SessionCacheStore::release(const std::string& session) {
+caf::error SessionCacheStore::release(const std::string& session, const msg::session_key& key) {
+  if (auto err = check_owner(session, key))
+    return err;
   if (auto it = index_.find(session); it != index_.end())
     drop(it->second, miss_reason::released);
   else
     remember(session, miss_reason::released);
+  return {};
+}
+
+caf::error SessionCacheStore::renew(const std::string& session, const msg::session_key& key) {
+  if (auto err = check_owner(session, key))
+    return err;
+  if (auto it = index_.find(session); it != index_.end())
+    it->second->renewed = true;
+  return {};
+}
+
+void SessionCacheStore::orphan(const std::string& session) {
+  if (auto it = index_.find(session); it != index_.end()) {
+    ++counters_.orphans;
+    drop(it->second, miss_reason::released);
+  }
+}
+
+std::vector<std::string> SessionCacheStore::lease_sweep() {
+  std::vector<std::string> gone;
+  if (limits_.lease_missed <= 0)
+    return gone;
+  for (auto& c : lru_) {
+    c.missed = c.renewed ? 0 : c.missed + 1;
+    c.renewed = false;
+    if (c.missed >= limits_.lease_missed)
+      gone.push_back(c.session);
+  }
+  for (auto& s : gone)
+    orphan(s);
+  return gone;
 }
 
 void SessionCacheStore::evict(const std::string& session, miss_reason reason) {
@@ -193,6 +244,7 @@ void SessionCacheStore::forget(const std::string& session) {
   }
   why_gone_.erase(session);
   newest_epoch_.erase(session);
+  owner_.erase(session);
 }
 
 void SessionCacheStore::expire(const Context* keep) {

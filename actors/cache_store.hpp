@@ -10,6 +10,13 @@
 // * a lookup returns the context or a miss with a reason; a bounded history of
 //   recent misses tells a later lookup why the state is gone;
 // * an epoch older than the newest seen for the session is stale (an error);
+// * ownership: a session id is bound to the session key of the step that first
+//   opened it; a step, release or lease renewal with another key is refused
+//   (ec::session_conflict) before anything of the owner's is read or changed;
+//   the binding is remembered as long as the session's epoch is;
+// * leases: every step or renewal marks a context as alive; lease_sweep() (run
+//   by the shard every lease period) drops contexts that were not marked in
+//   `lease_missed` sweeps in a row (their owner died without releasing);
 // * the clock is injectable; counters are exposed for metrics.
 
 #include "messages/messages.hpp"
@@ -29,6 +36,7 @@ struct StoreLimits {
   std::size_t max_sessions = 64;
   std::chrono::milliseconds ttl{10 * 60 * 1000};
   std::size_t history = 4096; ///< remembered misses and epochs
+  int lease_missed = 3;       ///< sweeps without a renewal before a context is dropped (0 = no leases)
 };
 
 struct StoreCounters {
@@ -38,6 +46,8 @@ struct StoreCounters {
   uint64_t evictions_ttl = 0;
   uint64_t stale = 0;
   uint64_t budget_errors = 0;
+  uint64_t conflicts = 0; ///< refused: another owner's session id
+  uint64_t orphans = 0;   ///< dropped: the owner ended or its lease ran out
 };
 
 class SessionCacheStore {
@@ -48,6 +58,7 @@ public:
 
   struct Context {
     std::string session;
+    msg::session_key key;
     int64_t epoch = 0;
     model::KVCache cache;
     clock::time_point last_used;
@@ -56,6 +67,8 @@ public:
     int64_t last_past_len = -1;
     msg::tensor_blob replay_hidden; // non-tail: what the step forwarded
     msg::step_reply replay_reply;   // tail: what the step answered
+    bool renewed = true;            // a step or lease renewal since the last sweep
+    int missed = 0;                 // sweeps in a row without one
   };
 
   /// What a lookup found.
@@ -64,15 +77,17 @@ public:
     bool duplicate = false;  ///< ctx already applied this very step
     msg::miss_reason miss{}; ///< set when ctx is null and err is empty
     std::string detail;
-    caf::error err; ///< stale epoch
+    caf::error err; ///< stale epoch or session_conflict
   };
 
   SessionCacheStore(StoreLimits limits, cache_factory make_cache, now_fn now = [] { return clock::now(); });
 
-  /// Prefill: opens a fresh context for (session, epoch), replacing any older one.
-  Lookup open(const std::string& session, int64_t epoch);
+  /// Prefill: opens a fresh context for (session, epoch) owned by `key`,
+  /// replacing any older one of the same owner.
+  Lookup open(const std::string& session, const msg::session_key& key, int64_t epoch);
   /// Decode: the context that must hold exactly `past_len` tokens.
-  Lookup find(const std::string& session, int64_t epoch, int64_t past_len, int64_t step_id);
+  Lookup find(const std::string& session, const msg::session_key& key, int64_t epoch, int64_t past_len,
+              int64_t step_id);
   /// Makes room for `ctx` to grow to `tokens` tokens: evicts other sessions (LRU)
   /// while over budget. A context that alone exceeds the budget is dropped and
   /// the result is ec::budget_exceeded.
@@ -80,7 +95,15 @@ public:
   /// Records that `ctx` applied step `step_id` at `past_len`.
   void committed(Context& ctx, int64_t step_id, int64_t past_len);
   /// Drops a context because its session is done (later lookups: released).
-  void release(const std::string& session);
+  /// ec::session_conflict (and nothing dropped) when `key` is not the owner's.
+  caf::error release(const std::string& session, const msg::session_key& key);
+  /// Marks the session's context alive; session_conflict for another key.
+  caf::error renew(const std::string& session, const msg::session_key& key);
+  /// Drops a context whose owner is gone (counted as an orphan; later lookups: released).
+  void orphan(const std::string& session);
+  /// One lease period passed: drops contexts not renewed in `lease_missed`
+  /// sweeps in a row; returns their session ids.
+  std::vector<std::string> lease_sweep();
   /// Drops a context and remembers `reason` (failure injection, operator evict).
   void evict(const std::string& session, msg::miss_reason reason);
   /// Drops every context with `reason`.
@@ -102,6 +125,7 @@ private:
   void drop(list_type::iterator it, msg::miss_reason why);
   void remember(const std::string& session, msg::miss_reason why);
   bool check_epoch(const std::string& session, int64_t epoch, Lookup& out);
+  caf::error check_owner(const std::string& session, const msg::session_key& key);
   void touch(list_type::iterator it);
 
   StoreLimits limits_;
@@ -112,6 +136,7 @@ private:
   // Bounded memories: why a session's state went away, and its newest epoch.
   std::unordered_map<std::string, msg::miss_reason> why_gone_;
   std::unordered_map<std::string, int64_t> newest_epoch_;
+  std::unordered_map<std::string, msg::session_key> owner_;
   std::deque<std::string> memory_order_;
   StoreCounters counters_;
 };

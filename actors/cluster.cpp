@@ -1,6 +1,7 @@
 #include "actors/cluster.hpp"
 
 #include "actors/shard_actor.hpp"
+#include "messages/session_id.hpp"
 #include "model/error.hpp"
 
 #include <algorithm>
@@ -76,7 +77,7 @@ std::vector<Injection> parse_injections(const std::string& spec, int64_t n_shard
 LocalCluster::LocalCluster(caf::actor_system& sys, std::string model, std::vector<model::LayerRange> ranges,
                            ClusterOptions opts)
   : sys_(sys), model_(std::move(model)), ranges_(std::move(ranges)), opts_(opts) {
-  supervisor_ = sys_.spawn(supervisor_actor, opts_.supervisor);
+  supervisor_ = spawn_supervisor(sys_, opts_.supervisor);
   for (std::size_t i = 0; i < ranges_.size(); ++i)
     shards_.push_back(spawn_and_register(i));
   model::check_route_covers(ranges_, config_.n_layers);
@@ -88,14 +89,14 @@ LocalCluster::~LocalCluster() {
   caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
 }
 
-caf::actor LocalCluster::spawn_and_register(std::size_t i) {
+msg::shard_full_actor LocalCluster::spawn_and_register(std::size_t i) {
   std::shared_ptr<model::Shard> shard = model::Shard::load(model_, ranges_[i]);
   config_ = shard->config();
-  auto a = spawn_shard(sys_, shard, opts_.limits);
+  auto a = spawn_shard(sys_, shard, opts_.limits, {}, {}, opts_.lease_period);
   caf::scoped_actor self{sys_};
   caf::error err;
-  self->request(supervisor_, std::chrono::seconds(10), atom::register_atom_v, a, ranges_[i].first, ranges_[i].last,
-                msg::cache_recipe::of(shard->config()))
+  self->request(supervisor_, std::chrono::seconds(10), atom::register_atom_v, msg::shard_actor{a}, ranges_[i].first,
+                ranges_[i].last, msg::cache_recipe::of(shard->config()), msg::model_facts::of(shard->config()))
     .receive([](int64_t) {}, [&](caf::error& e) { err = std::move(e); });
   if (err) {
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
@@ -121,15 +122,17 @@ Outcome LocalCluster::generate(msg::generation_request req, const std::vector<In
     [this](const Injection& inj, const std::string& session) { apply(inj, session); }, on_token);
 }
 
-Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::generation_request req, SessionOptions opts,
+Outcome run_generation(caf::actor_system& sys, msg::supervisor_actor supervisor, msg::generation_request req, SessionOptions opts,
                        const std::vector<Injection>& inject,
                        const std::function<void(const Injection&, const std::string& session)>& apply,
                        const std::function<void(const msg::token_event&)>& on_token,
-                       const std::function<caf::actor()>& reconnect,
-                       const std::function<void(caf::actor session)>& on_session) {
+                       const std::function<msg::supervisor_actor()>& reconnect,
+                       const std::function<void(msg::session_actor session)>& on_session) {
   caf::scoped_actor self{sys};
   if (reconnect)
     self->monitor(supervisor);
+  if (req.session.empty())
+    req.session = msg::mint_session_id("gen");
   const std::string session = req.session;
   std::vector<bool> done(inject.size(), false);
   auto fire = [&](int64_t tokens) {
@@ -143,7 +146,7 @@ Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::gener
   for (auto& inj : inject)
     if (inj.at_token > 0)
       req.pause_after.push_back(inj.at_token);
-  auto s = sys.spawn(session_actor, supervisor, caf::actor_cast<caf::actor>(self), std::move(req), opts);
+  auto s = spawn_session(sys, supervisor, caf::actor_cast<msg::session_client_actor>(self), std::move(req), opts);
   if (on_session)
     on_session(s); // e.g. to cancel it from elsewhere
   Outcome out;
@@ -187,13 +190,14 @@ Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::gener
   return out;
 }
 
-void wait_until_unregistered(caf::actor_system& sys, const caf::actor& supervisor, const caf::actor& shard,
+void wait_until_unregistered(caf::actor_system& sys, const msg::supervisor_actor& supervisor,
+                             const msg::shard_actor& shard,
                              std::chrono::milliseconds timeout) {
   caf::scoped_actor self{sys};
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     bool listed = false;
-    self->request(supervisor, timeout, caf::get_atom::value)
+    self->request(supervisor, timeout, caf::get_atom_v)
       .receive(
         [&](msg::route_info& all) {
           listed = std::any_of(all.hops.begin(), all.hops.end(), [&](auto& h) { return h.shard == shard; });
@@ -218,21 +222,22 @@ void LocalCluster::kill_and_replace(std::size_t i) {
 }
 
 void LocalCluster::evict(std::size_t i, const std::string& session, msg::miss_reason why) {
-  caf::anon_send(shards_.at(i), atom::evict_atom_v, session, static_cast<uint8_t>(why));
+  caf::anon_send(injector(i), atom::evict_atom_v, session, static_cast<uint8_t>(why));
 }
 
 void LocalCluster::desync(std::size_t i) {
-  caf::anon_send(shards_.at(i), atom::desync_atom_v);
+  caf::anon_send(injector(i), atom::desync_atom_v);
 }
 
 void LocalCluster::duplicate_next(std::size_t i) {
-  caf::anon_send(shards_.at(i), atom::dup_atom_v);
+  caf::anon_send(injector(i), atom::dup_atom_v);
 }
 
 int64_t LocalCluster::bump_epoch() {
   caf::scoped_actor self{sys_};
   int64_t epoch = -1;
-  self->request(supervisor_, std::chrono::seconds(10), atom::bump_atom_v)
+  self->request(caf::actor_cast<msg::supervisor_injection_actor>(supervisor_), std::chrono::seconds(10),
+                atom::bump_atom_v)
     .receive([&](int64_t e) { epoch = e; }, [](caf::error&) {});
   return epoch;
 }

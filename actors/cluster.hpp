@@ -25,6 +25,7 @@ struct actor_config : caf::actor_system_config {
 
 struct ClusterOptions {
   StoreLimits limits;
+  std::chrono::milliseconds lease_period{1000}; ///< shards sweep leases this often
   SupervisorOptions supervisor;
   SessionOptions session;
 };
@@ -55,16 +56,17 @@ struct Outcome {
 /// until `apply` has put the failure in place. Blocks until the end.
 /// `reconnect` (optional) is called when the supervisor goes down and returns a
 /// new one (or an invalid handle); the session is told to follow it.
-Outcome run_generation(caf::actor_system& sys, caf::actor supervisor, msg::generation_request req, SessionOptions opts,
+Outcome run_generation(caf::actor_system& sys, msg::supervisor_actor supervisor, msg::generation_request req, SessionOptions opts,
                        const std::vector<Injection>& inject,
                        const std::function<void(const Injection&, const std::string& session)>& apply,
                        const std::function<void(const msg::token_event&)>& on_token,
-                       const std::function<caf::actor()>& reconnect = {},
-                       const std::function<void(caf::actor session)>& on_session = {});
+                       const std::function<msg::supervisor_actor()>& reconnect = {},
+                       const std::function<void(msg::session_actor session)>& on_session = {});
 
 /// Blocks until `supervisor` no longer lists `shard` among its registered shards
 /// (it saw the shard go down), or `timeout` passes.
-void wait_until_unregistered(caf::actor_system& sys, const caf::actor& supervisor, const caf::actor& shard,
+void wait_until_unregistered(caf::actor_system& sys, const msg::supervisor_actor& supervisor,
+                             const msg::shard_actor& shard,
                              std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
 class LocalCluster {
@@ -75,8 +77,10 @@ public:
   LocalCluster(const LocalCluster&) = delete;
   LocalCluster& operator=(const LocalCluster&) = delete;
 
-  caf::actor supervisor() const { return supervisor_; }
-  caf::actor shard(std::size_t i) const { return shards_.at(i); }
+  msg::supervisor_actor supervisor() const { return supervisor_; }
+  msg::shard_actor shard(std::size_t i) const { return shards_.at(i); }
+  /// The same shard's injection interface (tests and tools only).
+  msg::shard_injection_actor injector(std::size_t i) const { return shards_.at(i); }
   std::size_t size() const { return shards_.size(); }
   const model::ModelConfig& config() const { return config_; }
   /// Session options with the model's context length filled in.
@@ -100,15 +104,15 @@ public:
   std::vector<msg::shard_stats> stats();
 
 private:
-  caf::actor spawn_and_register(std::size_t i);
+  msg::shard_full_actor spawn_and_register(std::size_t i);
 
   caf::actor_system& sys_;
   std::string model_;
   std::vector<model::LayerRange> ranges_;
   ClusterOptions opts_;
   model::ModelConfig config_;
-  caf::actor supervisor_;
-  std::vector<caf::actor> shards_;
+  msg::supervisor_actor supervisor_;
+  std::vector<msg::shard_full_actor> shards_;
 };
 
 } // namespace strata::actors

@@ -1,25 +1,41 @@
 #include "actors/session.hpp"
 
+#include "messages/session_id.hpp"
+
 #include <algorithm>
 
 namespace strata::actors {
 
+const char* to_string(session_phase p) {
+  switch (p) {
+    case session_phase::routing: return "routing";
+    case session_phase::stepping: return "stepping";
+    case session_phase::backing_off: return "backing_off";
+    case session_phase::paused: return "paused";
+    case session_phase::ended: return "ended";
+  }
+  return "unknown";
+}
+
 namespace {
 
-using self_ptr = caf::stateful_actor<session_state>*;
 using clk = std::chrono::steady_clock;
+using behavior = session_impl_actor::behavior_type;
 
 double ms_since(clk::time_point t0) {
   return std::chrono::duration<double, std::milli>(clk::now() - t0).count();
 }
 
-void release_caches(self_ptr self) {
+// ---------------------------------------------------------------- endings
+
+void release_caches(session_self self) {
   for (auto& h : self->state.route.hops)
-    self->send(h.shard, atom::release_atom_v, self->state.req.session);
+    self->send(h.shard, atom::release_atom_v, self->state.req.session, self->state.key);
 }
 
-void finish(self_ptr self, const char* reason) {
+void finish(session_self self, const char* reason) {
   auto& st = self->state;
+  st.phase = session_phase::ended;
   st.result.finish = reason;
   st.result.total_ms = ms_since(st.started);
   release_caches(self);
@@ -27,33 +43,48 @@ void finish(self_ptr self, const char* reason) {
   self->quit();
 }
 
-void fail(self_ptr self, caf::error err) {
+void fail(session_self self, caf::error err) {
+  self->state.phase = session_phase::ended;
   release_caches(self);
   self->send(self->state.client, std::move(err));
   self->quit();
 }
 
-void fetch_route(self_ptr self);
-void send_step(self_ptr self);
+// ---------------------------------------------------------------- phases
 
-// A step failed (timeout, stale epoch, shard gone): back off, then get the
-// current route and re-prefill. Bounded.
-void retry(self_ptr self, const caf::error& why) {
+void go_routing(session_self self);
+void go_stepping(session_self self);
+void go_backing_off(session_self self, const caf::error& why);
+behavior routing(session_self self);
+behavior stepping(session_self self);
+behavior backing_off(session_self self);
+behavior paused(session_self self);
+
+// Takes a pushed route if it is newer. Returns false for a stale push.
+bool take_push(session_self self, msg::route_info& r) {
   auto& st = self->state;
-  ++st.result.retries;
-  if (++st.failures > st.opts.max_retries) {
-    fail(self, caf::make_error(ec::retries_exhausted, "session '" + st.req.session + "' gave up after " +
-                                                        std::to_string(st.failures - 1) +
-                                                        " failed attempts; last: " + self->system().render(why)));
-    return;
+  if (r.epoch <= st.route.epoch)
+    return false;
+  ++st.result.route_changes;
+  if (r.hops.empty()) { // no complete route right now
+    st.route.epoch = r.epoch;
+    st.route.hops.clear();
+  } else {
+    st.route = std::move(r);
   }
-  ++st.attempt; // whatever is still in flight no longer counts
   st.needs_prefill = true;
-  const auto wait = st.opts.backoff * (1 << std::min(st.failures - 1, 8));
-  self->delayed_send(self, wait, atom::retry_atom_v, st.attempt);
+  return true;
 }
 
-void on_token(self_ptr self, int32_t token) {
+// A restarted coordinator: follow it; its pushes (higher epochs) drive the
+// re-prefill, and a step lost with the old one times out and retries.
+void follow(session_self self, msg::supervisor_actor sup) {
+  auto& st = self->state;
+  st.supervisor = std::move(sup);
+  self->send(st.supervisor, atom::subscribe_atom_v);
+}
+
+void on_token(session_self self, int32_t token) {
   auto& st = self->state;
   st.failures = 0;
   if (std::find(st.req.stop_ids.begin(), st.req.stop_ids.end(), token) != st.req.stop_ids.end())
@@ -67,20 +98,88 @@ void on_token(self_ptr self, int32_t token) {
     return finish(self, "context");
   const auto n = static_cast<int64_t>(st.result.ids.size());
   if (std::find(st.req.pause_after.begin(), st.req.pause_after.end(), n) != st.req.pause_after.end()) {
-    st.paused = true; // the client resumes us
+    st.phase = session_phase::paused; // the client resumes us
+    ++st.awaited;
+    self->become(paused(self));
     return;
   }
-  send_step(self);
+  go_stepping(self);
 }
 
-void send_step(self_ptr self) {
+void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::step_reply& rep) {
   auto& st = self->state;
-  if (st.route.hops.empty()) {
-    fetch_route(self);
-    return;
+  if (rep.kind == static_cast<uint8_t>(msg::reply_kind::cache_miss)) {
+    if (rep.miss < msg::miss_reason_count)
+      ++st.result.misses[rep.miss];
+    if (++st.failures > st.opts.max_retries)
+      return fail(self, caf::make_error(ec::retries_exhausted, "session '" + st.req.session + "': cache missed " +
+                                                                 std::to_string(st.failures) +
+                                                                 " times in a row; last: " + rep.detail));
+    st.needs_prefill = true;
+    return go_stepping(self);
   }
+  if (prefill && !st.first_token_seen) {
+    st.result.prefill_ms = ms_since(t0);
+    st.first_token_seen = true;
+  }
+  st.needs_prefill = false;
+  st.avoid.clear(); // a step went through: forget old suspicions
+  st.rng_state = rep.rng_state;
+  on_token(self, rep.token);
+}
+
+void on_step_error(session_self self, caf::error& err) {
+  auto& st = self->state;
+  if (err == ec::incompatible_recipe || err == ec::budget_exceeded || err == ec::model_error ||
+      err == ec::bad_shape || err == ec::bad_request || err == ec::session_conflict)
+    return fail(self, std::move(err));
+  // stale epoch, timeout, a shard that went away: get a fresh route. A shard
+  // this process cannot reach (even if the supervisor can) is avoided.
+  if (err == caf::sec::request_receiver_down)
+    for (auto& h : st.route.hops)
+      if (std::find(st.avoid.begin(), st.avoid.end(), h.shard) == st.avoid.end())
+        st.avoid.push_back(h.shard);
+  st.route.hops.clear();
+  go_backing_off(self, err);
+}
+
+// routing: one route request in flight.
+void go_routing(session_self self) {
+  auto& st = self->state;
+  st.phase = session_phase::routing;
+  const auto tag = ++st.awaited;
+  self->request(st.supervisor, st.opts.route_timeout, atom::route_atom_v, st.avoid)
+    .then(
+      [=](msg::route_info& r) {
+        auto& st = self->state;
+        if (tag != st.awaited)
+          return; // superseded
+        if (r.epoch >= st.route.epoch && !r.hops.empty()) {
+          st.route = std::move(r);
+          st.needs_prefill = true;
+        }
+        go_stepping(self);
+      },
+      [=](caf::error& err) {
+        auto& st = self->state;
+        if (tag != st.awaited)
+          return;
+        if (err == ec::no_route)
+          return fail(self, std::move(err));
+        go_backing_off(self, err);
+      });
+  self->become(routing(self));
+}
+
+// stepping: one step in flight (or, with no complete route, routing).
+void go_stepping(session_self self) {
+  auto& st = self->state;
+  if (st.route.hops.empty())
+    return go_routing(self);
+  st.phase = session_phase::stepping;
   msg::step_request r;
   r.session = st.req.session;
+  r.key = st.key;
   r.epoch = st.route.epoch;
   r.step_id = ++st.step_id;
   r.recipe = st.route.recipe;
@@ -88,7 +187,8 @@ void send_step(self_ptr self) {
   r.hop_index = 0;
   r.sampling = st.req.sampling;
   r.sampling.rng_state = st.rng_state;
-  if (st.needs_prefill) {
+  const bool prefill = st.needs_prefill;
+  if (prefill) {
     r.mode = static_cast<uint8_t>(msg::step_mode::prefill);
     r.past_len = 0;
     r.tokens = st.seq;
@@ -99,160 +199,165 @@ void send_step(self_ptr self) {
   }
   for (int64_t i = 0; i < static_cast<int64_t>(r.tokens.size()); ++i)
     r.positions.push_back(r.past_len + i);
-  const bool prefill = st.needs_prefill;
   if (prefill && st.result.steps > 0) {
     ++st.result.reprefills;
     st.result.recomputed_tokens += st.seq.size();
   }
   ++st.result.steps;
-  const auto attempt = ++st.attempt;
+  const auto tag = ++st.awaited;
   const auto t0 = clk::now();
   self->request(st.route.hops.front().shard, st.opts.step_timeout, std::move(r))
     .then(
       [=](msg::step_reply& rep) {
-        auto& st = self->state;
-        if (attempt != st.attempt)
-          return; // superseded by a route change or a retry
-        if (rep.kind == static_cast<uint8_t>(msg::reply_kind::cache_miss)) {
-          if (rep.miss < msg::miss_reason_count)
-            ++st.result.misses[rep.miss];
-          if (++st.failures > st.opts.max_retries)
-            return fail(self, caf::make_error(ec::retries_exhausted, "session '" + st.req.session +
-                                                                       "': cache missed " + std::to_string(st.failures) +
-                                                                       " times in a row; last: " + rep.detail));
-          st.needs_prefill = true;
-          return send_step(self);
-        }
-        if (prefill && !st.first_token_seen) {
-          st.result.prefill_ms = ms_since(t0);
-          st.first_token_seen = true;
-        }
-        st.needs_prefill = false;
-        st.avoid.clear(); // a step went through: forget old suspicions
-        st.rng_state = rep.rng_state;
-        on_token(self, rep.token);
+        if (tag == self->state.awaited)
+          on_step_reply(self, prefill, t0, rep);
       },
       [=](caf::error& err) {
-        auto& st = self->state;
-        if (attempt != st.attempt)
-          return;
-        if (err == ec::incompatible_recipe || err == ec::budget_exceeded || err == ec::model_error ||
-            err == ec::bad_shape || err == ec::bad_request)
-          return fail(self, std::move(err));
-        // stale epoch, timeout, a shard that went away: get a fresh route. A shard
-        // this process cannot reach (even if the supervisor can) is avoided.
-        if (err == caf::sec::request_receiver_down)
-          for (auto& h : st.route.hops)
-            if (std::find(st.avoid.begin(), st.avoid.end(), h.shard) == st.avoid.end())
-              st.avoid.push_back(h.shard);
-        st.route.hops.clear();
-        retry(self, err);
+        if (tag == self->state.awaited)
+          on_step_error(self, err);
       });
+  self->become(stepping(self));
 }
 
-void fetch_route(self_ptr self) {
+// backing_off: a failure; wait (doubling per failure in a row), then route again.
+void go_backing_off(session_self self, const caf::error& why) {
   auto& st = self->state;
-  const auto attempt = ++st.attempt;
-  self->request(st.supervisor, st.opts.route_timeout, atom::route_atom_v, st.avoid)
-    .then(
-      [=](msg::route_info& r) {
-        auto& st = self->state;
-        if (attempt != st.attempt)
-          return;
-        if (r.epoch >= st.route.epoch) {
-          st.route = std::move(r);
-          st.needs_prefill = true;
-        }
-        send_step(self);
-      },
-      [=](caf::error& err) {
-        auto& st = self->state;
-        if (attempt != st.attempt)
-          return;
-        if (err == ec::no_route)
-          return fail(self, std::move(err));
-        retry(self, err);
-      });
+  ++st.result.retries;
+  if (++st.failures > st.opts.max_retries) {
+    fail(self, caf::make_error(ec::retries_exhausted, "session '" + st.req.session + "' gave up after " +
+                                                        std::to_string(st.failures - 1) +
+                                                        " failed attempts; last: " + self->system().render(why)));
+    return;
+  }
+  st.phase = session_phase::backing_off;
+  st.needs_prefill = true;
+  const auto tag = ++st.awaited; // whatever is still in flight no longer counts
+  const auto wait = st.opts.backoff * (1 << std::min(st.failures - 1, 8));
+  self->delayed_send(self, wait, atom::retry_atom_v, tag);
+  self->become(backing_off(self));
+}
+
+// Handlers every phase shares.
+auto on_cancel(session_self self) {
+  return [=](atom::cancel_atom) {
+    fail(self, caf::make_error(ec::cancelled, "session '" + self->state.req.session + "' was cancelled"));
+  };
+}
+
+auto on_lease(session_self self) {
+  return [=](atom::lease_atom) {
+    auto& st = self->state;
+    for (auto& h : st.route.hops)
+      self->send(h.shard, atom::lease_atom_v, st.req.session, st.key);
+    self->delayed_send(self, st.opts.lease_renew, atom::lease_atom_v);
+  };
+}
+
+behavior routing(session_self self) {
+  return {
+    [=](msg::route_info& r) {
+      if (take_push(self, r) && !self->state.route.hops.empty())
+        go_stepping(self); // supersedes the route request
+    },
+    [=](atom::resume_atom) {},               // not paused
+    [=](atom::retry_atom, uint64_t) {},      // a timer from an earlier phase
+    [=](atom::register_atom, msg::supervisor_actor sup) {
+      follow(self, std::move(sup));
+      go_routing(self); // ask the new supervisor
+    },
+    on_cancel(self),
+    on_lease(self),
+  };
+}
+
+behavior stepping(session_self self) {
+  return {
+    [=](msg::route_info& r) {
+      if (take_push(self, r))
+        go_stepping(self); // supersedes the step in flight (routing when no route is complete)
+    },
+    [=](atom::resume_atom) {},
+    [=](atom::retry_atom, uint64_t) {},
+    [=](atom::register_atom, msg::supervisor_actor sup) { follow(self, std::move(sup)); },
+    on_cancel(self),
+    on_lease(self),
+  };
+}
+
+behavior backing_off(session_self self) {
+  return {
+    [=](msg::route_info& r) {
+      if (take_push(self, r) && !self->state.route.hops.empty())
+        go_stepping(self); // a new complete route: no need to wait
+    },
+    [=](atom::resume_atom) {},
+    [=](atom::retry_atom, uint64_t tag) {
+      if (tag == self->state.awaited)
+        go_routing(self);
+    },
+    [=](atom::register_atom, msg::supervisor_actor sup) { follow(self, std::move(sup)); },
+    on_cancel(self),
+    on_lease(self),
+  };
+}
+
+behavior paused(session_self self) {
+  return {
+    [=](msg::route_info& r) { take_push(self, r); }, // remembered; used on resume
+    [=](atom::resume_atom) { go_stepping(self); },
+    [=](atom::retry_atom, uint64_t) {},
+    [=](atom::register_atom, msg::supervisor_actor sup) { follow(self, std::move(sup)); },
+    on_cancel(self),
+    on_lease(self),
+  };
 }
 
 } // namespace
 
-caf::behavior session_actor(caf::stateful_actor<session_state>* self, caf::actor supervisor, caf::actor client,
-                            msg::generation_request req, SessionOptions opts) {
+behavior session(session_self self, msg::supervisor_actor supervisor, msg::session_client_actor client, msg::generation_request req,
+                 SessionOptions opts) {
   auto& st = self->state;
   st.req = std::move(req);
   st.opts = opts;
   st.client = client;
   st.supervisor = supervisor;
+  st.key = msg::mint_session_key();
+  if (st.req.session.empty())
+    st.req.session = msg::mint_session_id("s");
   st.seq = st.req.prompt;
   st.rng_state = st.req.sampling.rng_state;
   st.result.session = st.req.session;
   st.result.misses.assign(msg::miss_reason_count, 0);
   st.started = clk::now();
-  if (st.req.prompt.empty()) {
-    self->send(client, caf::make_error(ec::invalid_request, "session '" + st.req.session + "': the prompt is empty"));
+  auto refuse = [&](std::string why) -> behavior {
+    st.phase = session_phase::ended;
+    self->send(client, caf::make_error(ec::invalid_request, std::move(why)));
     self->quit();
-    return {};
-  }
-  if (opts.max_context > 0 && static_cast<int64_t>(st.req.prompt.size()) > opts.max_context) {
-    self->send(client, caf::make_error(ec::invalid_request, "session '" + st.req.session + "': the prompt has " +
-                                                              std::to_string(st.req.prompt.size()) +
-                                                              " tokens, more than the context of " +
-                                                              std::to_string(opts.max_context)));
-    self->quit();
-    return {};
-  }
-  self->send(supervisor, atom::subscribe_atom_v, caf::actor_cast<caf::actor>(self));
+    return paused(self); // never runs: the actor has quit
+  };
+  if (!msg::valid_session_id(st.req.session))
+    return refuse("a session id must be 1-128 printable ASCII characters (use mint_session_id)");
+  if (st.req.prompt.empty())
+    return refuse("session '" + st.req.session + "': the prompt is empty");
+  if (opts.max_context > 0 && static_cast<int64_t>(st.req.prompt.size()) > opts.max_context)
+    return refuse("session '" + st.req.session + "': the prompt has " + std::to_string(st.req.prompt.size()) +
+                  " tokens, more than the context of " + std::to_string(opts.max_context));
   if (st.req.max_tokens <= 0) {
+    st.phase = session_phase::ended;
     st.result.finish = "length";
     self->send(client, st.result);
     self->quit();
-    return {};
+    return paused(self);
   }
-  fetch_route(self);
-  return {
-    [=](msg::route_info& r) {
-      // The supervisor changed the route: take it and re-prefill.
-      auto& st = self->state;
-      if (r.epoch <= st.route.epoch)
-        return;
-      ++st.result.route_changes;
-      if (r.hops.empty()) { // no complete route right now: ask (and wait, bounded)
-        st.route.epoch = r.epoch;
-        st.route.hops.clear();
-        if (st.paused)
-          return; // resume will fetch it
-        return fetch_route(self);
-      }
-      st.route = std::move(r);
-      st.needs_prefill = true;
-      if (!st.paused)
-        send_step(self); // supersedes the step in flight
-    },
-    [=](atom::resume_atom) {
-      auto& st = self->state;
-      if (!st.paused)
-        return;
-      st.paused = false;
-      send_step(self);
-    },
-    [=](atom::retry_atom, uint64_t attempt) {
-      if (attempt == self->state.attempt)
-        fetch_route(self);
-    },
-    [=](atom::register_atom, caf::actor sup) {
-      // A restarted coordinator: follow it; its route pushes (higher epochs) drive
-      // the re-prefill, and a step lost with the old one times out and retries.
-      auto& st = self->state;
-      st.supervisor = sup;
-      self->send(sup, atom::subscribe_atom_v, caf::actor_cast<caf::actor>(self));
-      if (st.route.hops.empty() && !st.paused)
-        fetch_route(self);
-    },
-    [=](atom::cancel_atom) {
-      fail(self, caf::make_error(ec::cancelled, "session '" + self->state.req.session + "' was cancelled"));
-    },
-  };
+  self->send(supervisor, atom::subscribe_atom_v);
+  self->delayed_send(self, opts.lease_renew, atom::lease_atom_v);
+  go_routing(self);
+  return routing(self);
+}
+
+msg::session_actor spawn_session(caf::actor_system& sys, msg::supervisor_actor supervisor, msg::session_client_actor client,
+                                 msg::generation_request req, SessionOptions opts) {
+  return sys.spawn(session, std::move(supervisor), std::move(client), std::move(req), opts);
 }
 
 } // namespace strata::actors

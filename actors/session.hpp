@@ -1,23 +1,35 @@
 #pragma once
-// The session actor: one per generation, with a stable id. It holds the token
-// history and sampling state, asks the supervisor for a route, prefills, then
-// decodes one token per step, streaming each token to its client. On a
-// cache_miss it re-prefills the prompt-so-far under the same id; on a route
-// change (epoch bump) it takes the new route and re-prefills. Every step has a
-// deadline; failures are retried a bounded number of times with backoff, then
-// the client gets a clear error. Its caches are released when it ends.
+// The session actor: one per generation. It holds the token history and the
+// sampling state, asks the supervisor for a route, prefills, then decodes one
+// token per step, streaming each token to its client. On a cache_miss it
+// re-prefills the prompt-so-far; on a route change (epoch bump) it takes the new
+// route and re-prefills. Every request has a deadline; failures are retried a
+// bounded number of times with backoff, then the client gets a clear error. Its
+// caches are released when it ends.
 //
-// Client protocol: the client receives token_event (in order), then either a
-// generation_result or a caf::error. (cancel_atom) from anyone ends it early.
+// Identity and ownership: the session's id comes from msg::mint_session_id()
+// (the request's, or minted here when empty); its session key is minted here and
+// travels in every step, release and lease renewal, so no other actor can use
+// or free its caches. While alive it renews its lease on every shard of its
+// route every `lease_renew`.
+//
+// Interface: msg::session_actor (route_info from the supervisor; resume, cancel
+// and register from the client). Client protocol: the client receives
+// token_event (in order), then either a generation_result or a caf::error.
 // After the token counts listed in the request's pause_after, the session waits
-// for (resume_atom) before its next step, so a client can inject a failure at
-// an exact step.
+// for (resume_atom) before its next step, so a client can inject a failure at an
+// exact step.
 //
-// (register_atom, supervisor) hands the session a new supervisor (the client
-// reconnected after a coordinator restart); it subscribes there and goes on.
-//
-// Phases are behaviors: `routing` (waiting for a route), `stepping` (a step in
-// flight); the route_info and cancel handlers are shared.
+// Phases (one behavior each, switched with become):
+//   routing     a route request is in flight        -> stepping (route), backing_off (error), end (no_route)
+//   stepping    a step is in flight                 -> stepping (token, miss, route push), routing (push
+//                                                      without a complete route), backing_off (error),
+//                                                      paused (pause point), end (stop, length, context)
+//   backing_off waiting out a delay after a failure -> routing (timer), stepping (route push)
+//   paused      waiting for the client's resume     -> stepping (resume), routing (resume without a route)
+// (cancel_atom) ends every phase. An answer to a request that a later event
+// superseded (a route push during a step, a timer after a push) is ignored: each
+// phase knows the one request it waits for.
 
 #include "messages/messages.hpp"
 
@@ -30,32 +42,48 @@ namespace strata::actors {
 struct SessionOptions {
   std::chrono::milliseconds step_timeout{10000};
   std::chrono::milliseconds route_timeout{10000};
-  int max_retries = 8;                       ///< failed steps in a row before giving up
-  std::chrono::milliseconds backoff{20};     ///< doubled per retry
-  int64_t max_context = 0;                   ///< the model's max_seq_len
+  int max_retries = 8;                          ///< failed steps in a row before giving up
+  std::chrono::milliseconds backoff{20};        ///< doubled per retry
+  int64_t max_context = 0;                      ///< the model's max_seq_len
+  std::chrono::milliseconds lease_renew{500};   ///< how often the shards' leases are renewed
 };
+
+enum class session_phase : uint8_t { routing, stepping, backing_off, paused, ended };
+const char* to_string(session_phase p);
+
+/// The session's own type: its interface plus its two timers.
+using session_impl_actor =
+  msg::session_actor::extend<caf::reacts_to<atom::retry_atom, uint64_t>, caf::reacts_to<atom::lease_atom>>;
 
 struct session_state {
   msg::generation_request req;
   SessionOptions opts;
-  caf::actor client;
-  caf::actor supervisor;
+  msg::session_client_actor client;
+  msg::supervisor_actor supervisor;
+  msg::session_key key;
+  session_phase phase = session_phase::routing;
   std::vector<int32_t> seq;       // prompt + generated
   msg::route_info route;
-  bool needs_prefill = true;
+  bool needs_prefill = true;      // the next step re-prefills seq
   uint64_t rng_state = 0;
   int64_t step_id = 0;
-  uint64_t attempt = 0;           // replies to older attempts are ignored
+  uint64_t awaited = 0;           // tag of the one request (or timer) whose answer counts
   int failures = 0;               // consecutive
   msg::generation_result result;
   std::chrono::steady_clock::time_point started;
   bool first_token_seen = false;
-  bool paused = false;
-  std::vector<caf::actor> avoid; // shards this session could not reach (asks routes without them)
+  std::vector<msg::shard_actor> avoid; // shards this session could not reach (asks routes without them)
   static inline const char* name = "strata.session";
 };
 
-caf::behavior session_actor(caf::stateful_actor<session_state>* self, caf::actor supervisor, caf::actor client,
-                            msg::generation_request req, SessionOptions opts);
+using session_self = session_impl_actor::stateful_pointer<session_state>;
+
+session_impl_actor::behavior_type session(session_self self, msg::supervisor_actor supervisor, msg::session_client_actor client,
+                                          msg::generation_request req, SessionOptions opts);
+
+/// Spawns a session for `client` (which receives token_event, then a
+/// generation_result or an error).
+msg::session_actor spawn_session(caf::actor_system& sys, msg::supervisor_actor supervisor, msg::session_client_actor client,
+                                 msg::generation_request req, SessionOptions opts);
 
 } // namespace strata::actors

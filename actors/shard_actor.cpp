@@ -30,10 +30,26 @@ msg::shard_stats shard_state::stats() const {
   s.evictions = c.evictions_lru + c.evictions_ttl;
   s.steps = steps;
   s.duplicates = duplicates;
+  s.conflicts = c.conflicts;
+  s.orphans = c.orphans;
   return s;
 }
 
-caf::result<step_reply> shard_state::handle(caf::stateful_actor<shard_state>* self, msg::step_request& req) {
+void shard_state::adopt(self_ptr self, const std::string& session) {
+  const auto& sender = self->current_sender();
+  if (!sender || sender == self->ctrl())
+    return; // an anonymous or injected step: the lease alone covers it
+  auto addr = caf::actor_cast<caf::actor_addr>(sender);
+  for (auto& [owner, sessions] : owned)
+    if (owner != addr)
+      sessions.erase(session); // re-opened by its owner from elsewhere: file it once
+  auto [it, fresh] = owned.try_emplace(addr);
+  if (fresh)
+    self->monitor(sender);
+  it->second.insert(session);
+}
+
+caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& req) {
   const auto range = shard->range();
   // Validate before touching any state.
   if (req.recipe != recipe)
@@ -49,6 +65,8 @@ caf::result<step_reply> shard_state::handle(caf::stateful_actor<shard_state>* se
                                                       std::to_string(range.first) + "-" + std::to_string(range.last));
   if (req.mode > 1)
     return caf::make_error(ec::bad_request, "unknown step mode " + std::to_string(req.mode));
+  if (req.key.empty())
+    return caf::make_error(ec::bad_request, "step for session '" + req.session + "' carries no session key");
   const auto& lim = request_limits;
   if (static_cast<int64_t>(std::max(req.tokens.size(), req.positions.size())) > lim.max_step_tokens)
     return caf::make_error(ec::bad_request, "step carries " + std::to_string(std::max(req.tokens.size(), req.positions.size())) +
@@ -78,14 +96,17 @@ caf::result<step_reply> shard_state::handle(caf::stateful_actor<shard_state>* se
   }
   if (dup_next && mode == step_mode::decode) {
     dup_next = false;
-    self->send(self, req); // the same step once more; its answer comes back here and is dropped
+    // The same step once more; its answer comes back here and is dropped.
+    self->request(caf::actor_cast<msg::shard_actor>(self), std::chrono::minutes(1), req).then([](const step_reply&) {}, [](caf::error&) {});
   }
 
   SessionCacheStore::Lookup found =
-    mode == step_mode::prefill ? store->open(req.session, req.epoch)
-                               : store->find(req.session, req.epoch, req.past_len, req.step_id);
+    mode == step_mode::prefill ? store->open(req.session, req.key, req.epoch)
+                               : store->find(req.session, req.key, req.epoch, req.past_len, req.step_id);
   if (found.err)
     return std::move(found.err);
+  if (mode == step_mode::prefill && found.ctx)
+    adopt(self, req.session);
   if (found.ctx == nullptr) {
     step_reply miss;
     miss.session = req.session;
@@ -108,7 +129,7 @@ caf::result<step_reply> shard_state::handle(caf::stateful_actor<shard_state>* se
     next.tokens.clear();
     next.hidden = ctx.replay_hidden;
     next.hop_index += 1;
-    auto rp = self->make_response_promise();
+    auto rp = self->make_response_promise<step_reply>();
     rp.delegate(next.route[next.hop_index].shard, std::move(next));
     return rp;
   }
@@ -146,13 +167,14 @@ caf::result<step_reply> shard_state::handle(caf::stateful_actor<shard_state>* se
   ctx.replay_hidden = next.hidden;
   if (next.hop_index >= next.route.size())
     return caf::make_error(ec::bad_request, "the route ends before the tail shard");
-  auto rp = self->make_response_promise();
+  auto rp = self->make_response_promise<step_reply>();
   rp.delegate(next.route[next.hop_index].shard, std::move(next));
   return rp;
 }
 
-caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_ptr<model::Shard> shard,
-                          StoreLimits limits, ShardHooks hooks, RequestLimits request_limits) {
+shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::shared_ptr<model::Shard> shard,
+                                            StoreLimits limits, ShardHooks hooks, RequestLimits request_limits,
+                                            std::chrono::milliseconds lease_period) {
   auto& st = self->state;
   st.hooks = std::move(hooks);
   st.request_limits = request_limits;
@@ -161,13 +183,47 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_pt
   st.shard = shard;
   st.recipe = msg::cache_recipe::of(shard->config());
   st.store = std::make_unique<SessionCacheStore>(limits, [shard] { return shard->new_cache(); });
+  st.lease_period = lease_period;
+  // An owner that went down (its process died, or it ended without releasing):
+  // drop its sessions now.
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& st = self->state;
+    auto it = st.owned.find(dm.source);
+    if (it == st.owned.end())
+      return;
+    for (auto& session : it->second)
+      st.store->orphan(session);
+    st.owned.erase(it);
+  });
+  if (limits.lease_missed > 0)
+    self->delayed_send(self, lease_period, atom::tick_atom_v);
   return {
-    [=](msg::step_request& req) -> caf::result<step_reply> { return self->state.handle(self, req); },
-    [=](const step_reply&) {
-      // The answer to an injected duplicate: nothing to do.
+    [=](msg::step_request& req) -> caf::result<step_reply> {
+      try {
+        return self->state.handle(self, req);
+      } catch (const std::exception& e) { // nothing escapes a handler
+        return caf::make_error(ec::model_error, std::string("shard failed on this step: ") + e.what());
+      }
     },
-    [=](atom::release_atom, const std::string& session) { self->state.store->release(session); },
+    [=](atom::release_atom, const std::string& session, const msg::session_key& key) {
+      auto& st = self->state;
+      if (!st.store->release(session, key))
+        for (auto& [owner, sessions] : st.owned)
+          sessions.erase(session);
+      // A refused release (another owner's id) is counted in stats().conflicts.
+    },
+    [=](atom::lease_atom, const std::string& session, const msg::session_key& key) {
+      self->state.store->renew(session, key);
+    },
     [=](atom::stats_atom) { return self->state.stats(); },
+    [=](atom::tick_atom) {
+      // One lease period: contexts nobody renewed for lease_missed periods are orphans.
+      auto& st = self->state;
+      for (auto& session : st.store->lease_sweep())
+        for (auto& [owner, sessions] : st.owned)
+          sessions.erase(session);
+      self->delayed_send(self, st.lease_period, atom::tick_atom_v);
+    },
     [=](atom::evict_atom, const std::string& session, uint8_t reason) {
       if (reason == 0)
         reason = static_cast<uint8_t>(msg::miss_reason::evicted_lru);
@@ -197,9 +253,10 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_pt
   };
 }
 
-caf::actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits,
-                       ShardHooks hooks, RequestLimits request_limits) {
-  return sys.spawn<caf::detached>(shard_actor, std::move(shard), limits, std::move(hooks), request_limits);
+msg::shard_full_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits,
+                                  ShardHooks hooks, RequestLimits request_limits, std::chrono::milliseconds lease_period) {
+  return sys.spawn<caf::detached>(shard_actor, std::move(shard), limits, std::move(hooks), request_limits,
+                                  lease_period);
 }
 
 } // namespace strata::actors

@@ -3,24 +3,24 @@
 // SessionCacheStore as private state. Spawn it detached: its handlers run the
 // model and must not starve the scheduler.
 //
-// Interface (untyped actor):
-//   step_request            -> step_reply (tail token or cache_miss) | error;
-//                              non-tail shards forward along the request's route
-//                              (delegation: the tail answers the session directly)
-//   (release_atom, session) -> drops the session's cache
-//   (stats_atom)            -> shard_stats
-//   (evict_atom, session, uint8 reason)  -> drops the session's cache, or every
-//                              session's when `session` is empty (injection)
-//   (desync_atom)           -> the next request is treated as carrying a wrong past_len
-//   (dup_atom)              -> the next decode request is delivered twice
-//   (crash_atom), (freeze_atom, int64 ms) -> process-level failures; only a node
-//                              process provides them (ShardHooks), else an error
+// Interfaces (messages/messages.hpp): msg::shard_actor for sessions and the
+// supervisor (step, release, lease, stats) and msg::shard_injection_actor for
+// failure injection; the actor implements both (msg::shard_full_actor).
+//
+// Ownership: the first step that opens a session id binds it to the step's
+// session key; the shard also monitors that step's sender (the session actor)
+// and drops all of its sessions when it goes down (the client process died or
+// the session ended without releasing). Where no down message can arrive (a
+// session reached through a relay), the lease does it: a context that no step or
+// (lease_atom) renewed for `lease_missed` lease periods is dropped.
 
 #include "actors/cache_store.hpp"
 
 #include <caf/all.hpp>
 
 #include <functional>
+#include <map>
+#include <set>
 #include <memory>
 
 namespace strata::actors {
@@ -38,7 +38,11 @@ struct RequestLimits {
   std::size_t max_message_bytes = 64u << 20;      ///< tokens + positions + hidden state
 };
 
+/// The shard's own type: both interfaces plus its lease timer.
+using shard_impl_actor = msg::shard_full_actor::extend<caf::reacts_to<atom::tick_atom>>;
+
 struct shard_state {
+  using self_ptr = shard_impl_actor::stateful_pointer<shard_state>;
   ShardHooks hooks;
   RequestLimits request_limits;
   std::shared_ptr<model::Shard> shard;
@@ -48,17 +52,25 @@ struct shard_state {
   bool dup_next = false;
   uint64_t steps = 0;
   uint64_t duplicates = 0;
+  std::chrono::milliseconds lease_period{1000};
+  /// Sessions by the actor that opened them (their owner, monitored).
+  std::map<caf::actor_addr, std::set<std::string>> owned;
   static inline const char* name = "strata.shard";
 
-  caf::result<msg::step_reply> handle(caf::stateful_actor<shard_state>* self, msg::step_request& req);
+  caf::result<msg::step_reply> handle(self_ptr self, msg::step_request& req);
+  /// Monitors the sender of an opening step and files `session` under it.
+  void adopt(self_ptr self, const std::string& session);
   msg::shard_stats stats() const;
 };
 
-caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_ptr<model::Shard> shard,
-                          StoreLimits limits, ShardHooks hooks, RequestLimits request_limits);
+shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::shared_ptr<model::Shard> shard,
+                                                StoreLimits limits, ShardHooks hooks, RequestLimits request_limits,
+                                                std::chrono::milliseconds lease_period);
 
-/// Spawns a detached shard actor for `shard`.
-caf::actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits = {},
-                       ShardHooks hooks = {}, RequestLimits request_limits = {});
+/// Spawns a detached shard actor for `shard`. `lease_period` is how often
+/// leases are swept (a session renews every lease_period / 2).
+msg::shard_full_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits = {},
+                       ShardHooks hooks = {}, RequestLimits request_limits = {},
+                                  std::chrono::milliseconds lease_period = std::chrono::milliseconds(1000));
 
 } // namespace strata::actors

@@ -5,7 +5,7 @@
 
 namespace strata::actors {
 
-msg::route_info supervisor_state::plan(bool count_load, const std::vector<caf::actor>& avoid) {
+msg::route_info supervisor_state::plan(bool count_load, const std::vector<msg::shard_actor>& avoid) {
   msg::route_info r;
   r.epoch = epoch;
   if (!recipe)
@@ -16,7 +16,7 @@ msg::route_info supervisor_state::plan(bool count_load, const std::vector<caf::a
   // least-loaded candidates first.
   std::vector<std::size_t> chain;
   bool allow_avoided = false;
-  auto avoided = [&](const caf::actor& a) { return std::find(avoid.begin(), avoid.end(), a) != avoid.end(); };
+  auto avoided = [&](const msg::shard_actor& a) { return std::find(avoid.begin(), avoid.end(), a) != avoid.end(); };
   std::function<bool(int64_t)> dfs = [&](int64_t layer) -> bool {
     if (layer == n)
       return true;
@@ -49,7 +49,8 @@ msg::route_info supervisor_state::plan(bool count_load, const std::vector<caf::a
   return r;
 }
 
-void supervisor_state::changed(caf::event_based_actor* self) {
+template <class Self>
+void supervisor_state::changed(Self* self) {
   ++epoch;
   // Sessions learn the new epoch and route (or that none is complete now).
   for (auto& s : sessions)
@@ -64,13 +65,14 @@ void supervisor_state::changed(caf::event_based_actor* self) {
 
 namespace {
 
-caf::result<msg::route_info> route_request(caf::stateful_actor<supervisor_state>* self,
-                                           const std::vector<caf::actor>& avoid) {
+using self_ptr = supervisor_impl_actor::stateful_pointer<supervisor_state>;
+
+caf::result<msg::route_info> route_request(self_ptr self, const std::vector<msg::shard_actor>& avoid) {
   auto& st = self->state;
   auto r = st.plan(true, avoid);
   if (!r.hops.empty())
     return r;
-  auto rp = self->make_response_promise();
+  auto rp = self->make_response_promise<msg::route_info>();
   st.waiting.push_back({rp, self->clock().now() + st.opts.route_wait}); // the actor clock: testable
   self->delayed_send(self, st.opts.route_wait, atom::tick_atom_v);
   return rp;
@@ -78,7 +80,7 @@ caf::result<msg::route_info> route_request(caf::stateful_actor<supervisor_state>
 
 } // namespace
 
-caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, SupervisorOptions opts) {
+supervisor_impl_actor::behavior_type supervisor(self_ptr self, SupervisorOptions opts) {
   self->state.opts = opts;
   self->state.epoch = std::chrono::duration_cast<std::chrono::milliseconds>(
                         std::chrono::system_clock::now().time_since_epoch())
@@ -97,9 +99,11 @@ caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, Supe
                       st.sessions.end());
   });
   return {
-    [=](atom::register_atom, caf::actor shard, int64_t first, int64_t last,
-        msg::cache_recipe recipe) -> caf::result<int64_t> {
+    [=](atom::register_atom, msg::shard_actor shard, int64_t first, int64_t last, msg::cache_recipe recipe,
+        msg::model_facts facts) -> caf::result<int64_t> {
       auto& st = self->state;
+      if (!shard)
+        return caf::make_error(ec::bad_request, "registration names no shard actor");
       if (st.recipe && !(*st.recipe == recipe))
         return caf::make_error(ec::incompatible_recipe,
                                "shard for layers " + std::to_string(first) + "-" + std::to_string(last) + " serves '" +
@@ -111,14 +115,26 @@ caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, Supe
       if (first < 0 || last < first || last >= recipe.n_layers)
         return caf::make_error(ec::bad_request, "layer range " + std::to_string(first) + "-" + std::to_string(last) +
                                                   " is outside the model's " + std::to_string(recipe.n_layers) + " layers");
+      if (facts.vocab_size <= 0 || facts.max_seq_len <= 0 || facts.n_layers != recipe.n_layers)
+        return caf::make_error(ec::bad_request, "shard for layers " + std::to_string(first) + "-" + std::to_string(last) +
+                                                  " reports no usable model facts (vocabulary " +
+                                                  std::to_string(facts.vocab_size) + ", context " +
+                                                  std::to_string(facts.max_seq_len) + ")");
+      if (st.facts.vocab_size > 0 && !(st.facts == facts))
+        return caf::make_error(ec::incompatible_recipe,
+                               "shard for layers " + std::to_string(first) + "-" + std::to_string(last) +
+                                 " reports other model facts (vocabulary " + std::to_string(facts.vocab_size) +
+                                 ", context " + std::to_string(facts.max_seq_len) + ") than the cluster's (vocabulary " +
+                                 std::to_string(st.facts.vocab_size) + ", context " +
+                                 std::to_string(st.facts.max_seq_len) + ")");
       st.recipe = recipe;
+      st.facts = std::move(facts);
       self->monitor(shard);
       st.shards.push_back(shard_entry{shard, first, last, 0});
       st.changed(self);
       return st.epoch;
     },
-    [=](atom::route_atom) { return route_request(self, {}); },
-    [=](atom::route_atom, const std::vector<caf::actor>& avoid) { return route_request(self, avoid); },
+    [=](atom::route_atom, const std::vector<msg::shard_actor>& avoid) { return route_request(self, avoid); },
     [=](atom::tick_atom) {
       auto& st = self->state;
       const auto now = self->clock().now();
@@ -132,9 +148,13 @@ caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, Supe
         }
       }
     },
-    [=](atom::subscribe_atom, caf::actor session) {
-      self->monitor(session);
-      self->state.sessions.push_back(session);
+    [=](atom::subscribe_atom) {
+      // The subscriber is the sender: nobody subscribes another actor.
+      auto s = caf::actor_cast<msg::session_actor>(self->current_sender());
+      if (!s)
+        return;
+      self->monitor(s);
+      self->state.sessions.push_back(s);
     },
     [=](atom::bump_atom) {
       self->state.changed(self);
@@ -152,7 +172,12 @@ caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, Supe
         all.hops.push_back(msg::hop{e.actor, e.first, e.last});
       return all;
     },
+    [=](atom::model_atom) { return self->state.facts; },
   };
+}
+
+msg::supervisor_actor spawn_supervisor(caf::actor_system& sys, SupervisorOptions opts) {
+  return sys.spawn(supervisor, opts);
 }
 
 } // namespace strata::actors

@@ -5,16 +5,10 @@
 // shard registers or an operator asks, and tells subscribed sessions the new
 // route so they re-prefill.
 //
-// Interface (untyped actor):
-//   (register_atom, actor, first, last, cache_recipe) -> int64 epoch | incompatible_recipe
-//   (route_atom)               -> route_info; waits up to `route_wait` for a complete
-//                                 route, then ec::no_route
-//   (route_atom, vector<actor> avoid) -> the same, avoiding shards the caller
-//                                 cannot reach if another complete route exists
-//   (subscribe_atom, actor)    -> the session receives route_info on every change
-//   (bump_atom)                -> int64 new epoch
-//   (stats_atom)               -> route_info of the current plan (epoch, hops)
-//   (get_atom)                 -> route_info listing every registered shard
+// Interfaces (messages/messages.hpp): msg::supervisor_actor (register, route,
+// subscribe, stats, get, model) and msg::supervisor_injection_actor (bump).
+// Every registered shard reports the model's facts (msg::model_facts); the
+// first one becomes the cluster's, later ones must agree like the recipe.
 
 #include "messages/messages.hpp"
 
@@ -29,8 +23,12 @@ struct SupervisorOptions {
   std::chrono::milliseconds route_wait{5000};
 };
 
+/// The supervisor's own type: both interfaces plus its route-wait timer.
+using supervisor_impl_actor =
+  msg::supervisor_actor::extend_with<msg::supervisor_injection_actor>::extend<caf::reacts_to<atom::tick_atom>>;
+
 struct shard_entry {
-  caf::actor actor;
+  msg::shard_actor actor;
   int64_t first = 0;
   int64_t last = 0;
   uint64_t load = 0; ///< routes handed out through this shard
@@ -39,12 +37,13 @@ struct shard_entry {
 struct supervisor_state {
   std::vector<shard_entry> shards;
   std::optional<msg::cache_recipe> recipe;
+  msg::model_facts facts;
   /// Starts at the coordinator's start time (ms since 1970, x1000), so epochs
   /// keep growing across coordinator restarts and shards never see one go back.
   int64_t epoch = 1;
-  std::vector<caf::actor> sessions;
+  std::vector<msg::session_actor> sessions;
   struct waiter {
-    caf::response_promise rp;
+    caf::typed_response_promise<msg::route_info> rp;
     caf::actor_clock::time_point deadline;
   };
   std::vector<waiter> waiting;
@@ -53,10 +52,15 @@ struct supervisor_state {
 
   /// A complete chain of shards, least-loaded first; empty hops when none exists.
   /// Shards in `avoid` are used only when no complete chain exists without them.
-  msg::route_info plan(bool count_load, const std::vector<caf::actor>& avoid = {});
-  void changed(caf::event_based_actor* self);
+  msg::route_info plan(bool count_load, const std::vector<msg::shard_actor>& avoid = {});
+  template <class Self>
+  void changed(Self* self);
 };
 
-caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, SupervisorOptions opts);
+supervisor_impl_actor::behavior_type supervisor(supervisor_impl_actor::stateful_pointer<supervisor_state> self,
+                                                SupervisorOptions opts);
+
+/// Spawns a route supervisor.
+msg::supervisor_actor spawn_supervisor(caf::actor_system& sys, SupervisorOptions opts = {});
 
 } // namespace strata::actors

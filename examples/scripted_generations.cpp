@@ -11,6 +11,7 @@
 // the way an operator would pull a plug mid-sentence.
 
 #include "actors/cluster.hpp"
+#include "messages/session_id.hpp"
 #include "model/tokenizer.hpp"
 #include "runtime/cluster.hpp"
 
@@ -32,7 +33,7 @@ struct Script {
 
 // Where the generations run: shard actors in this process, or a cluster of processes.
 struct Target {
-  caf::actor supervisor;
+  msg::supervisor_actor supervisor;
   actors::SessionOptions opts;
   model::ModelConfig cfg;
   std::function<void(const actors::Injection&, const std::string&)> apply;
@@ -65,7 +66,7 @@ void start_next(director* self) {
   const auto& s = st.scripts[st.current];
   std::printf("\n== %s\n", s.title.c_str());
   msg::generation_request req;
-  req.session = "example-" + std::to_string(st.current);
+  req.session = msg::mint_session_id("example");
   req.prompt = st.tok->encode(s.prompt, true);
   req.max_tokens = 60;
   req.stop_ids = st.cluster->cfg.eos_ids;
@@ -78,8 +79,8 @@ void start_next(director* self) {
   for (auto& inj : s.inject)
     req.pause_after.push_back(inj.at_token); // the session waits there for us
   st.outputs.emplace_back();
-  self->spawn(actors::session_actor, st.cluster->supervisor, caf::actor_cast<caf::actor>(self), req,
-              st.cluster->opts);
+  actors::spawn_session(self->system(), st.cluster->supervisor, caf::actor_cast<msg::session_client_actor>(self), req,
+                        st.cluster->opts);
 }
 
 caf::behavior director_actor(director* self, Target* cluster, const model::Tokenizer* tok,
@@ -103,7 +104,7 @@ caf::behavior director_actor(director* self, Target* cluster, const model::Token
           std::printf(" [%s shard %lld] ", what, static_cast<long long>(inj[k].shard));
           std::fflush(stdout);
           st.cluster->apply(inj[k], ev.session);
-          self->send(caf::actor_cast<caf::actor>(self->current_sender()), atom::resume_atom_v);
+          self->send(caf::actor_cast<msg::session_actor>(self->current_sender()), atom::resume_atom_v);
         }
     },
     [=](msg::generation_result& r) {
@@ -156,14 +157,14 @@ int run(int argc, char** argv) {
       auto sup = runtime::connect_coordinator(sys, runtime::parse_endpoint(cluster_address, "cluster"));
       caf::scoped_actor self{sys};
       msg::route_info plan;
-      self->request(sup, std::chrono::seconds(30), atom::route_atom_v)
+      self->request(sup, std::chrono::seconds(30), atom::route_atom_v, std::vector<msg::shard_actor>{})
         .receive([&](msg::route_info& r) { plan = std::move(r); }, [](caf::error&) {});
       if (plan.hops.empty()) {
         std::fprintf(stderr, "scripted_generations: the cluster at %s has no complete route\n", cluster_address.c_str());
         return 1;
       }
       target.supervisor = sup;
-      target.cfg = model::read_config(plan.recipe.model);
+      target.cfg = runtime::cluster_model(sys, sup).to_config(); // from the cluster, no model files
       target.opts.max_context = target.cfg.max_seq_len;
       target.apply = [&sys, sup](const actors::Injection& inj, const std::string& s) {
         // Against processes an evicted cache and a killed node (replica or restart needed).

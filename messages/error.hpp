@@ -25,6 +25,9 @@ enum class ec : uint8_t {
   bad_shape = 13,
   /// A malformed request (mode, positions, empty input, ...).
   bad_request = 14,
+  /// A step, release or lease names a session id whose caches another owner
+  /// holds (a different session key); nothing of the owner's was touched.
+  session_conflict = 15,
   /// The shard's model rejected the input (token out of range, context overflow).
   model_error = 20,
   /// No complete route covers all layers within the wait bound.

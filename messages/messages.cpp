@@ -14,6 +14,7 @@ const char* to_string(ec code) {
     case ec::budget_exceeded: return "budget_exceeded";
     case ec::bad_shape: return "bad_shape";
     case ec::bad_request: return "bad_request";
+    case ec::session_conflict: return "session_conflict";
     case ec::model_error: return "model_error";
     case ec::no_route: return "no_route";
     case ec::step_timeout: return "step_timeout";
@@ -89,6 +90,18 @@ cache_recipe cache_recipe::of(const model::ModelConfig& cfg) {
   r.n_kv_heads = cfg.n_kv_heads;
   r.head_dim = cfg.head_dim;
   return r;
+}
+
+model::ModelConfig model_facts::to_config() const {
+  model::ModelConfig c;
+  c.architecture = architecture;
+  c.identity = model;
+  c.n_layers = n_layers;
+  c.vocab_size = vocab_size;
+  c.max_seq_len = max_seq_len;
+  c.bos_id = bos_id;
+  c.eos_ids = eos_ids;
+  return c;
 }
 
 void register_types(caf::actor_system_config& cfg) {

@@ -13,6 +13,49 @@
 #include <type_traits>
 #include <vector>
 
+namespace strata::atom {
+// (CAF_ADD_ATOM in 0.17.6 is only this alias; the atoms come first so that the
+// typed interfaces below can name them.)
+using release_atom = caf::atom_constant<caf::atom("release")>;
+constexpr release_atom release_atom_v = release_atom{};
+using register_atom = caf::atom_constant<caf::atom("register")>;
+constexpr register_atom register_atom_v = register_atom{};
+using route_atom = caf::atom_constant<caf::atom("route")>;
+constexpr route_atom route_atom_v = route_atom{};
+using bump_atom = caf::atom_constant<caf::atom("bump")>;
+constexpr bump_atom bump_atom_v = bump_atom{};
+using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
+constexpr subscribe_atom subscribe_atom_v = subscribe_atom{};
+using evict_atom = caf::atom_constant<caf::atom("evict")>;
+constexpr evict_atom evict_atom_v = evict_atom{};
+using desync_atom = caf::atom_constant<caf::atom("desync")>;
+constexpr desync_atom desync_atom_v = desync_atom{};
+using dup_atom = caf::atom_constant<caf::atom("dup")>;
+constexpr dup_atom dup_atom_v = dup_atom{};
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+constexpr stats_atom stats_atom_v = stats_atom{};
+using generate_atom = caf::atom_constant<caf::atom("generate")>;
+constexpr generate_atom generate_atom_v = generate_atom{};
+using step_atom = caf::atom_constant<caf::atom("step")>;
+constexpr step_atom step_atom_v = step_atom{};
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+constexpr cancel_atom cancel_atom_v = cancel_atom{};
+using retry_atom = caf::atom_constant<caf::atom("retry")>;
+constexpr retry_atom retry_atom_v = retry_atom{};
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+constexpr tick_atom tick_atom_v = tick_atom{};
+using resume_atom = caf::atom_constant<caf::atom("resume")>;
+constexpr resume_atom resume_atom_v = resume_atom{};
+using crash_atom = caf::atom_constant<caf::atom("crash")>;
+constexpr crash_atom crash_atom_v = crash_atom{};
+using freeze_atom = caf::atom_constant<caf::atom("freeze")>;
+constexpr freeze_atom freeze_atom_v = freeze_atom{};
+using model_atom = caf::atom_constant<caf::atom("model")>;
+constexpr model_atom model_atom_v = model_atom{};
+using lease_atom = caf::atom_constant<caf::atom("lease")>;
+constexpr lease_atom lease_atom_v = lease_atom{};
+} // namespace strata::atom
+
 namespace strata::msg {
 
 namespace wire {
@@ -97,6 +140,89 @@ typename Inspector::result_type inspect(Inspector& f, bits<F>& b) {
 using wire::guard;
 using wire::raw;
 
+/// The secret that binds a session's caches to the session that made them. The
+/// session actor mints it (128 random bits) and carries it in every step and
+/// release; a shard refuses a step or release for an existing session id that
+/// carries another key (ec::session_conflict). It is never logged or shown.
+struct session_key {
+  uint64_t hi = 0;
+  uint64_t lo = 0;
+  bool empty() const { return hi == 0 && lo == 0; }
+  friend bool operator==(const session_key&, const session_key&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, session_key& x) {
+  return f(caf::meta::type_name("session_key"), x.hi, x.lo);
+}
+
+struct step_request;
+struct step_reply;
+struct shard_stats;
+struct route_info;
+struct model_facts;
+struct cache_recipe;
+
+/// A shard actor as sessions and the supervisor see it (production interface).
+///   step_request                      -> step_reply (token or cache_miss) | error;
+///                                        non-tail shards delegate along the route
+///   (release_atom, session, key)      -> drops the session's caches (owner only)
+///   (lease_atom, session, key)        -> renews the session's lease (owner only)
+///   (stats_atom)                      -> shard_stats
+using shard_actor = caf::typed_actor<caf::replies_to<step_request>::with<step_reply>,
+                                     caf::reacts_to<atom::release_atom, std::string, session_key>,
+                                     caf::reacts_to<atom::lease_atom, std::string, session_key>,
+                                     caf::replies_to<atom::stats_atom>::with<shard_stats>>;
+
+/// Failure injection on a shard: a separate interface, held only by tools and
+/// tests that inject (never by sessions or the supervisor).
+///   (evict_atom, session, uint8 reason) -> drops one session's caches ("" = all)
+///   (desync_atom)                       -> the next request is treated as carrying a wrong past_len
+///   (dup_atom)                          -> the next decode request is applied twice
+///   (crash_atom)                        -> the node process exits abruptly (nodes only)
+///   (freeze_atom, ms)                   -> the node process stops answering for ms (nodes only)
+using shard_injection_actor = caf::typed_actor<caf::replies_to<atom::evict_atom, std::string, uint8_t>::with<void>,
+                                               caf::reacts_to<atom::desync_atom>, caf::reacts_to<atom::dup_atom>,
+                                               caf::replies_to<atom::crash_atom>::with<void>,
+                                               caf::replies_to<atom::freeze_atom, int64_t>::with<void>>;
+
+/// What a shard actor implements: both.
+using shard_full_actor = shard_actor::extend_with<shard_injection_actor>;
+
+/// The route supervisor as shard nodes, sessions and clients see it.
+///   (register_atom, shard, first, last, recipe, facts) -> int64 epoch | incompatible_recipe
+///   (route_atom, vector<shard_actor> avoid) -> route_info (waits up to route_wait) | no_route
+///   (subscribe_atom)          -> the sender (a session) gets route_info on every change
+///   (stats_atom)              -> route_info: the current plan
+///   (get_atom)                -> route_info listing every registered shard
+///   (model_atom)              -> model_facts of the cluster's model (vocab_size 0: none yet)
+using supervisor_actor =
+  caf::typed_actor<caf::replies_to<atom::register_atom, shard_actor, int64_t, int64_t, cache_recipe, model_facts>::with<int64_t>,
+                   caf::replies_to<atom::route_atom, std::vector<shard_actor>>::with<route_info>,
+                   caf::reacts_to<atom::subscribe_atom>, caf::replies_to<atom::stats_atom>::with<route_info>,
+                   caf::replies_to<caf::get_atom>::with<route_info>, caf::replies_to<atom::model_atom>::with<model_facts>>;
+
+/// Failure injection on the supervisor: (bump_atom) -> the new epoch.
+using supervisor_injection_actor = caf::typed_actor<caf::replies_to<atom::bump_atom>::with<int64_t>>;
+
+struct token_event;
+struct generation_result;
+
+/// What a session sends its client: every token_event in order, then one
+/// generation_result or one caf::error. (Blocking clients hold an untyped
+/// scoped_actor and actor_cast it to this.)
+using session_client_actor = caf::typed_actor<caf::reacts_to<token_event>, caf::reacts_to<generation_result>,
+                                              caf::reacts_to<caf::error>>;
+
+/// The session actor as its client and the supervisor see it.
+///   route_info                    -> (from the supervisor) the route changed
+///   (resume_atom)                 -> go on after a pause_after point
+///   (cancel_atom)                 -> end now with ec::cancelled
+///   (register_atom, supervisor)   -> follow a restarted coordinator
+using session_actor = caf::typed_actor<caf::reacts_to<route_info>, caf::reacts_to<atom::resume_atom>,
+                                       caf::reacts_to<atom::cancel_atom>,
+                                       caf::reacts_to<atom::register_atom, supervisor_actor>>;
+
 /// A tensor on the wire: dtype + shape + raw bytes (host byte order; strata
 /// nodes are little-endian x86-64/aarch64). Bytes (de)serialize with one memcpy.
 struct tensor_blob {
@@ -136,9 +262,33 @@ typename Inspector::result_type inspect(Inspector& f, cache_recipe& x) {
            x.head_dim);
 }
 
+/// What a client needs to know of the cluster's model, without its files: the
+/// shard nodes report it when they register; clients ask the supervisor.
+struct model_facts {
+  std::string architecture;
+  std::string model;     ///< identity: checkpoint path or builtin:NAME
+  int64_t n_layers = 0;
+  int64_t vocab_size = 0; ///< 0: no shard has registered yet
+  int64_t max_seq_len = 0;
+  int32_t bos_id = -1;
+  std::vector<int32_t> eos_ids;
+  std::string tokenizer; ///< the model's own tokenizer ("builtin:bytes"), or "" (bring one)
+
+  static model_facts of(const model::ModelConfig& cfg);
+  /// A config with these facts (enough for stop rules, tokenizers and chat formats).
+  model::ModelConfig to_config() const;
+  friend bool operator==(const model_facts&, const model_facts&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, model_facts& x) {
+  return f(caf::meta::type_name("model_facts"), x.architecture, x.model, x.n_layers, x.vocab_size, x.max_seq_len,
+           x.bos_id, guard(x.eos_ids), x.tokenizer);
+}
+
 /// One shard of a route.
 struct hop {
-  caf::actor shard;
+  shard_actor shard;
   int64_t first = 0;
   int64_t last = 0;
 };
@@ -180,6 +330,7 @@ enum class step_mode : uint8_t { prefill = 0, decode = 1 };
 /// each shard must already hold (0 for prefill).
 struct step_request {
   std::string session;
+  session_key key; ///< the owner's secret (see session_key)
   int64_t epoch = 0;
   int64_t step_id = 0;
   uint8_t mode = 0; // step_mode
@@ -195,7 +346,7 @@ struct step_request {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_request& x) {
-  return f(caf::meta::type_name("step_request"), x.session, x.epoch, x.step_id, x.mode, x.past_len,
+  return f(caf::meta::type_name("step_request"), x.session, x.key, x.epoch, x.step_id, x.mode, x.past_len,
            guard(x.positions), guard(x.tokens), x.hidden, x.recipe, guard(x.route), x.hop_index, x.sampling);
 }
 
@@ -243,12 +394,14 @@ struct shard_stats {
   uint64_t evictions = 0;
   uint64_t steps = 0;
   uint64_t duplicates = 0;
+  uint64_t conflicts = 0; ///< steps/releases refused with session_conflict
+  uint64_t orphans = 0;   ///< sessions dropped because their owner ended or its lease ran out
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
   return f(caf::meta::type_name("shard_stats"), x.first, x.last, x.cache_bytes, x.sessions, x.hits,
-           guard(x.misses), x.evictions, x.steps, x.duplicates);
+           guard(x.misses), x.evictions, x.steps, x.duplicates, x.conflicts, x.orphans);
 }
 
 /// Streamed to a generation's client for every token, in order.
@@ -286,7 +439,7 @@ typename Inspector::result_type inspect(Inspector& f, generation_result& x) {
 
 /// A generation's request: prompt ids, limits, sampling.
 struct generation_request {
-  std::string session; // empty: the session picks one
+  std::string session; // from mint_session_id(); empty: the session mints one
   std::vector<int32_t> prompt;
   int64_t max_tokens = 128;
   sampling_state sampling; // rng_state = the seed
@@ -317,23 +470,11 @@ CAF_BEGIN_TYPE_ID_BLOCK(strata, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(strata, (strata::msg::generation_result))
   CAF_ADD_TYPE_ID(strata, (strata::msg::generation_request))
   CAF_ADD_TYPE_ID(strata, (std::vector<strata::msg::hop>))
-  CAF_ADD_ATOM(strata, strata::atom, release_atom, "release")
-  CAF_ADD_ATOM(strata, strata::atom, register_atom, "register")
-  CAF_ADD_ATOM(strata, strata::atom, route_atom, "route")
-  CAF_ADD_ATOM(strata, strata::atom, bump_atom, "bump")
-  CAF_ADD_ATOM(strata, strata::atom, subscribe_atom, "subscribe")
-  CAF_ADD_ATOM(strata, strata::atom, evict_atom, "evict")
-  CAF_ADD_ATOM(strata, strata::atom, desync_atom, "desync")
-  CAF_ADD_ATOM(strata, strata::atom, dup_atom, "dup")
-  CAF_ADD_ATOM(strata, strata::atom, stats_atom, "stats")
-  CAF_ADD_ATOM(strata, strata::atom, generate_atom, "generate")
-  CAF_ADD_ATOM(strata, strata::atom, step_atom, "step")
-  CAF_ADD_ATOM(strata, strata::atom, cancel_atom, "cancel")
-  CAF_ADD_ATOM(strata, strata::atom, retry_atom, "retry")
-  CAF_ADD_ATOM(strata, strata::atom, tick_atom, "tick")
-  CAF_ADD_ATOM(strata, strata::atom, resume_atom, "resume")
-  CAF_ADD_ATOM(strata, strata::atom, crash_atom, "crash")
-  CAF_ADD_ATOM(strata, strata::atom, freeze_atom, "freeze")
+  CAF_ADD_TYPE_ID(strata, (strata::msg::session_key))
+  CAF_ADD_TYPE_ID(strata, (strata::msg::model_facts))
+  CAF_ADD_TYPE_ID(strata, (strata::msg::shard_actor))
+  CAF_ADD_TYPE_ID(strata, (std::vector<strata::msg::shard_actor>))
+  CAF_ADD_TYPE_ID(strata, (strata::msg::supervisor_actor))
 CAF_END_TYPE_ID_BLOCK(strata)
 
 namespace strata::msg {

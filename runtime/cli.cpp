@@ -3,6 +3,7 @@
 #include "actors/cluster.hpp"
 #include "runtime/certs.hpp"
 #include "runtime/cluster.hpp"
+#include "messages/session_id.hpp"
 #include "model/error.hpp"
 #include "model/tokenizer.hpp"
 #include "runtime/args.hpp"
@@ -93,24 +94,31 @@ int cmd_generate(int argc, char** argv) {
   model::set_num_threads(threads);
   const bool actors_mode = a.has("shards") || a.has("inject") || on_cluster;
   caf::actor_system* csys = nullptr;
-  caf::actor coordinator;
+  msg::supervisor_actor coordinator;
   int64_t cluster_hops = 0;
+  model::ModelConfig cfg;
   if (on_cluster) {
+    // Everything about the model comes from the cluster: no model files here.
     csys = &client_system(liveness_from(a), tls_from(a));
     coordinator = connect_coordinator(*csys, parse_endpoint(a.str("cluster"), "cluster"));
     caf::scoped_actor self{*csys};
     msg::route_info plan;
     caf::error err;
-    self->request(coordinator, std::chrono::seconds(30), atom::route_atom_v)
+    self->request(coordinator, std::chrono::seconds(30), atom::route_atom_v, std::vector<msg::shard_actor>{})
       .receive([&](msg::route_info& r) { plan = std::move(r); }, [&](caf::error& e) { err = std::move(e); });
     if (err)
       throw model::Error(model::errc::io, "the cluster has no route: " + csys->render(err));
     cluster_hops = static_cast<int64_t>(plan.hops.size());
-    if (model_spec.empty())
-      model_spec = plan.recipe.model;
+    const auto facts = cluster_model(*csys, coordinator);
+    if (!model_spec.empty() && model_spec != facts.model)
+      throw UsageError("--model '" + model_spec + "' is not the cluster's model '" + facts.model +
+                       "' (omit --model with --cluster)");
+    model_spec = facts.model;
+    cfg = facts.to_config();
+  } else {
+    cfg = model::read_config(model_spec);
   }
 
-  const model::ModelConfig cfg = model::read_config(model_spec);
   std::unique_ptr<LocalPipeline> pipe;
   if (!actors_mode)
     pipe = std::make_unique<LocalPipeline>(model_spec);
@@ -171,7 +179,7 @@ int cmd_generate(int argc, char** argv) {
     caf::actor_system& sys = on_cluster ? *csys : *lsys;
     const auto inject = actors::parse_injections(a.str("inject"), n_hops, on_cluster);
     msg::generation_request greq;
-    greq.session = "cli-1";
+    greq.session = msg::mint_session_id("cli");
     greq.prompt = req.prompt_ids;
     greq.max_tokens = req.max_tokens;
     greq.sampling = {req.sampling.temperature, req.sampling.top_k, req.sampling.top_p,
@@ -186,7 +194,7 @@ int cmd_generate(int argc, char** argv) {
                        apply_remote_injection(sys, coordinator, inj, session);
                      },
                      [&](const msg::token_event& ev) { emit(ev.token); },
-                     [&]() -> caf::actor { // the coordinator restarted
+                     [&]() -> msg::supervisor_actor { // the coordinator restarted
                        auto fresh = reconnect_coordinator(sys, parse_endpoint(a.str("cluster"), "cluster"));
                        if (fresh)
                          coordinator = fresh;

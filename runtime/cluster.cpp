@@ -75,13 +75,13 @@ void end_process(int code) {
   std::_Exit(code);
 }
 
-caf::expected<caf::actor> try_connect(caf::actor_system& sys, const Endpoint& ep) {
+caf::expected<msg::supervisor_actor> try_connect(caf::actor_system& sys, const Endpoint& ep) {
   if (sys.has_openssl_manager())
-    return caf::openssl::remote_actor<caf::actor>(sys, ep.host, ep.port);
-  return sys.middleman().remote_actor(ep.host, ep.port);
+    return caf::openssl::remote_actor<msg::supervisor_actor>(sys, ep.host, ep.port);
+  return sys.middleman().remote_actor<msg::supervisor_actor>(ep.host, ep.port);
 }
 
-caf::actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep, std::chrono::seconds within) {
+msg::supervisor_actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep, std::chrono::seconds within) {
   const auto deadline = std::chrono::steady_clock::now() + within;
   while (std::chrono::steady_clock::now() < deadline) {
     if (auto sup = try_connect(sys, ep))
@@ -89,10 +89,10 @@ caf::actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep, std
     caf::scoped_actor pause{sys}; // back off before the next attempt
     pause->receive(caf::after(200ms) >> [] {});
   }
-  return caf::actor{};
+  return msg::supervisor_actor{};
 }
 
-caf::actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep) {
+msg::supervisor_actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep) {
   auto sup = try_connect(sys, ep);
   if (!sup)
     throw model::Error(model::errc::io, "cannot reach the coordinator at " + ep.host + ":" + std::to_string(ep.port) +
@@ -201,13 +201,14 @@ void run_waiter() {
 // ---------------------------------------------------------------- registrar
 
 struct registrar_state {
-  caf::actor shard;
-  std::function<caf::actor()> respawn; // a fresh shard actor over the same weights
+  msg::shard_full_actor shard;
+  std::function<msg::shard_full_actor()> respawn; // a fresh shard actor over the same weights
   bool replacing = false;
-  caf::actor coordinator;
+  msg::supervisor_actor coordinator;
   Endpoint join;
   model::LayerRange range;
   msg::cache_recipe recipe;
+  msg::model_facts facts;
   bool announced = false;
   caf::node_id coordinator_node; // the coordinator this node last registered with
   bool lost = false;             // ... and lost since
@@ -239,9 +240,10 @@ void try_register(caf::stateful_actor<registrar_state>* self) {
         }
         st.coordinator_node = nid;
         st.lost = false;
-        st.coordinator = caf::actor_cast<caf::actor>(std::move(p));
+        st.coordinator = caf::actor_cast<msg::supervisor_actor>(std::move(p));
         self->monitor(st.coordinator);
-        self->request(st.coordinator, 5s, atom::register_atom_v, st.shard, st.range.first, st.range.last, st.recipe)
+        self->request(st.coordinator, 5s, atom::register_atom_v, msg::shard_actor{st.shard}, st.range.first,
+                      st.range.last, st.recipe, st.facts)
           .then(
             [=](int64_t epoch) {
               auto& st = self->state;
@@ -274,14 +276,15 @@ void try_register(caf::stateful_actor<registrar_state>* self) {
       });
 }
 
-caf::behavior registrar(caf::stateful_actor<registrar_state>* self, std::function<caf::actor()> respawn,
-                        Endpoint join, model::LayerRange range, msg::cache_recipe recipe) {
+caf::behavior registrar(caf::stateful_actor<registrar_state>* self, std::function<msg::shard_full_actor()> respawn,
+                        Endpoint join, model::LayerRange range, msg::cache_recipe recipe, msg::model_facts facts) {
   auto& st = self->state;
   st.respawn = std::move(respawn);
   st.shard = st.respawn();
   st.join = std::move(join);
   st.range = range;
   st.recipe = std::move(recipe);
+  st.facts = std::move(facts);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
     if (st.replacing && dm.source == st.shard.address()) {
@@ -297,7 +300,7 @@ caf::behavior registrar(caf::stateful_actor<registrar_state>* self, std::functio
     // The coordinator went away (restart, network, or this node was frozen and
     // every peer dropped it): peers consider this node's actors dead, so come
     // back with a new shard actor, once the old one has stopped using the weights.
-    st.coordinator = nullptr;
+    st.coordinator = msg::supervisor_actor{};
     st.lost = true;
     std::fprintf(stderr, "strata node: lost the coordinator (%s); re-registering\n",
                  self->system().render(dm.reason).c_str());
@@ -419,40 +422,44 @@ int run_node(int argc, char** argv) {
   const sigset_t stop_signals = block_stop_signals();
   cluster_config cfg{live, tls};
   caf::actor_system sys{cfg};
-  caf::actor published;
+  msg::supervisor_actor supervisor;
+  msg::shard_full_actor published;
   caf::actor helper;
-  std::function<caf::actor()> respawn;
+  std::function<msg::shard_full_actor()> respawn;
   if (coordinator) {
     actors::SupervisorOptions opts;
     opts.route_wait = std::chrono::milliseconds(a.integer("route-wait-ms", 10000, 1, 3600000));
-    published = sys.spawn(actors::supervisor_actor, opts);
+    supervisor = actors::spawn_supervisor(sys, opts);
   } else {
     actors::ShardHooks hooks;
     hooks.crash = [] { std::_Exit(137); };
     hooks.freeze = [](int64_t ms) { freeze_process(ms); };
     published = actors::spawn_shard(sys, shard, limits, hooks, request_limits);
-    respawn = [&sys, shard, limits, hooks, request_limits, first = std::make_shared<caf::actor>(published)]() mutable {
+    respawn = [&sys, shard, limits, hooks, request_limits, first = std::make_shared<msg::shard_full_actor>(published)]() mutable {
       if (*first) { // the published actor serves the first incarnation
         auto a = std::move(*first);
-        *first = nullptr;
+        *first = msg::shard_full_actor{};
         return a;
       }
       return actors::spawn_shard(sys, shard, limits, hooks, request_limits);
     };
   }
-  auto port = tls.enabled() ? caf::openssl::publish(published, listen.port, listen.host.c_str(), true)
-                            : sys.middleman().publish(published, listen.port, listen.host.c_str(), true);
+  auto publish = [&](const auto& handle) {
+    return tls.enabled() ? caf::openssl::publish(handle, listen.port, listen.host.c_str(), true)
+                         : sys.middleman().publish(handle, listen.port, listen.host.c_str(), true);
+  };
+  auto port = coordinator ? publish(supervisor) : publish(published);
   if (!port) {
     std::fprintf(stderr, "strata node: error: cannot listen on %s:%u: %s\n", listen.host.c_str(), listen.port,
                  sys.render(port.error()).c_str());
-    caf::anon_send_exit(published, caf::exit_reason::user_shutdown);
-    return 1;
+    std::_Exit(1);
   }
   if (coordinator) {
     std::printf("ready coordinator %s:%u\n", listen.host.c_str(), *port);
     std::fflush(stdout);
   } else {
-    helper = sys.spawn(registrar, respawn, join, range, msg::cache_recipe::of(shard->config()));
+    helper = sys.spawn(registrar, respawn, join, range, msg::cache_recipe::of(shard->config()),
+                       msg::model_facts::of(shard->config()));
   }
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -473,18 +480,19 @@ namespace {
 // Makes the node of `target` exit abruptly, then waits until the supervisor
 // (connected to that node directly) has seen it go, so that sessions re-plan
 // around it instead of timing out on it.
-void crash_and_wait(caf::actor_system& sys, caf::actor supervisor, caf::actor target) {
-  caf::anon_send(target, atom::crash_atom_v);
+void crash_and_wait(caf::actor_system& sys, msg::supervisor_actor supervisor, msg::shard_actor target) {
+  caf::anon_send(caf::actor_cast<msg::shard_injection_actor>(target), atom::crash_atom_v);
   actors::wait_until_unregistered(sys, supervisor, target);
 }
 
 } // namespace
 
-void apply_remote_injection(caf::actor_system& sys, caf::actor supervisor, const actors::Injection& inj,
+void apply_remote_injection(caf::actor_system& sys, msg::supervisor_actor supervisor, const actors::Injection& inj,
                             const std::string& session) {
   caf::scoped_actor self{sys};
   if (inj.kind == actors::Injection::epoch) {
-    self->request(supervisor, 10s, atom::bump_atom_v).receive([](int64_t) {}, [](caf::error&) {});
+    self->request(caf::actor_cast<msg::supervisor_injection_actor>(supervisor), 10s, atom::bump_atom_v)
+      .receive([](int64_t) {}, [](caf::error&) {});
     return;
   }
   msg::route_info plan;
@@ -492,9 +500,10 @@ void apply_remote_injection(caf::actor_system& sys, caf::actor supervisor, const
     .receive([&](msg::route_info& r) { plan = std::move(r); }, [](caf::error&) {});
   if (inj.shard >= static_cast<int64_t>(plan.hops.size()))
     return; // no such hop in the current plan (e.g. no complete route)
-  auto target = plan.hops[static_cast<std::size_t>(inj.shard)].shard;
+  auto shard = plan.hops[static_cast<std::size_t>(inj.shard)].shard;
+  auto target = caf::actor_cast<msg::shard_injection_actor>(shard);
   switch (inj.kind) {
-    case actors::Injection::kill: crash_and_wait(sys, supervisor, target); break;
+    case actors::Injection::kill: crash_and_wait(sys, supervisor, shard); break;
     case actors::Injection::freeze: self->send(target, atom::freeze_atom_v, int64_t{3000}); break;
     case actors::Injection::evict:
       self->send(target, atom::evict_atom_v, session, static_cast<uint8_t>(inj.reason));
@@ -505,18 +514,31 @@ void apply_remote_injection(caf::actor_system& sys, caf::actor supervisor, const
   }
 }
 
-msg::route_info cluster_view(caf::actor_system& sys, caf::actor sup) {
+msg::route_info cluster_view(caf::actor_system& sys, msg::supervisor_actor sup) {
   caf::scoped_actor self{sys};
   caf::error err;
   msg::route_info all;
-  self->request(sup, 10s, caf::get_atom::value)
+  self->request(sup, 10s, caf::get_atom_v)
     .receive([&](msg::route_info& r) { all = std::move(r); }, [&](caf::error& e) { err = e; });
   if (err)
     throw model::Error(model::errc::io, "the coordinator did not answer: " + sys.render(err));
   return all;
 }
 
-std::vector<ShardView> list_shards(caf::actor_system& sys, caf::actor sup, msg::route_info& all) {
+msg::model_facts cluster_model(caf::actor_system& sys, msg::supervisor_actor sup) {
+  caf::scoped_actor self{sys};
+  caf::error err;
+  msg::model_facts facts;
+  self->request(sup, 10s, atom::model_atom_v)
+    .receive([&](msg::model_facts& f) { facts = std::move(f); }, [&](caf::error& e) { err = e; });
+  if (err)
+    throw model::Error(model::errc::io, "the coordinator did not answer: " + sys.render(err));
+  if (facts.vocab_size <= 0)
+    throw model::Error(model::errc::bad_argument, "the cluster has no model yet: no shard node has registered");
+  return facts;
+}
+
+std::vector<ShardView> list_shards(caf::actor_system& sys, msg::supervisor_actor sup, msg::route_info& all) {
   all = cluster_view(sys, sup);
   caf::scoped_actor self{sys};
   std::vector<ShardView> out;
@@ -534,13 +556,13 @@ std::vector<ShardView> list_shards(caf::actor_system& sys, caf::actor sup, msg::
   return out;
 }
 
-std::string inject_node(caf::actor_system& sys, caf::actor sup, const std::string& kind, const std::string& node,
+std::string inject_node(caf::actor_system& sys, msg::supervisor_actor sup, const std::string& kind, const std::string& node,
                         const std::string& session, int64_t seconds) {
   caf::scoped_actor self{sys};
   if (kind == "epoch") {
     int64_t epoch = -1;
     caf::error err;
-    self->request(sup, 10s, atom::bump_atom_v).receive([&](int64_t e) { epoch = e; }, [&](caf::error& e) { err = e; });
+    self->request(caf::actor_cast<msg::supervisor_injection_actor>(sup), 10s, atom::bump_atom_v).receive([&](int64_t e) { epoch = e; }, [&](caf::error& e) { err = e; });
     if (err)
       throw model::Error(model::errc::io, "epoch: the coordinator did not answer: " + sys.render(err));
     return "epoch " + std::to_string(epoch);
@@ -562,11 +584,12 @@ std::string inject_node(caf::actor_system& sys, caf::actor sup, const std::strin
   } else if (kind == "freeze") {
     // A request, so that a client does not end before the message left; the
     // node may freeze before its answer does, so no answer is fine too.
-    self->request(target->hop.shard, 2s, atom::freeze_atom_v, seconds * 1000).receive([] {}, [](caf::error&) {});
+    self->request(caf::actor_cast<msg::shard_injection_actor>(target->hop.shard), 2s, atom::freeze_atom_v,
+                  seconds * 1000).receive([] {}, [](caf::error&) {});
   } else {
     bool done = false;
     std::string why;
-    self->request(target->hop.shard, 10s, atom::evict_atom_v, session,
+    self->request(caf::actor_cast<msg::shard_injection_actor>(target->hop.shard), 10s, atom::evict_atom_v, session,
                   static_cast<uint8_t>(msg::miss_reason::evicted_lru))
       .receive([&] { done = true; }, [&](caf::error& e) { why = sys.render(e); });
     if (!done)

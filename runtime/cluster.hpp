@@ -72,12 +72,12 @@ int run_inject(int argc, char** argv);
 
 /// Connects to a coordinator and returns its supervisor. Throws model::Error(io).
 /// Uses TLS when the system was configured with it.
-caf::actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep);
+msg::supervisor_actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep);
 /// The same without throwing.
-caf::expected<caf::actor> try_connect(caf::actor_system& sys, const Endpoint& ep);
+caf::expected<msg::supervisor_actor> try_connect(caf::actor_system& sys, const Endpoint& ep);
 /// After a coordinator restart: tries to connect every 200 ms until `within` has
 /// passed; returns the new supervisor, or an invalid handle.
-caf::actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep,
+msg::supervisor_actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep,
                                  std::chrono::seconds within = std::chrono::seconds(30));
 
 /// A registered shard with its stats (answered = it replied within 2 s).
@@ -90,22 +90,27 @@ struct ShardView {
 /// The supervisor's view: epoch, recipe and every registered shard (in
 /// registration order, not a chain). Throws model::Error(io) if the coordinator
 /// does not answer within 10 s.
-msg::route_info cluster_view(caf::actor_system& sys, caf::actor sup);
+msg::route_info cluster_view(caf::actor_system& sys, msg::supervisor_actor sup);
+
+/// The cluster's model as its shard nodes reported it (no model files needed).
+/// Throws model::Error(io) if the coordinator does not answer within 10 s, and
+/// model::Error(bad_argument) when no shard node has registered yet.
+msg::model_facts cluster_model(caf::actor_system& sys, msg::supervisor_actor sup);
 
 /// Every registered shard, in registration order, with its stats; `all` gets
 /// the supervisor's view (epoch, recipe). Throws model::Error(io) if the
 /// coordinator does not answer within 10 s.
-std::vector<ShardView> list_shards(caf::actor_system& sys, caf::actor sup, msg::route_info& all);
+std::vector<ShardView> list_shards(caf::actor_system& sys, msg::supervisor_actor sup, msg::route_info& all);
 
 /// `strata inject`: kind kill|freeze|evict|epoch against node `node` (an index
 /// from `strata status` or a node id); evict drops `session` ("" = all). Returns
 /// what was done, one line. Throws model::Error naming what is wrong.
-std::string inject_node(caf::actor_system& sys, caf::actor sup, const std::string& kind, const std::string& node,
+std::string inject_node(caf::actor_system& sys, msg::supervisor_actor sup, const std::string& kind, const std::string& node,
                         const std::string& session, int64_t seconds);
 
 /// Applies an injection against a cluster of processes: hop I is looked up in
 /// the supervisor's current plan.
-void apply_remote_injection(caf::actor_system& sys, caf::actor supervisor, const actors::Injection& inj,
+void apply_remote_injection(caf::actor_system& sys, msg::supervisor_actor supervisor, const actors::Injection& inj,
                             const std::string& session);
 
 } // namespace strata::runtime

@@ -1,6 +1,7 @@
 #include "server/http_server.hpp"
 
 #include "actors/cluster.hpp"
+#include "messages/session_id.hpp"
 #include "model/error.hpp"
 #include "model/sampler.hpp"
 #include "runtime/args.hpp"
@@ -76,7 +77,7 @@ class Connection;
 struct Job {
   std::atomic<bool> cancelled{false};
   std::mutex mu;
-  caf::actor session;
+  msg::session_actor session;
   void cancel() {
     cancelled = true;
     std::lock_guard<std::mutex> g(mu);
@@ -87,8 +88,8 @@ struct Job {
 
 struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   caf::actor_system& sys;
-  std::function<caf::actor()> supervisor;
-  std::function<caf::actor()> reconnect;
+  std::function<msg::supervisor_actor()> supervisor;
+  std::function<msg::supervisor_actor()> reconnect;
   ServerOptions opts;
   net::io_context ioc{1};
   tcp::acceptor acceptor{ioc};
@@ -100,33 +101,37 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   bool draining = false;
   std::set<std::shared_ptr<Connection>> generating; // io thread only
   std::atomic<std::size_t> in_flight{0};
-  std::atomic<uint64_t> session_counter{0};
 
-  Impl(caf::actor_system& s, std::function<caf::actor()> sup, std::function<caf::actor()> rc, ServerOptions o)
+  Impl(caf::actor_system& s, std::function<msg::supervisor_actor()> sup, std::function<msg::supervisor_actor()> rc, ServerOptions o)
     : sys(s), supervisor(std::move(sup)), reconnect(std::move(rc)), opts(std::move(o)) {}
 
   // Loads the model's config and tokenizer the first time the cluster has one.
   std::optional<ApiError> ensure_model(ModelState& out) {
     std::lock_guard<std::mutex> g(model_mu);
     if (!model.loaded) {
-      msg::route_info all;
+      // The model's facts come from the cluster (its shard nodes reported
+      // them): this process needs no model files, only a tokenizer.
+      msg::model_facts facts;
       try {
-        all = runtime::cluster_view(sys, supervisor());
-      } catch (const std::exception& e) {
-        return api_error(503, std::string("the cluster is not reachable: ") + e.what(), "server_error",
-                         "cluster_unavailable");
+        facts = runtime::cluster_model(sys, supervisor());
+      } catch (const model::Error& e) {
+        return api_error(503, e.code() == model::errc::io ? std::string("the cluster is not reachable: ") + e.what()
+                                                          : std::string(e.what()),
+                         "server_error", "cluster_unavailable");
       }
-      if (all.recipe.model.empty())
-        return api_error(503, "the cluster has no model yet: no shard node has registered", "server_error",
-                         "cluster_unavailable");
       try {
-        model.cfg = model::read_config(all.recipe.model);
+        model.cfg = facts.to_config();
         model.tok = opts.tokenizer.empty() ? std::shared_ptr<model::Tokenizer>(model::default_tokenizer_for(model.cfg))
                                            : std::shared_ptr<model::Tokenizer>(model::Tokenizer::load(opts.tokenizer));
       } catch (const std::exception& e) {
-        return api_error(500, std::string("cannot load the model's config or tokenizer: ") + e.what(), "server_error");
+        return api_error(500, std::string("cannot load the tokenizer: ") + e.what(), "server_error");
       }
-      model.id = all.recipe.model;
+      if (model.tok && model.tok->vocab_size() > model.cfg.vocab_size)
+        return api_error(500, "the tokenizer has " + std::to_string(model.tok->vocab_size()) +
+                                " tokens but the cluster's model has a vocabulary of " +
+                                std::to_string(model.cfg.vocab_size),
+                         "server_error");
+      model.id = facts.model;
       model.family = chat_family(model.cfg);
       model.loaded = true;
     }
@@ -453,7 +458,7 @@ private:
       return;
     }
     msg::generation_request g;
-    g.session = "http-" + std::to_string(++srv_->session_counter) + "-" + make_id("").substr(0, 8);
+    g.session = msg::mint_session_id("http");
     g.prompt = prompt;
     g.max_tokens = max_tokens;
     g.stop_ids = m.cfg.eos_ids;
@@ -475,7 +480,7 @@ private:
         net::post(self->sock_.get_executor(), [self, id = ev.token] { self->on_token(id); });
       },
       srv_->reconnect,
-      [job](caf::actor s) {
+      [job](msg::session_actor s) {
         std::lock_guard<std::mutex> lk(job->mu);
         job->session = s;
         if (job->cancelled)
@@ -738,7 +743,7 @@ void Server::Impl::begin_shutdown() {
   });
 }
 
-Server::Server(caf::actor_system& sys, std::function<caf::actor()> supervisor, std::function<caf::actor()> reconnect,
+Server::Server(caf::actor_system& sys, std::function<msg::supervisor_actor()> supervisor, std::function<msg::supervisor_actor()> reconnect,
                ServerOptions opts)
   : impl_(std::make_shared<Impl>(sys, std::move(supervisor), std::move(reconnect), std::move(opts))) {}
 
@@ -823,13 +828,13 @@ int run_serve(int argc, char** argv) {
                               "' needs --api-key (and a TLS proxy in front) or an explicit --insecure");
   const auto cluster_ep = runtime::parse_endpoint(a.required("cluster"), "cluster");
   auto& sys = runtime::client_system(runtime::liveness_from(a), runtime::tls_from(a));
-  auto sup = std::make_shared<caf::actor>(runtime::connect_coordinator(sys, cluster_ep));
+  auto sup = std::make_shared<msg::supervisor_actor>(runtime::connect_coordinator(sys, cluster_ep));
   auto sup_mu = std::make_shared<std::mutex>();
   auto current = [sup, sup_mu] {
     std::lock_guard<std::mutex> g(*sup_mu);
     return *sup;
   };
-  auto reconnect = [&sys, sup, sup_mu, cluster_ep]() -> caf::actor {
+  auto reconnect = [&sys, sup, sup_mu, cluster_ep]() -> msg::supervisor_actor {
     auto fresh = runtime::reconnect_coordinator(sys, cluster_ep);
     if (fresh) {
       std::lock_guard<std::mutex> g(*sup_mu);

@@ -44,7 +44,7 @@ class Server {
 public:
   /// `supervisor` returns the current route supervisor; `reconnect` (optional)
   /// returns a new one after the coordinator restarted.
-  Server(caf::actor_system& sys, std::function<caf::actor()> supervisor, std::function<caf::actor()> reconnect,
+  Server(caf::actor_system& sys, std::function<msg::supervisor_actor()> supervisor, std::function<msg::supervisor_actor()> reconnect,
          ServerOptions opts);
   ~Server();
   Server(const Server&) = delete;

@@ -4,6 +4,7 @@
 
 #include "actors/cluster.hpp"
 #include "actors/shard_actor.hpp"
+#include "messages/session_id.hpp"
 #include "runtime/generator.hpp"
 #include "tests/support.hpp"
 
@@ -28,10 +29,11 @@ std::vector<int32_t> stateless_ids(const std::string& model, const std::vector<i
   return runtime::generate_stateless(pipe, req).ids;
 }
 
-msg::generation_request request(const std::string& session, std::vector<int32_t> prompt, int64_t n,
+// `what` names the test's session for humans; the id itself is minted.
+msg::generation_request request(const std::string& what, std::vector<int32_t> prompt, int64_t n,
                                 const model::ModelConfig& cfg) {
   msg::generation_request r;
-  r.session = session;
+  r.session = msg::mint_session_id(what);
   r.prompt = std::move(prompt);
   r.max_tokens = n;
   r.stop_ids = cfg.eos_ids;
@@ -197,7 +199,7 @@ TEST_F(ActorRuntime, SixteenConcurrentSessionsUnderATightBudget) {
 
 TEST_F(ActorRuntime, FrozenShardEndsInAClearErrorNotAHang) {
   // A "shard" that accepts steps and never answers (its promises are dropped).
-  auto sup = sys.spawn(actors::supervisor_actor, actors::SupervisorOptions{});
+  auto sup = actors::spawn_supervisor(sys, actors::SupervisorOptions{});
   auto frozen = sys.spawn(
     [](caf::event_based_actor* self, int) {
       return caf::behavior{[=](msg::step_request&) { return self->make_response_promise(); }};
@@ -205,15 +207,16 @@ TEST_F(ActorRuntime, FrozenShardEndsInAClearErrorNotAHang) {
     0);
   const auto cfg = model::read_config("builtin:tiny");
   caf::scoped_actor self{sys};
-  self->request(sup, std::chrono::seconds(5), atom::register_atom_v, frozen, int64_t{0}, int64_t{4},
-                msg::cache_recipe::of(cfg))
+  self->request(sup, std::chrono::seconds(5), atom::register_atom_v, caf::actor_cast<msg::shard_actor>(frozen),
+                int64_t{0}, int64_t{4}, msg::cache_recipe::of(cfg), msg::model_facts::of(cfg))
     .receive([](int64_t) {}, [](caf::error&) {});
   actors::SessionOptions opts;
   opts.step_timeout = std::chrono::milliseconds(100);
   opts.max_retries = 2;
   opts.backoff = std::chrono::milliseconds(10);
   const auto t0 = std::chrono::steady_clock::now();
-  self->spawn(actors::session_actor, sup, caf::actor_cast<caf::actor>(self), request("frozen", {1, 5}, 5, cfg), opts);
+  actors::spawn_session(sys, sup, caf::actor_cast<msg::session_client_actor>(self), request("frozen", {1, 5}, 5, cfg),
+                        opts);
   caf::error err;
   self->receive([&](caf::error& e) { err = e; }, [&](msg::generation_result&) {},
                 caf::after(std::chrono::seconds(10)) >> [] { ADD_FAILURE() << "the session hung"; });
@@ -231,8 +234,8 @@ TEST_F(ActorRuntime, CancelEndsTheSessionAndReleasesItsCaches) {
   caf::scoped_actor self{sys};
   auto req = request("cancel-me", {1, 5}, 100, c.config());
   req.pause_after = {3};
-  auto s = self->spawn(actors::session_actor, c.supervisor(), caf::actor_cast<caf::actor>(self), req,
-                       c.session_options());
+  auto s = actors::spawn_session(sys, c.supervisor(), caf::actor_cast<msg::session_client_actor>(self), req,
+                                 c.session_options());
   int tokens = 0;
   caf::error err;
   bool done = false;
@@ -258,7 +261,8 @@ TEST_F(ActorRuntime, IncompatibleShardIsRefused) {
   caf::scoped_actor self{sys};
   caf::error err;
   msg::cache_recipe r = msg::cache_recipe::of(model::read_config("builtin:qwen2-0.5b"));
-  self->request(c.supervisor(), std::chrono::seconds(5), atom::register_atom_v, other, int64_t{0}, int64_t{0}, r)
+  self->request(c.supervisor(), std::chrono::seconds(5), atom::register_atom_v, msg::shard_actor{other}, int64_t{0},
+                int64_t{0}, r, msg::model_facts::of(model::read_config("builtin:qwen2-0.5b")))
     .receive([](int64_t) {}, [&](caf::error& e) { err = e; });
   EXPECT_EQ(err, ec::incompatible_recipe);
   EXPECT_NE(sys.render(err).find("builtin:qwen2-0.5b"), std::string::npos) << sys.render(err);
@@ -298,7 +302,8 @@ TEST_F(ActorRuntime, BadRequestsGetTypedErrors) {
   // A forged step straight to a shard: wrong recipe, wrong shape.
   caf::scoped_actor self{sys};
   msg::step_request req;
-  req.session = "forged";
+  req.session = msg::mint_session_id("forged");
+  req.key = msg::mint_session_key();
   req.recipe = msg::cache_recipe::of(c.config());
   req.recipe.n_layers = 99;
   req.route = {msg::hop{c.shard(0), 0, 4}};
@@ -318,7 +323,7 @@ TEST_F(ActorRuntime, MalformedStepsAreRefusedAndTheShardKeepsServing) {
   actors::RequestLimits lim;
   lim.max_step_tokens = 8;
   lim.max_message_bytes = 4096;
-  caf::actor a = actors::spawn_shard(sys, shard, {}, {}, lim);
+  msg::shard_actor a = actors::spawn_shard(sys, shard, {}, {}, lim);
   caf::scoped_actor self{sys};
   auto ask = [&](msg::step_request r) {
     caf::error err;
@@ -327,7 +332,8 @@ TEST_F(ActorRuntime, MalformedStepsAreRefusedAndTheShardKeepsServing) {
     return std::pair{err, rep};
   };
   msg::step_request ok;
-  ok.session = "s";
+  ok.session = msg::mint_session_id("s");
+  ok.key = msg::mint_session_key();
   ok.recipe = msg::cache_recipe::of(shard->config());
   ok.route = {msg::hop{a, 0, 4}};
   ok.positions = {0, 1};
@@ -348,7 +354,7 @@ TEST_F(ActorRuntime, MalformedStepsAreRefusedAndTheShardKeepsServing) {
   EXPECT_EQ(ask(r).first, ec::bad_request); // negative positions
   r = ok;
   r.mode = static_cast<uint8_t>(msg::step_mode::decode);
-  r.session = "never-seen";
+  r.session = msg::mint_session_id("never-seen");
   r.past_len = 5;
   r.positions = {5};
   r.tokens = {1};
@@ -361,6 +367,131 @@ TEST_F(ActorRuntime, MalformedStepsAreRefusedAndTheShardKeepsServing) {
   EXPECT_FALSE(e4) << sys.render(e4);
   EXPECT_EQ(rep.kind, static_cast<uint8_t>(msg::reply_kind::token));
   caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+// Polls the shards' stats until `done` holds for all of them, or 10 s pass.
+bool until_stats(LocalCluster& c, const std::function<bool(const msg::shard_stats&)>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto all = c.stats();
+    if (!all.empty() && std::all_of(all.begin(), all.end(), done))
+      return true;
+  }
+  return false;
+}
+
+// A victim session paused mid-generation, driven by a scoped actor.
+struct Paused {
+  caf::scoped_actor self;
+  msg::session_actor session;
+  std::string id;
+  std::vector<int32_t> ids;
+  Paused(caf::actor_system& sys, LocalCluster& c, msg::generation_request req, int64_t pause_at) : self{sys} {
+    req.pause_after = {pause_at};
+    session = actors::spawn_session(sys, c.supervisor(), caf::actor_cast<msg::session_client_actor>(self), req,
+                                    c.session_options());
+    while (static_cast<int64_t>(ids.size()) < pause_at)
+      self->receive([&](msg::token_event& ev) {
+        id = ev.session;
+        ids.push_back(ev.token);
+      });
+  }
+  // Resumes and collects the rest; returns the error, if any.
+  caf::error finish() {
+    self->send(session, atom::resume_atom_v);
+    caf::error err;
+    bool done = false;
+    while (!done)
+      self->receive([&](msg::token_event& ev) { ids.push_back(ev.token); },
+                    [&](msg::generation_result&) { done = true; },
+                    [&](caf::error& e) {
+                      err = e;
+                      done = true;
+                    });
+    return err;
+  }
+};
+
+TEST_F(ActorRuntime, ForgedStepsAndReleasesForALiveSessionGetSessionConflict) {
+  LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-1,2-3,4"));
+  const std::vector<int32_t> prompt = {1, 72, 101, 108};
+  const auto expected = stateless_ids("builtin:tiny", prompt, 40);
+  Paused victim(sys, c, request("victim", prompt, 40, c.config()), 10);
+  ASSERT_TRUE(msg::valid_session_id(victim.id));
+  // A forger that knows the victim's id (it is in events and logs) but not its key.
+  caf::scoped_actor forger{sys};
+  msg::step_request f;
+  f.session = victim.id;
+  f.key = msg::mint_session_key();
+  f.recipe = msg::cache_recipe::of(c.config());
+  for (std::size_t i = 0; i < c.size(); ++i)
+    f.route.push_back(msg::hop{c.shard(i), i == 0 ? 0 : static_cast<int64_t>(i * 2), i == 2 ? 4 : static_cast<int64_t>(i * 2 + 1)});
+  f.epoch = INT64_MAX / 2; // a newer epoch must not supersede the owner's cache either
+  auto ask = [&](msg::step_request r) {
+    caf::error err;
+    forger->request(c.shard(0), std::chrono::seconds(5), r)
+      .receive([](msg::step_reply&) { ADD_FAILURE() << "a forged step was answered"; }, [&](caf::error& e) { err = e; });
+    return err;
+  };
+  // A decode step at the victim's position, and a prefill that would replace its cache.
+  f.mode = static_cast<uint8_t>(msg::step_mode::decode);
+  f.past_len = static_cast<int64_t>(prompt.size() + victim.ids.size()) - 1;
+  f.positions = {f.past_len};
+  f.tokens = {victim.ids.back()};
+  auto e1 = ask(f);
+  EXPECT_EQ(e1, ec::session_conflict) << sys.render(e1);
+  f.mode = static_cast<uint8_t>(msg::step_mode::prefill);
+  f.past_len = 0;
+  f.tokens = {1, 2, 3};
+  f.positions = {0, 1, 2};
+  auto e2 = ask(f);
+  EXPECT_EQ(e2, ec::session_conflict) << sys.render(e2);
+  // A forged release to every shard.
+  for (std::size_t i = 0; i < c.size(); ++i)
+    forger->send(c.shard(i), atom::release_atom_v, victim.id, f.key);
+  ASSERT_TRUE(until_stats(c, [](auto& s) { return s.conflicts >= 1; }));
+  for (auto& st : c.stats())
+    EXPECT_EQ(st.sessions, 1u) << "the victim's cache on shard " << st.first << "-" << st.last << " must survive";
+  EXPECT_FALSE(victim.finish());
+  EXPECT_EQ(victim.ids, expected);
+  for (auto& st : c.stats())
+    EXPECT_EQ(st.misses[static_cast<std::size_t>(miss_reason::superseded)], 0u);
+}
+
+TEST_F(ActorRuntime, ASessionThatEndsWithoutReleasingLeavesNoCaches) {
+  LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-2,3-4"));
+  Paused victim(sys, c, request("orphan", {1, 5, 9}, 40, c.config()), 5);
+  ASSERT_TRUE(until_stats(c, [](auto& s) { return s.sessions == 1; }));
+  caf::anon_send_exit(victim.session, caf::exit_reason::kill); // ends without its release
+  EXPECT_TRUE(until_stats(c, [](auto& s) { return s.sessions == 0 && s.orphans == 1; }))
+    << "every shard drops the caches of an owner that went down";
+}
+
+TEST_F(ActorRuntime, LeasesKeepLiveSessionsAndDropSilentOnes) {
+  actors::ClusterOptions opts;
+  opts.lease_period = std::chrono::milliseconds(50);
+  opts.session.lease_renew = std::chrono::milliseconds(20);
+  LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-2,3-4"), opts);
+  const std::vector<int32_t> prompt = {1, 40, 41};
+  const auto expected = stateless_ids("builtin:tiny", prompt, 30);
+  // A live session paused for 10 lease periods keeps its caches (it renews).
+  Paused live(sys, c, request("live", prompt, 30, c.config()), 5);
+  caf::scoped_actor wait{sys};
+  wait->receive(caf::after(std::chrono::milliseconds(500)) >> [] {}); // 10 lease periods pass
+  EXPECT_FALSE(live.finish());
+  EXPECT_EQ(live.ids, expected);
+  // An owner that never renews (a raw step from an actor that stays alive).
+  caf::scoped_actor silent{sys};
+  msg::step_request r;
+  r.session = msg::mint_session_id("silent");
+  r.key = msg::mint_session_key();
+  r.recipe = msg::cache_recipe::of(c.config());
+  r.route = {msg::hop{c.shard(0), 0, 2}, msg::hop{c.shard(1), 3, 4}};
+  r.tokens = {1, 2};
+  r.positions = {0, 1};
+  silent->request(c.shard(0), std::chrono::seconds(5), r).receive([](msg::step_reply&) {}, [](caf::error&) {});
+  EXPECT_TRUE(until_stats(c, [](auto& s) { return s.sessions == 0 && s.orphans == 1; }))
+    << "a context nobody renews is dropped after its lease";
 }
 
 } // namespace

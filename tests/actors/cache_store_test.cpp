@@ -17,6 +17,11 @@ using actors::StoreLimits;
 using msg::miss_reason;
 using clk = std::chrono::steady_clock;
 
+// Each session id's owner key in these tests (ownership has tests of its own).
+msg::session_key key_of(const std::string& session) {
+  return msg::session_key{std::hash<std::string>{}(session) | 1, 7};
+}
+
 struct Fixture : ::testing::Test {
   std::shared_ptr<model::Shard> shard = model::Shard::load("builtin:tiny", {0, 4});
   clk::time_point now = clk::time_point{} + std::chrono::hours(1);
@@ -37,59 +42,59 @@ struct Fixture : ::testing::Test {
 
 TEST_F(Fixture, HitAndEveryMissReason) {
   auto s = make({});
-  auto l = s->find("a", 1, 0, 1);
+  auto l = s->find("a", key_of("a"), 1, 0, 1);
   EXPECT_EQ(l.ctx, nullptr);
   EXPECT_EQ(l.miss, miss_reason::unknown_session);
-  auto o = s->open("a", 1);
+  auto o = s->open("a", key_of("a"), 1);
   ASSERT_NE(o.ctx, nullptr);
   grow(*s, *o.ctx, 3, 1);
-  auto h = s->find("a", 1, 3, 2);
+  auto h = s->find("a", key_of("a"), 1, 3, 2);
   ASSERT_NE(h.ctx, nullptr);
   EXPECT_EQ(s->counters().hits, 1u);
   // Sequence-length mismatch.
-  auto m = s->find("a", 1, 5, 3);
+  auto m = s->find("a", key_of("a"), 1, 5, 3);
   EXPECT_EQ(m.miss, miss_reason::seq_mismatch);
   EXPECT_NE(m.detail.find("holds 3"), std::string::npos) << m.detail;
   // Superseded by a newer epoch.
-  auto sup = s->find("a", 2, 3, 3);
+  auto sup = s->find("a", key_of("a"), 2, 3, 3);
   EXPECT_EQ(sup.miss, miss_reason::superseded);
-  EXPECT_EQ(s->find("a", 2, 3, 3).miss, miss_reason::superseded) << "history remembers why";
+  EXPECT_EQ(s->find("a", key_of("a"), 2, 3, 3).miss, miss_reason::superseded) << "history remembers why";
   // Released.
-  s->open("b", 1);
-  s->release("b");
-  EXPECT_EQ(s->find("b", 1, 0, 1).miss, miss_reason::released);
+  s->open("b", key_of("b"), 1);
+  s->release("b", key_of("b"));
+  EXPECT_EQ(s->find("b", key_of("b"), 1, 0, 1).miss, miss_reason::released);
   // Evicted (LRU) and (TTL) by injection, and forgotten.
-  s->open("c", 1);
+  s->open("c", key_of("c"), 1);
   s->evict("c", miss_reason::evicted_lru);
-  EXPECT_EQ(s->find("c", 1, 0, 1).miss, miss_reason::evicted_lru);
-  s->open("d", 1);
+  EXPECT_EQ(s->find("c", key_of("c"), 1, 0, 1).miss, miss_reason::evicted_lru);
+  s->open("d", key_of("d"), 1);
   s->forget("d");
-  EXPECT_EQ(s->find("d", 1, 0, 1).miss, miss_reason::unknown_session);
+  EXPECT_EQ(s->find("d", key_of("d"), 1, 0, 1).miss, miss_reason::unknown_session);
   EXPECT_EQ(s->counters().misses[static_cast<int>(miss_reason::unknown_session)], 2u);
 }
 
 TEST_F(Fixture, StaleEpochIsAnError) {
   auto s = make({});
-  s->open("a", 5);
-  auto l = s->find("a", 4, 0, 1);
+  s->open("a", key_of("a"), 5);
+  auto l = s->find("a", key_of("a"), 4, 0, 1);
   EXPECT_EQ(l.ctx, nullptr);
   EXPECT_EQ(l.err, ec::stale_epoch);
-  EXPECT_EQ(s->open("a", 3).err, ec::stale_epoch);
+  EXPECT_EQ(s->open("a", key_of("a"), 3).err, ec::stale_epoch);
   EXPECT_EQ(s->counters().stale, 2u);
-  EXPECT_NE(s->open("a", 6).ctx, nullptr);
+  EXPECT_NE(s->open("a", key_of("a"), 6).ctx, nullptr);
 }
 
 TEST_F(Fixture, TtlExpiresIdleContextsButNotTheOneServed) {
   StoreLimits lim;
   lim.ttl = std::chrono::seconds(10);
   auto s = make(lim);
-  s->open("a", 1);
-  s->open("b", 1);
+  s->open("a", key_of("a"), 1);
+  s->open("b", key_of("b"), 1);
   now += std::chrono::seconds(11);
   // "a" is being served: not its own victim even though idle; "b" expires.
-  auto a = s->find("a", 1, 0, 1);
+  auto a = s->find("a", key_of("a"), 1, 0, 1);
   ASSERT_NE(a.ctx, nullptr);
-  EXPECT_EQ(s->find("b", 1, 0, 1).miss, miss_reason::evicted_ttl);
+  EXPECT_EQ(s->find("b", key_of("b"), 1, 0, 1).miss, miss_reason::evicted_ttl);
   EXPECT_EQ(s->counters().evictions_ttl, 1u);
 }
 
@@ -97,14 +102,14 @@ TEST_F(Fixture, SessionCapEvictsLeastRecentlyUsed) {
   StoreLimits lim;
   lim.max_sessions = 2;
   auto s = make(lim);
-  s->open("a", 1);
+  s->open("a", key_of("a"), 1);
   now += std::chrono::seconds(1);
-  s->open("b", 1);
+  s->open("b", key_of("b"), 1);
   now += std::chrono::seconds(1);
-  ASSERT_NE(s->find("a", 1, 0, 1).ctx, nullptr); // a is now more recent than b
-  s->open("c", 1);
+  ASSERT_NE(s->find("a", key_of("a"), 1, 0, 1).ctx, nullptr); // a is now more recent than b
+  s->open("c", key_of("c"), 1);
   EXPECT_EQ(s->sessions(), 2u);
-  EXPECT_EQ(s->find("b", 1, 0, 1).miss, miss_reason::evicted_lru);
+  EXPECT_EQ(s->find("b", key_of("b"), 1, 0, 1).miss, miss_reason::evicted_lru);
   EXPECT_TRUE(s->contains("a"));
 }
 
@@ -112,16 +117,16 @@ TEST_F(Fixture, ByteBudgetEvictsOthersAndRefusesAGiant) {
   StoreLimits lim;
   lim.max_bytes = 3 * block;
   auto s = make(lim);
-  auto a = s->open("a", 1);
+  auto a = s->open("a", key_of("a"), 1);
   grow(*s, *a.ctx, 40, 1); // 2 blocks
   now += std::chrono::seconds(1);
-  auto b = s->open("b", 1);
+  auto b = s->open("b", key_of("b"), 1);
   grow(*s, *b.ctx, 40, 1); // 2 more: "a" must go
   EXPECT_FALSE(s->contains("a"));
   EXPECT_LE(s->bytes(), lim.max_bytes);
-  EXPECT_EQ(s->find("a", 1, 40, 2).miss, miss_reason::evicted_lru);
+  EXPECT_EQ(s->find("a", key_of("a"), 1, 40, 2).miss, miss_reason::evicted_lru);
   // One session needing more than the whole budget: a budget error, no eviction loop.
-  auto c = s->open("c", 1);
+  auto c = s->open("c", key_of("c"), 1);
   auto err = s->reserve(*c.ctx, 4 * model::KVCache::block_tokens);
   EXPECT_EQ(err, ec::budget_exceeded);
   EXPECT_TRUE(s->contains("b")) << "others are not evicted for a request that can never fit";
@@ -130,16 +135,16 @@ TEST_F(Fixture, ByteBudgetEvictsOthersAndRefusesAGiant) {
 
 TEST_F(Fixture, DuplicateStepIsRecognised) {
   auto s = make({});
-  auto a = s->open("a", 1);
+  auto a = s->open("a", key_of("a"), 1);
   grow(*s, *a.ctx, 4, 1);
-  auto d = s->find("a", 1, 4, 2);
+  auto d = s->find("a", key_of("a"), 1, 4, 2);
   ASSERT_NE(d.ctx, nullptr);
   grow(*s, *d.ctx, 1, 2); // step 2 applied at past_len 4
-  auto dup = s->find("a", 1, 4, 2);
+  auto dup = s->find("a", key_of("a"), 1, 4, 2);
   ASSERT_NE(dup.ctx, nullptr);
   EXPECT_TRUE(dup.duplicate);
   EXPECT_EQ(dup.ctx->cache.seq_len(), 5);
-  EXPECT_EQ(s->find("a", 1, 4, 3).miss, miss_reason::seq_mismatch) << "another step at the old length is a mismatch";
+  EXPECT_EQ(s->find("a", key_of("a"), 1, 4, 3).miss, miss_reason::seq_mismatch) << "another step at the old length is a mismatch";
 }
 
 // A plain reference model of the rules (LRU list, block-granular bytes, session
@@ -265,7 +270,7 @@ TEST_F(Fixture, RandomizedAgainstReferenceModel) {
     SCOPED_TRACE("op " + std::to_string(op) + " on " + id);
     if (kind < 3) {
       const int64_t n = 1 + static_cast<int64_t>(rng() % (kind == 0 ? 200 : 40));
-      auto o = s->open(id, epoch);
+      auto o = s->open(id, key_of(id), epoch);
       const bool ok = ref.open(id, epoch, now);
       ASSERT_EQ(o.ctx != nullptr, ok);
       if (!ok) {
@@ -287,7 +292,7 @@ TEST_F(Fixture, RandomizedAgainstReferenceModel) {
     } else if (kind < 11) {
       auto it = ref.at(id);
       const int64_t past = it != ref.lru.end() && rng() % 8 != 0 ? it->len : static_cast<int64_t>(rng() % 50);
-      auto f = s->find(id, epoch, past, ++step);
+      auto f = s->find(id, key_of(id), epoch, past, ++step);
       const int want = ref.find(id, epoch, past, now);
       if (want == -1) {
         EXPECT_EQ(f.err, ec::stale_epoch);
@@ -311,7 +316,7 @@ TEST_F(Fixture, RandomizedAgainstReferenceModel) {
       shard->forward(t, model::consecutive_positions(past, 1), f.ctx->cache);
       s->committed(*f.ctx, step, past);
     } else {
-      s->release(id);
+      s->release(id, key_of(id));
       ref.release(id);
     }
     ASSERT_EQ(s->sessions(), ref.lru.size());

@@ -42,7 +42,7 @@ TEST_F(Messages, TensorBlobCopiesOnceEachWay) {
 }
 
 TEST_F(Messages, EveryTypeRoundTrips) {
-  auto echo = sys.spawn([](int) { return caf::behavior{[](int) {}}; }, 0);
+  auto echo = caf::actor_cast<msg::shard_actor>(sys.spawn([](int) { return caf::behavior{[](int) {}}; }, 0));
   msg::hop h{echo, 0, 2};
   auto r = round_trip(recipe());
   EXPECT_EQ(r, recipe());

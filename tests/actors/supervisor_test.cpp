@@ -26,23 +26,26 @@ struct SupervisorTest : ::testing::Test {
   caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
   std::shared_ptr<Log> log = std::make_shared<Log>();
   actors::SupervisorOptions opts{std::chrono::milliseconds(500)};
-  caf::actor sup = sys.spawn(actors::supervisor_actor, opts);
+  msg::supervisor_actor sup = actors::spawn_supervisor(sys, opts);
   msg::cache_recipe recipe{"llama", "builtin:tiny", "f32", 5, 2, 8};
+  msg::model_facts facts{"llama", "builtin:tiny", 5, 259, 512, 1, {2}, "builtin:bytes"};
+  std::vector<msg::shard_actor> none; // route requests avoid no shard
 
-  caf::actor fake_shard() {
+  msg::shard_actor fake_shard() {
     // (A spawn argument: CAF 0.17 dereferences a null argument tuple for
     // argument-less function actors, which UBSan reports.)
-    return sys.spawn([](int) { return caf::behavior{[](msg::step_request&) {}}; }, 0);
+    return caf::actor_cast<msg::shard_actor>(sys.spawn([](int) { return caf::behavior{[](msg::step_request&) {}}; }, 0));
   }
   // A subscribed stand-in for a session that records every route it is told.
   caf::actor session() {
     auto l = log;
+    auto target = sup;
     auto s = sys.spawn(
-      [l](caf::event_based_actor*, int) {
+      [l, target](caf::event_based_actor* self, int) {
+        self->send(target, atom::subscribe_atom_v); // a session subscribes itself
         return caf::behavior{[l](msg::route_info& r) { l->routes.push_back(r); }};
       },
       0);
-    caf::anon_send(sup, atom::subscribe_atom_v, s);
     sched.run();
     return s;
   }
@@ -51,7 +54,7 @@ struct SupervisorTest : ::testing::Test {
   template <class Reply, class... Ts>
   void ask(Ts... xs) {
     auto l = log;
-    auto target = sup;
+    auto target = caf::actor_cast<caf::actor>(sup); // also the injection interface (bump)
     sys.spawn(
       [=](caf::event_based_actor* self, int) {
         self->request(target, caf::infinite, xs...)
@@ -70,8 +73,8 @@ struct SupervisorTest : ::testing::Test {
 
 TEST_F(SupervisorTest, ShardDownBumpsTheEpochThenAReplacementRestoresTheRoute) {
   auto a = fake_shard(), b = fake_shard();
-  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe);
-  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{4}, recipe);
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe, facts);
+  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{4}, recipe, facts);
   ASSERT_EQ(log->replies.size(), 2u);
   EXPECT_EQ(epoch_reply(1), epoch_reply(0) + 1);
   session();
@@ -82,7 +85,7 @@ TEST_F(SupervisorTest, ShardDownBumpsTheEpochThenAReplacementRestoresTheRoute) {
   EXPECT_EQ(log->routes[0].epoch, before + 1);
   EXPECT_TRUE(log->routes[0].hops.empty()) << "layers 3-4 have no shard now";
   auto c = fake_shard();
-  ask<int64_t>(atom::register_atom_v, c, int64_t{3}, int64_t{4}, recipe);
+  ask<int64_t>(atom::register_atom_v, c, int64_t{3}, int64_t{4}, recipe, facts);
   ASSERT_EQ(log->routes.size(), 2u);
   EXPECT_EQ(log->routes[1].epoch, before + 2);
   ASSERT_EQ(log->routes[1].hops.size(), 2u);
@@ -92,8 +95,8 @@ TEST_F(SupervisorTest, ShardDownBumpsTheEpochThenAReplacementRestoresTheRoute) {
 
 TEST_F(SupervisorTest, RouteRequestWaitsThenFailsWhenNoRouteAppears) {
   auto a = fake_shard();
-  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe);
-  ask<msg::route_info>(atom::route_atom_v);
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe, facts);
+  ask<msg::route_info>(atom::route_atom_v, none);
   ASSERT_EQ(log->replies.size(), 1u) << "the route request is held, not answered";
   sched.advance_time(std::chrono::milliseconds(499));
   sched.run();
@@ -107,10 +110,10 @@ TEST_F(SupervisorTest, RouteRequestWaitsThenFailsWhenNoRouteAppears) {
 
 TEST_F(SupervisorTest, HeldRouteRequestIsAnsweredByARegistration) {
   auto a = fake_shard(), b = fake_shard();
-  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe);
-  ask<msg::route_info>(atom::route_atom_v);
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe, facts);
+  ask<msg::route_info>(atom::route_atom_v, none);
   ASSERT_EQ(log->replies.size(), 1u);
-  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{4}, recipe);
+  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{4}, recipe, facts);
   ASSERT_EQ(log->replies.size(), 3u);
   // The held request was answered with the complete route (before the registrant's epoch reply or after).
   bool got_route = false;
@@ -124,10 +127,10 @@ TEST_F(SupervisorTest, HeldRouteRequestIsAnsweredByARegistration) {
 
 TEST_F(SupervisorTest, ReplicasShareTheLoadAndAManualBumpNotifies) {
   auto a = fake_shard(), b = fake_shard();
-  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{4}, recipe);
-  ask<int64_t>(atom::register_atom_v, b, int64_t{0}, int64_t{4}, recipe);
-  ask<msg::route_info>(atom::route_atom_v);
-  ask<msg::route_info>(atom::route_atom_v);
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{4}, recipe, facts);
+  ask<int64_t>(atom::register_atom_v, b, int64_t{0}, int64_t{4}, recipe, facts);
+  ask<msg::route_info>(atom::route_atom_v, none);
+  ask<msg::route_info>(atom::route_atom_v, none);
   const auto r1 = log->replies[2].get_as<msg::route_info>(0);
   const auto r2 = log->replies[3].get_as<msg::route_info>(0);
   EXPECT_NE(r1.hops[0].shard, r2.hops[0].shard) << "the second route takes the less-loaded replica";
@@ -145,13 +148,13 @@ TEST_F(SupervisorTest, ReplicasShareTheLoadAndAManualBumpNotifies) {
 
 TEST_F(SupervisorTest, IncompatibleRecipeAndBadRangeAreRefused) {
   auto a = fake_shard(), b = fake_shard();
-  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{4}, recipe);
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{4}, recipe, facts);
   auto other = recipe;
   other.n_kv_heads = 4;
-  ask<int64_t>(atom::register_atom_v, b, int64_t{0}, int64_t{4}, other);
+  ask<int64_t>(atom::register_atom_v, b, int64_t{0}, int64_t{4}, other, facts);
   ASSERT_EQ(log->replies.size(), 2u);
   EXPECT_EQ(log->replies[1].get_as<caf::error>(0), ec::incompatible_recipe);
-  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{9}, recipe);
+  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{9}, recipe, facts);
   EXPECT_EQ(log->replies[2].get_as<caf::error>(0), ec::bad_request);
 }
 

@@ -54,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     return 0;
   const char* p = reinterpret_cast<const char*>(data + 1);
   const std::size_t n = size - 1;
-  switch (data[0] % 12) {
+  switch (data[0] % 14) {
     case 0: {
       caf::binary_deserializer src{sys(), p, n};
       caf::message m;
@@ -71,6 +71,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     case 8: decode<msg::shard_stats>(p, n); break;
     case 9: decode<msg::token_event>(p, n); break;
     case 10: decode<msg::generation_result>(p, n); break;
+    case 11: decode<msg::model_facts>(p, n); break;
+    case 12: decode<msg::session_key>(p, n); break;
     default: decode<msg::generation_request>(p, n); break;
   }
   return 0;
