@@ -88,6 +88,12 @@ caf::behavior director_actor(director* self, Target* cluster, const model::Token
   self->state.cluster = cluster;
   self->state.tok = tok;
   self->state.scripts = std::move(scripts);
+  // A session's failure arrives as an error message: CAF 0.17 hands those to the
+  // error handler of an event-based actor, not to its behavior.
+  self->set_error_handler([=](caf::error& e) {
+    std::printf("\n-- generation failed: %s\n", self->system().render(e).c_str());
+    self->quit(e);
+  });
   start_next(self);
   return {
     [=](msg::token_event& ev) {
@@ -119,10 +125,6 @@ caf::behavior director_actor(director* self, Target* cluster, const model::Token
                   static_cast<unsigned long long>(r.route_changes));
       ++st.current;
       start_next(self);
-    },
-    [=](caf::error& e) {
-      std::printf("\n-- generation failed: %s\n", self->system().render(e).c_str());
-      self->quit(e);
     },
   };
 }
