@@ -22,6 +22,8 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
+  if (path == "builtin:bytes")
+    return bytes();
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw Error(errc::io, "cannot open tokenizer '" + path + "'");

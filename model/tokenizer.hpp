@@ -34,7 +34,7 @@ public:
   std::string decode(std::span<const int32_t> ids) const;
 
   /// Loads a llama2.c `tokenizer.bin` or a Hugging Face `tokenizer.json` (by
-  /// content). Throws Error naming the file when it is neither.
+  /// content), or "builtin:bytes". Throws Error naming the file when it is neither.
   static std::unique_ptr<Tokenizer> load(const std::string& path);
   /// The byte tokenizer of builtin models: 0 <unk>, 1 <s>, 2 </s>, 3 + byte.
   static std::unique_ptr<Tokenizer> bytes();

@@ -36,9 +36,7 @@ constexpr const char* top_usage =
   "Run 'strata <command> --help' for the options of a command.\n";
 
 std::unique_ptr<model::Tokenizer> open_tokenizer(const std::string& spec) {
-  if (spec == "builtin:bytes")
-    return model::Tokenizer::bytes();
-  return model::Tokenizer::load(spec);
+  return model::Tokenizer::load(spec); // a file, or builtin:bytes
 }
 
 int cmd_generate(int argc, char** argv) {

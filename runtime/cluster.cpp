@@ -618,8 +618,8 @@ int run_status(int argc, char** argv) {
   std::printf("cluster %s:%u  model %s  epoch %lld  shard nodes %zu\n", ep.host.c_str(), ep.port,
               all.recipe.model.empty() ? "-" : all.recipe.model.c_str(), static_cast<long long>(all.epoch),
               shards.size());
-  std::printf("%-3s %-28s %-7s %-12s %-8s %-8s %s\n", "#", "node", "layers", "cache bytes", "sessions", "hits",
-              "misses (unknown,ttl,lru,released,superseded,seq)");
+  std::printf("%-3s %-28s %-7s %-12s %-8s %-8s %-8s %-9s %s\n", "#", "node", "layers", "cache bytes", "sessions",
+              "hits", "orphans", "conflicts", "misses (unknown,ttl,lru,released,superseded,seq)");
   for (std::size_t i = 0; i < shards.size(); ++i) {
     auto& v = shards[i];
     const std::string layers = std::to_string(v.hop.first) + "-" + std::to_string(v.hop.last);
@@ -630,10 +630,11 @@ int run_status(int argc, char** argv) {
     std::string misses;
     for (std::size_t r = 1; r < v.stats.misses.size(); ++r)
       misses += (r > 1 ? "," : "") + std::to_string(v.stats.misses[r]);
-    std::printf("%-3zu %-28s %-7s %-12llu %-8llu %-8llu %s\n", i, caf::to_string(v.hop.shard.node()).c_str(),
-                layers.c_str(), static_cast<unsigned long long>(v.stats.cache_bytes),
-                static_cast<unsigned long long>(v.stats.sessions), static_cast<unsigned long long>(v.stats.hits),
-                misses.c_str());
+    std::printf("%-3zu %-28s %-7s %-12llu %-8llu %-8llu %-8llu %-9llu %s\n", i,
+                caf::to_string(v.hop.shard.node()).c_str(), layers.c_str(),
+                static_cast<unsigned long long>(v.stats.cache_bytes), static_cast<unsigned long long>(v.stats.sessions),
+                static_cast<unsigned long long>(v.stats.hits), static_cast<unsigned long long>(v.stats.orphans),
+                static_cast<unsigned long long>(v.stats.conflicts), misses.c_str());
   }
   return 0;
 }

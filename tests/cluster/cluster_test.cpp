@@ -5,6 +5,7 @@
 #include "tests/cluster/process.hpp"
 #include "tests/support.hpp"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <cstdlib>
 #include <fstream>
@@ -185,6 +186,82 @@ TEST(Cluster, ExampleActorScriptsGenerationsAgainstProcesses) {
   EXPECT_NE(out.find("identical with and without failures: yes"), std::string::npos) << out;
   EXPECT_NE(out.find("cache misses 1, re-prefills 1"), std::string::npos) << out;
   EXPECT_EQ(ex.wait_exit(), 0);
+}
+
+
+// Per shard node in `strata status`: sessions, orphans (columns 5 and 7).
+struct NodeRow {
+  long sessions = -1, orphans = -1;
+};
+std::vector<NodeRow> status_rows(const std::string& address) {
+  std::istringstream is(run("status --cluster " + address));
+  std::vector<NodeRow> rows;
+  std::string line;
+  while (std::getline(is, line)) {
+    if (line.empty() || !std::isdigit(static_cast<unsigned char>(line[0])))
+      continue;
+    std::istringstream ls(line);
+    std::string idx, node, layers, bytes;
+    NodeRow r;
+    long hits = 0;
+    if (ls >> idx >> node >> layers >> bytes >> r.sessions >> hits >> r.orphans)
+      rows.push_back(r);
+  }
+  return rows;
+}
+
+TEST(Cluster, ConcurrentClientsNeverShareCaches) {
+  // Four `strata generate --cluster` processes at once, prompts of nearly equal
+  // length, four rounds: every output equals the single-process ids.
+  Cluster c;
+  ASSERT_TRUE(c.add_ready("0-2"));
+  ASSERT_TRUE(c.add_ready("3-4"));
+  const std::vector<std::string> prompts = {"Once upon a time A", "Once upon a time B", "Once upon a time C",
+                                            "Once upon a time DD"};
+  auto args = [](const std::string& p) { return "--prompt '" + p + "' --max-tokens 200 --output ids"; };
+  std::vector<std::string> expected;
+  for (auto& p : prompts) {
+    expected.push_back(ids_line(run("generate --model builtin:tiny " + args(p))));
+    ASSERT_FALSE(expected.back().empty());
+  }
+  for (int round = 0; round < 4; ++round) {
+    std::vector<std::unique_ptr<Process>> clients;
+    for (auto& p : prompts)
+      clients.push_back(std::make_unique<Process>(
+        std::vector<std::string>{"/bin/sh", "-c", exe + " generate --cluster " + c.address + " " + args(p) + " 2>&1"}));
+    for (std::size_t i = 0; i < clients.size(); ++i) {
+      const auto out = clients[i]->drain();
+      EXPECT_EQ(ids_line(out), expected[i]) << "round " << round << ", client " << i << ":\n" << out;
+      EXPECT_EQ(clients[i]->wait_exit(), 0);
+    }
+  }
+  for (auto& r : status_rows(c.address))
+    EXPECT_EQ(r.sessions, 0) << "every client released its caches";
+}
+
+TEST(Cluster, KilledClientsCachesAreDroppedWithinSeconds) {
+  Cluster c;
+  ASSERT_TRUE(c.add_ready("0-2"));
+  ASSERT_TRUE(c.add_ready("3-4"));
+  Process gen({exe, "generate", "--cluster", c.address, "--prompt", "Once upon a time", "--max-tokens", "480"});
+  // Text streams once the generation is under way: stop the client there (its
+  // caches are on both nodes), then kill -9 it. (A stopped client also stops
+  // its heartbeats and lease renewals, so the nodes may drop it even earlier.)
+  ASSERT_FALSE(gen.wait_line("Once").empty());
+  gen.signal(SIGSTOP);
+  gen.signal(SIGKILL);
+  std::vector<NodeRow> rows;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool dropped = false;
+  while (!dropped && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+    rows = status_rows(c.address);
+    dropped = rows.size() == 2 && std::all_of(rows.begin(), rows.end(), [](auto& r) { return r.sessions == 0; });
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_TRUE(dropped);
+  EXPECT_LT(took, std::chrono::seconds(5));
+  for (auto& r : rows)
+    EXPECT_EQ(r.orphans, 1) << "dropped as an orphan, not released by the client";
 }
 
 TEST(Cluster, IncompatibleNodeIsRefused) {

@@ -9,7 +9,10 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <random>
 #include <regex>
+#include <fstream>
+#include <unistd.h>
 #include <sstream>
 
 namespace strata {
@@ -370,6 +373,69 @@ TEST_F(Server, ApiKeyIsRequiredWhenConfigured) {
   EXPECT_EQ(code("-H 'Authorization: Bearer wrong'"), "401");
   EXPECT_EQ(code("-H 'Authorization: Bearer sesame'"), "200");
   EXPECT_EQ(sh("curl -s -o /dev/null -w '%{http_code}' " + base + "/health"), "200"); // probes stay open
+}
+
+
+// Writes a small random llama2.c checkpoint (vocabulary 259, the byte
+// tokenizer's) at `path`.
+void write_llama2c(const std::string& path) {
+  const int32_t D = 32, H = 64, L = 2, heads = 4, kv_heads = 2, V = 259, S = 256;
+  const int64_t hd = D / heads, KV = kv_heads * hd;
+  const int64_t floats = V * D + L * (D + D * D + 2 * KV * D + D * D + D + 3 * H * D) + D + S * hd;
+  std::mt19937 rng(20261130);
+  std::uniform_real_distribution<float> u(-0.3f, 0.3f);
+  std::vector<float> w(static_cast<std::size_t>(floats));
+  for (auto& x : w)
+    x = u(rng);
+  std::ofstream out(path, std::ios::binary);
+  const int32_t header[7] = {D, H, L, heads, kv_heads, V, S};
+  out.write(reinterpret_cast<const char*>(header), sizeof header);
+  out.write(reinterpret_cast<const char*>(w.data()), static_cast<std::streamsize>(w.size() * sizeof(float)));
+}
+
+TEST(ServeWithoutModelFiles, LearnsTheModelFromTheCluster) {
+  if (!have("curl"))
+    GTEST_SKIP() << "curl is not installed (scripts/test installs it)";
+  // The checkpoint exists only in the nodes' directory, under a relative path:
+  // `serve` (in another directory) cannot open it and must not need to.
+  const auto dir = std::filesystem::temp_directory_path() / ("strata-nodes-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  write_llama2c((dir / "private.bin").string());
+  Process coordinator({exe, "node", "--coordinator", "--listen", "127.0.0.1:0"});
+  const auto cluster = coordinator.wait_line("ready coordinator ").substr(18);
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (auto layers : {"0", "1"}) {
+    nodes.push_back(std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c",
+      "cd " + quote(dir.string()) + " && exec " + exe + " node --listen 127.0.0.1:0 --join " + cluster +
+        " --model private.bin --threads 1 --layers " + layers}));
+    ASSERT_FALSE(nodes.back()->wait_line("ready node ").empty());
+  }
+  ASSERT_FALSE(std::filesystem::exists("private.bin"));
+  Process server({exe, "serve", "--cluster", cluster, "--http", "127.0.0.1:0", "--tokenizer", "builtin:bytes"});
+  const auto line = server.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  const std::string prompt = "Hello";
+  const auto r = sh("curl -s -m 60 --data-binary " + quote(completion_body(prompt, 30, false)) + " http://" +
+                    line.substr(11) + "/v1/completions");
+  auto j = json::parse(r, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j.contains("choices")) << r;
+  // The same model in one process, from its file.
+  const auto local = sh(exe + " generate --model " + quote((dir / "private.bin").string()) +
+                        " --tokenizer builtin:bytes --prompt " + quote(prompt) + " --max-tokens 30 2>/dev/null");
+  ASSERT_EQ(local.rfind(prompt, 0), 0u) << local;
+  // (Random weights emit any bytes: invalid UTF-8 is replaced like the server's JSON does.)
+  const json local_text = json::parse(
+    json(local.substr(prompt.size(), local.size() - prompt.size() - 1)).dump(-1, ' ', false, json::error_handler_t::replace));
+  EXPECT_EQ(j["choices"][0]["text"], local_text);
+  EXPECT_EQ(j["model"], "private.bin");
+  // A tokenizer whose vocabulary does not fit the model is refused at start.
+  if (test::have_shared("models/llama2-tokenizer.bin")) {
+    const auto out = sh(exe + " generate --cluster " + cluster + " --tokenizer " +
+                        quote(test::shared_path("models/llama2-tokenizer.bin")) + " --prompt Hi 2>&1");
+    EXPECT_NE(out.find("vocabulary is 259"), std::string::npos) << out;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // Last: it kills a node (its range has a replica).
