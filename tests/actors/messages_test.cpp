@@ -1,11 +1,14 @@
 // Every message type survives CAF's binary serialization unchanged.
 
 #include "actors/cluster.hpp"
+#include "messages/session_id.hpp"
 #include "model/error.hpp"
 #include "tests/support.hpp"
 
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
+
+#include <set>
 
 namespace strata {
 namespace {
@@ -51,7 +54,8 @@ TEST_F(Messages, EveryTypeRoundTrips) {
   EXPECT_EQ(round_trip(ri).hops.size(), 2u);
   round_trip(msg::sampling_state{0.7f, 40, 0.9f, 123456789});
   msg::step_request req;
-  req.session = "s-1";
+  req.session = msg::mint_session_id("s");
+  req.key = msg::mint_session_key();
   req.epoch = 3;
   req.step_id = 9;
   req.mode = 1;
@@ -65,6 +69,10 @@ TEST_F(Messages, EveryTypeRoundTrips) {
   req.sampling = {1.0f, 0, 1.0f, 99};
   auto req2 = round_trip(req);
   EXPECT_EQ(req2.hidden.bytes, req.hidden.bytes);
+  EXPECT_EQ(req2.key, req.key);
+  EXPECT_EQ(req2.session, req.session);
+  msg::model_facts facts{"qwen2", "builtin:qwen2-0.5b", 24, 151936, 32768, -1, {151643, 151645}, ""};
+  EXPECT_EQ(round_trip(facts), facts);
   msg::step_reply rep{"s-1", 3, 9, 1, -1, 0, 5, 2, "why"};
   EXPECT_EQ(round_trip(rep).detail, "why");
   msg::shard_stats st{0, 2, 4096, 3, 10, {0, 1, 2, 3, 4, 5, 6}, 2, 11, 1};
@@ -75,6 +83,26 @@ TEST_F(Messages, EveryTypeRoundTrips) {
   msg::generation_request gr{"s-1", {1, 5}, 10, {0, 0, 1, 0}, {2}};
   EXPECT_EQ(round_trip(gr).prompt, gr.prompt);
   caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
+}
+
+TEST_F(Messages, MintedIdsAndKeysAreUniqueAndWellFormed) {
+  std::set<std::string> ids;
+  std::set<std::pair<uint64_t, uint64_t>> keys;
+  for (int i = 0; i < 10000; ++i) {
+    const auto id = msg::mint_session_id("cli");
+    ASSERT_EQ(id.size(), 4u + 32u) << id;
+    ASSERT_EQ(id.rfind("cli-", 0), 0u);
+    ASSERT_TRUE(msg::valid_session_id(id));
+    ids.insert(id);
+    const auto k = msg::mint_session_key();
+    ASSERT_FALSE(k.empty());
+    keys.insert({k.hi, k.lo});
+  }
+  EXPECT_EQ(ids.size(), 10000u);
+  EXPECT_EQ(keys.size(), 10000u);
+  EXPECT_FALSE(msg::valid_session_id(""));
+  EXPECT_FALSE(msg::valid_session_id(std::string(129, 'a')));
+  EXPECT_FALSE(msg::valid_session_id("has space"));
 }
 
 TEST_F(Messages, ErrorsRenderWithTheirCategory) {

@@ -1,6 +1,7 @@
 // strata_bench chaos | throughput: benchmarks against real multi-process
 // clusters on loopback (separate `strata node` processes). Not tests.
 
+#include "messages/session_id.hpp"
 #include "model/sampler.hpp"
 #include "runtime/cluster.hpp"
 #include "runtime/generator.hpp"
@@ -134,7 +135,7 @@ int chaos(const std::string& exe, int generations, uint64_t seed) {
     clk::time_point injected_at{};
     bool measuring = false;
     msg::generation_request req;
-    req.session = "chaos-" + std::to_string(g);
+    req.session = msg::mint_session_id("chaos");
     req.prompt = prompt;
     req.max_tokens = max_tokens;
     req.stop_ids = mcfg.eos_ids;
@@ -251,7 +252,7 @@ void throughput(const std::string& exe, const std::string& model, const std::vec
   double cluster_tps = 0;
   for (int rep = 0; rep < 2; ++rep) { // the first run warms up connections
     msg::generation_request req;
-    req.session = "tp-" + std::to_string(rep);
+    req.session = msg::mint_session_id("tp");
     req.prompt = prompt;
     req.max_tokens = tokens;
     req.stop_ids = {}; // measure a fixed number of tokens
