@@ -41,7 +41,10 @@ namespace strata::actors {
 
 struct SessionOptions {
   std::chrono::milliseconds step_timeout{10000};
-  std::chrono::milliseconds route_timeout{10000};
+  /// Bounds a route request. The supervisor answers no_route after its own
+  /// --route-wait-ms, so this only guards against a supervisor that stopped
+  /// answering; it must be longer than any route wait.
+  std::chrono::milliseconds route_timeout{120000};
   int max_retries = 8;                          ///< failed steps in a row before giving up
   std::chrono::milliseconds backoff{20};        ///< doubled per retry
   int64_t max_context = 0;                      ///< the model's max_seq_len

@@ -102,7 +102,7 @@ int cmd_generate(int argc, char** argv) {
     caf::scoped_actor self{*csys};
     msg::route_info plan;
     caf::error err;
-    self->request(coordinator, std::chrono::seconds(30), atom::route_atom_v, std::vector<msg::shard_actor>{})
+    self->request(coordinator, std::chrono::seconds(75), atom::route_atom_v, std::vector<msg::shard_actor>{}) // > any route wait
       .receive([&](msg::route_info& r) { plan = std::move(r); }, [&](caf::error& e) { err = std::move(e); });
     if (err)
       throw model::Error(model::errc::io, "the cluster has no route: " + csys->render(err));

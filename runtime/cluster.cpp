@@ -375,7 +375,7 @@ int run_node(int argc, char** argv) {
     .option("ttl", "S", "seconds an idle session's cache is kept (default 600)")
     .option("max-prompt", "N", "most tokens one step may carry (default: the model's context)")
     .option("max-message-bytes", "N", "largest step message accepted (default 67108864)")
-    .option("route-wait-ms", "MS", "coordinator: how long a session waits for a complete route (default 10000)")
+    .option("route-wait-ms", "MS", "coordinator: how long a session waits for a complete route (default 10000, at most 60000)")
     .option("threads", "N", "threads for tensor math (default: all cores)")
     .option("insecure", "", "allow a non-loopback address without TLS (traffic is not authenticated)");
   add_network_options(a);
@@ -428,7 +428,7 @@ int run_node(int argc, char** argv) {
   std::function<msg::shard_full_actor()> respawn;
   if (coordinator) {
     actors::SupervisorOptions opts;
-    opts.route_wait = std::chrono::milliseconds(a.integer("route-wait-ms", 10000, 1, 3600000));
+    opts.route_wait = std::chrono::milliseconds(a.integer("route-wait-ms", 10000, 1, 60000)); // < the sessions' route timeout
     supervisor = actors::spawn_supervisor(sys, opts);
   } else {
     actors::ShardHooks hooks;

@@ -47,6 +47,7 @@ struct Reply {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
+  std::vector<std::pair<std::string, std::string>> headers; ///< extra response headers
   static Reply json_body(int status, const json& j) { return {status, "application/json", dump(j)}; }
   static Reply error(const ApiError& e) { return json_body(e.status, e.body()); }
 };
@@ -190,6 +191,7 @@ private:
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::string endpoint_;
+  std::string origin_; // the request's Origin header ("" when none)
   bool keep_alive_ = true;
   // generation state (io thread)
   std::shared_ptr<Job> job_;
@@ -202,6 +204,7 @@ private:
   std::optional<StopMatcher> stop_;
   std::string text_;
   bool streaming_ = false, finished_ = false, stopped_by_string_ = false;
+  std::atomic<bool> began_{false}; // the driver posted begin_response
   clk::time_point started_, last_token_;
   std::deque<std::string> out_;
   bool writing_ = false, close_after_write_ = false;
@@ -235,14 +238,27 @@ private:
     }
     auto req = parser_->release();
     keep_alive_ = req.keep_alive();
-    route(req);
+    origin_ = std::string(req[http::field::origin]);
+    try {
+      route(req);
+    } catch (const std::exception& e) { // one request's failure is that request's 500, nothing more
+      std::fprintf(stderr, "strata serve: error handling %s: %s\n", endpoint_.c_str(), e.what());
+      respond(Reply::error(api_error(500, std::string("internal error: ") + e.what(), "server_error")), false);
+    }
   }
 
   bool authorized(const http::request<http::string_body>& req) {
     if (srv_->opts.api_key.empty())
       return true;
-    const auto h = req[http::field::authorization];
-    return std::string(h) == "Bearer " + srv_->opts.api_key;
+    return api_key_matches(std::string(req[http::field::authorization]), srv_->opts.api_key);
+  }
+
+  // CORS: only the configured origin gets the headers that let a page read answers.
+  void add_cors(Reply& r) const {
+    if (!origin_.empty() && origin_ == srv_->opts.cors_origin) {
+      r.headers.emplace_back("Access-Control-Allow-Origin", origin_);
+      r.headers.emplace_back("Vary", "Origin");
+    }
   }
 
   void route(http::request<http::string_body>& req) {
@@ -250,6 +266,15 @@ private:
     const std::string path = target.substr(0, target.find('?'));
     const auto method = req.method();
     endpoint_ = path;
+    if (method == http::verb::options) { // CORS preflight
+      Reply r{204, "text/plain", "", {}};
+      if (!origin_.empty() && origin_ == srv_->opts.cors_origin) {
+        r.headers.emplace_back("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        r.headers.emplace_back("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        r.headers.emplace_back("Access-Control-Max-Age", "600");
+      }
+      return respond(r, keep_alive_);
+    }
     if (path == "/" && method == http::verb::get)
       return respond({200, "text/html; charset=utf-8", page_html()}, keep_alive_);
     if (path == "/health" && method == http::verb::get)
@@ -285,7 +310,16 @@ private:
       return offload([srv = srv_] { return cluster_json(*srv); });
     if (path == "/v1/cluster/inject" && method == http::verb::post) {
       if (!srv_->opts.allow_inject)
-        return respond(Reply::error(api_error(403, "failure injection is disabled on this server", "invalid_request_error")),
+        return respond(Reply::error(api_error(403, "failure injection is disabled on this server (start it with "
+                                                   "--allow-inject)",
+                                              "invalid_request_error", "inject_disabled")),
+                       keep_alive_);
+      // JSON only: a form or text/plain body (what a foreign page can send
+      // without a preflight) is refused.
+      const std::string type(req[http::field::content_type]);
+      if (type.substr(0, type.find(';')) != "application/json")
+        return respond(Reply::error(api_error(415, "POST /v1/cluster/inject takes 'Content-Type: application/json'",
+                                              "invalid_request_error", "unsupported_media_type")),
                        keep_alive_);
       return offload([srv = srv_, body = req.body()] { return inject(*srv, body); });
     }
@@ -327,6 +361,7 @@ private:
     return Reply::json_body(200, json{{"reachable", c.reachable},
                                       {"epoch", c.epoch},
                                       {"route_complete", c.route_complete},
+                                      {"inject", srv.opts.allow_inject},
                                       {"shards", shards}});
   }
 
@@ -366,16 +401,21 @@ private:
         r = fn();
       } catch (const std::exception& e) {
         r = Reply::error(api_error(500, e.what(), "server_error"));
+      } catch (...) {
+        r = Reply::error(api_error(500, "internal error", "server_error"));
       }
       net::post(self->sock_.get_executor(), [self, r = std::move(r)] { self->respond(r, self->keep_alive_); });
     }).detach();
   }
 
-  void respond(const Reply& r, bool keep_alive) {
+  void respond(Reply r, bool keep_alive) {
     srv_->metrics.request(endpoint_, r.status);
+    add_cors(r);
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(r.status), 11);
     res->set(http::field::server, "strata");
     res->set(http::field::content_type, r.content_type);
+    for (auto& [k, v] : r.headers)
+      res->set(k, v);
     res->keep_alive(keep_alive && !srv_->draining);
     res->body() = r.body;
     res->prepare_payload();
@@ -416,8 +456,28 @@ private:
     std::thread([self = shared_from_this()] { self->prepare_and_run(); }).detach();
   }
 
-  // Driver thread.
+  // Driver thread: nothing may escape it (an exception here would end the process).
   void prepare_and_run() {
+    try {
+      prepare_and_generate();
+    } catch (const std::exception& e) {
+      fail_from_driver(std::string("internal error: ") + e.what());
+    } catch (...) {
+      fail_from_driver("internal error");
+    }
+  }
+
+  void fail_from_driver(const std::string& why) {
+    std::fprintf(stderr, "strata serve: generation failed: %s\n", why.c_str());
+    net::post(sock_.get_executor(), [self = shared_from_this(), why, began = began_.load()] {
+      if (began)
+        self->on_done({}, why);
+      else
+        self->fail_before_start(api_error(500, why, "server_error"));
+    });
+  }
+
+  void prepare_and_generate() {
     ModelState m;
     std::vector<int32_t> prompt;
     std::optional<ApiError> err = srv_->ensure_model(m);
@@ -470,6 +530,7 @@ private:
     g.sampling = {sp.temperature, sp.top_k, sp.top_p, model::Sampler(sp).state()};
     actors::SessionOptions so;
     so.max_context = m.cfg.max_seq_len;
+    began_ = true;
     net::post(sock_.get_executor(), [self = shared_from_this(), m, n = static_cast<int64_t>(prompt.size())] {
       self->begin_response(m, n);
     });
@@ -487,11 +548,18 @@ private:
           caf::anon_send(s, atom::cancel_atom_v);
       });
     std::string error;
+    const bool no_route = out.error == ec::no_route;
     if (!out.ok())
       error = srv_->sys.render(out.error);
     else
       srv_->metrics.generation(out.result);
-    net::post(sock_.get_executor(), [self = shared_from_this(), r = out.result, error] { self->on_done(r, error); });
+    net::post(sock_.get_executor(), [self = shared_from_this(), r = out.result, error, no_route] {
+      if (no_route) // no complete route within the coordinator's --route-wait-ms: the cluster is unavailable
+        self->on_done(r, error, api_error(503, "no complete route covers the model's layers: " + error, "server_error",
+                                          "no_route"));
+      else
+        self->on_done(r, error);
+    });
   }
 
   // The client went away mid-generation: end its session (which frees its caches).
@@ -569,8 +637,14 @@ private:
     if (req_.stream) {
       streaming_ = true;
       srv_->metrics.request(endpoint_, 200);
+      Reply head;
+      add_cors(head);
+      std::string extra;
+      for (auto& [k, v] : head.headers)
+        extra += k + ": " + v + "\r\n";
       out_.push_back("HTTP/1.1 200 OK\r\nServer: strata\r\nContent-Type: text/event-stream\r\nCache-Control: "
-                     "no-cache\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n");
+                     "no-cache\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n" +
+                     extra + "\r\n");
       flush();
       if (req_.chat)
         send_event(dump(chunk("", nullptr, true)));
@@ -602,14 +676,15 @@ private:
       send_event(dump(chunk(piece, nullptr)));
   }
 
-  void on_done(const msg::generation_result& r, const std::string& error) {
+  void on_done(const msg::generation_result& r, const std::string& error, std::optional<ApiError> why = std::nullopt) {
     if (finished_) {
       end_job();
       return;
     }
     if (!error.empty()) {
       end_job();
-      const auto e = api_error(502, "the generation failed in the cluster: " + error, "server_error", "cluster_error");
+      const auto e =
+        why ? *why : api_error(502, "the generation failed in the cluster: " + error, "server_error", "cluster_error");
       if (streaming_) {
         send_event(dump(json{{"error", e.body()["error"]}}));
         return finish_stream();
@@ -800,7 +875,8 @@ int run_serve(int argc, char** argv) {
     .option("drain", "S", "seconds in-flight generations get at shutdown (default 10)")
     .option("max-in-flight", "N", "generations at once; more get 429 (default 64)")
     .option("api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/* (or env STRATA_API_KEY)")
-    .option("no-inject", "", "disable POST /v1/cluster/inject")
+    .option("allow-inject", "", "enable POST /v1/cluster/inject (kill/freeze/evict nodes; off by default)")
+    .option("cors-origin", "ORIGIN", "let pages from ORIGIN (e.g. https://app.example) call the API (default: none)")
     .option("insecure", "", "allow a non-loopback HTTP address without authentication");
   runtime::add_network_options(a);
   a.parse(argc, argv, 2);
@@ -821,14 +897,36 @@ int run_serve(int argc, char** argv) {
   o.request_timeout = std::chrono::seconds(a.integer("request-timeout", 300, 1, 86400));
   o.drain = std::chrono::seconds(a.integer("drain", 10, 0, 3600));
   o.max_in_flight = static_cast<std::size_t>(a.integer("max-in-flight", 64, 1, 100000));
-  o.api_key = a.has("api-key") ? a.str("api-key") : (std::getenv("STRATA_API_KEY") ? std::getenv("STRATA_API_KEY") : "");
-  o.allow_inject = !a.has("no-inject");
+  const char* env_key = std::getenv("STRATA_API_KEY");
+  if (a.has("api-key") && a.str("api-key").empty())
+    throw runtime::UsageError("--api-key is empty: give a key, or leave the option out to serve without one");
+  if (!a.has("api-key") && env_key && *env_key == '\0')
+    throw runtime::UsageError("STRATA_API_KEY is set but empty: give a key, or unset it to serve without one");
+  o.api_key = a.has("api-key") ? a.str("api-key") : (env_key ? env_key : "");
+  o.allow_inject = a.has("allow-inject");
+  o.cors_origin = a.str("cors-origin");
   if (!runtime::is_loopback(o.host) && o.api_key.empty() && !a.has("insecure"))
     throw runtime::UsageError("serving HTTP on non-loopback address '" + o.host +
                               "' needs --api-key (and a TLS proxy in front) or an explicit --insecure");
   const auto cluster_ep = runtime::parse_endpoint(a.required("cluster"), "cluster");
   auto& sys = runtime::client_system(runtime::liveness_from(a), runtime::tls_from(a));
-  auto sup = std::make_shared<msg::supervisor_actor>(runtime::connect_coordinator(sys, cluster_ep));
+  // Like a node, serve waits for its coordinator (start order does not matter).
+  msg::supervisor_actor first;
+  for (std::string last_error;;) {
+    auto c = runtime::try_connect(sys, cluster_ep);
+    if (c) {
+      first = *c;
+      break;
+    }
+    auto why = sys.render(c.error());
+    if (why != last_error)
+      std::fprintf(stderr, "strata serve: waiting for the coordinator at %s:%u: %s (retrying)\n",
+                   cluster_ep.host.c_str(), cluster_ep.port, why.c_str());
+    last_error = std::move(why);
+    caf::scoped_actor pause{sys};
+    pause->receive(caf::after(std::chrono::milliseconds(500)) >> [] {});
+  }
+  auto sup = std::make_shared<msg::supervisor_actor>(first);
   auto sup_mu = std::make_shared<std::mutex>();
   auto current = [sup, sup_mu] {
     std::lock_guard<std::mutex> g(*sup_mu);

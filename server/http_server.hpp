@@ -11,6 +11,7 @@
 //   GET  /metrics               Prometheus text format
 //   GET  /v1/cluster            the route and shards as JSON (for the page)
 //   POST /v1/cluster/inject     {"kind": kill|freeze|evict|epoch, "node": ID, ...}
+//                               (only with --allow-inject; JSON only; the API key when set)
 //
 // A client that disconnects cancels its session, which releases its caches on
 // every shard. SIGINT/SIGTERM stop accepting, let generations finish for the
@@ -37,7 +38,8 @@ struct ServerOptions {
   std::size_t max_in_flight = 64;                  ///< generations at once; more get 429
   std::string tokenizer;                           ///< tokenizer path ("" = the model's default)
   std::string api_key;                             ///< "" = no authentication
-  bool allow_inject = true;                        ///< POST /v1/cluster/inject
+  bool allow_inject = false;                       ///< POST /v1/cluster/inject (--allow-inject)
+  std::string cors_origin;                         ///< the one origin CORS allows ("" = none)
 };
 
 class Server {

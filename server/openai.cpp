@@ -1,5 +1,7 @@
 #include "server/openai.hpp"
 
+#include <cctype>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -51,11 +53,14 @@ std::optional<ApiError> number(const json& j, const char* name, float& out, doub
     os << d;
     return os.str();
   };
-  if (!std::isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo))
+  // The bounds hold for the value as it is used: a float (1e-320 is a positive
+  // double but 0 as a float).
+  const float f = static_cast<float>(x);
+  if (!std::isfinite(x) || !std::isfinite(f) || f > hi || (lo_open ? f <= lo : f < lo))
     return bad(name, std::string("'") + name + "' must be " +
                        (lo_open ? "greater than " + fmt(lo) + " and at most " : "between " + fmt(lo) + " and ") + fmt(hi) +
-                       ", not " + v.dump());
-  out = static_cast<float>(x);
+                       " (as a 32-bit float), not " + v.dump());
+  out = f;
   return std::nullopt;
 }
 
@@ -236,6 +241,22 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool cha
   if (auto e = unsupported(j))
     return *e;
   return r;
+}
+
+bool api_key_matches(const std::string& authorization, const std::string& key) {
+  static const std::string scheme = "bearer";
+  bool ok = authorization.size() > scheme.size() && authorization[scheme.size()] == ' ';
+  for (std::size_t i = 0; ok && i < scheme.size(); ++i)
+    ok = std::tolower(static_cast<unsigned char>(authorization[i])) == scheme[i];
+  std::size_t at = scheme.size();
+  while (at < authorization.size() && authorization[at] == ' ')
+    ++at;
+  const std::string token = ok ? authorization.substr(at) : std::string();
+  // Constant time in the key's length: every byte is compared, no early exit.
+  unsigned diff = token.size() == key.size() ? 0u : 1u;
+  for (std::size_t i = 0; i < key.size(); ++i)
+    diff |= static_cast<unsigned char>(key[i]) ^ static_cast<unsigned char>(i < token.size() ? token[i] : 0);
+  return ok && !key.empty() && diff == 0;
 }
 
 std::string chat_family(const model::ModelConfig& cfg) {

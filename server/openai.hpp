@@ -57,6 +57,11 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool cha
 /// "chatml" (Qwen2), "llama2" (Llama 2 checkpoints) or "plain" (builtin:*).
 std::string chat_family(const model::ModelConfig& cfg);
 
+/// Whether an `Authorization` header value carries `key` as a bearer token. The
+/// scheme is case-insensitive (RFC 7235); the comparison takes the same time
+/// wherever the first difference is.
+bool api_key_matches(const std::string& authorization, const std::string& key);
+
 /// The prompt ids for a chat in the model family's format.
 std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const std::string& family,
                                  const model::Tokenizer& tok, const model::ModelConfig& cfg);

@@ -2,9 +2,10 @@
 
 namespace strata::server {
 
-// Plain HTML and JavaScript, no external resources. The same functions serve
-// the buttons and a scripted run (?prompt=...&autorun=1&inject=KIND&node=I&at=N),
-// which the headless-browser test uses.
+// Plain HTML and JavaScript, no external resources. Nothing on the page acts on
+// URL parameters: a link can never start a generation or inject a failure. The
+// injection buttons appear only when the server runs with --allow-inject (and
+// carry the API key typed into the page, when the server has one).
 const std::string& page_html() {
   static const std::string page = R"HTML(<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>strata</title>
@@ -16,7 +17,8 @@ table{border-collapse:collapse;margin-top:.5em}td,th{border:1px solid #ccc;paddi
 .down{color:#b00}.up{color:#070}button{margin:0 .15em}#status{color:#555}
 </style></head><body>
 <h1>strata</h1>
-<p>Generation across the cluster's shard nodes. Inject a failure while it runs: the text must not change.</p>
+<p>Generation across the cluster's shard nodes. With injections enabled, inject a failure while it runs: the text must not change.</p>
+API key <input id="key" type="password" style="width:12em" placeholder="(if the server has one)">
 <textarea id="prompt">Once upon a time</textarea><br>
 max tokens <input id="max_tokens" type="number" value="64" min="1" style="width:5em">
 temperature <input id="temperature" type="number" value="0" min="0" max="2" step="0.1" style="width:4em">
@@ -24,27 +26,34 @@ temperature <input id="temperature" type="number" value="0" min="0" max="2" step
 <pre id="out"></pre><div id="status"></div>
 <h2>Route <small id="epoch"></small></h2>
 <div id="route"></div>
-<button onclick="inject('epoch')">bump epoch</button>
+<button id="bump" onclick="inject('epoch')" hidden>bump epoch</button>
 <script>
-const q = new URLSearchParams(location.search);
-let tokens = 0, plan = null;
+let tokens = 0, injections = false;
+function headers() {
+  const h = {'Content-Type': 'application/json'}, k = document.getElementById('key').value;
+  if (k) h['Authorization'] = 'Bearer ' + k;
+  return h;
+}
 async function inject(kind, node) {
-  const r = await fetch('/v1/cluster/inject', {method: 'POST', headers: {'Content-Type': 'application/json'},
+  const r = await fetch('/v1/cluster/inject', {method: 'POST', headers: headers(),
     body: JSON.stringify({kind: kind, node: node === undefined ? undefined : String(node)})});
   const j = await r.json();
   document.getElementById('status').textContent = j.done || (j.error && j.error.message) || '';
 }
 async function refresh() {
   try {
-    const c = await (await fetch('/v1/cluster')).json();
+    const c = await (await fetch('/v1/cluster', {headers: headers()})).json();
+    injections = !!c.inject;
+    document.getElementById('bump').hidden = !injections;
     document.getElementById('epoch').textContent = 'epoch ' + c.epoch + (c.route_complete ? '' : ' (incomplete)');
     let h = '<table><tr><th>#</th><th>node</th><th>layers</th><th>state</th><th>cache bytes</th><th>sessions</th><th>recoveries</th><th></th></tr>';
     for (const s of c.shards)
       h += '<tr><td>' + s.index + '</td><td>' + s.node + '</td><td>' + s.first + '-' + s.last + '</td><td class="' +
            (s.up ? 'up">up' : 'down">down') + '</td><td>' + s.cache_bytes + '</td><td>' + s.sessions + '</td><td>' +
-           s.recoveries + '</td><td><button onclick="inject(\'kill\',' + s.index + ')">kill</button>' +
+           s.recoveries + '</td><td>' + (injections ?
+           '<button id="kill-' + s.index + '" onclick="inject(\'kill\',' + s.index + ')">kill</button>' +
            '<button onclick="inject(\'freeze\',' + s.index + ')">freeze</button>' +
-           '<button onclick="inject(\'evict\',' + s.index + ')">evict</button></td></tr>';
+           '<button onclick="inject(\'evict\',' + s.index + ')">evict</button>' : '') + '</td></tr>';
     document.getElementById('route').innerHTML = h + '</table>';
   } catch (e) { document.getElementById('route').textContent = 'cluster not reachable'; }
 }
@@ -55,8 +64,7 @@ async function generate() {
   const body = {prompt: document.getElementById('prompt').value, stream: true,
                 max_tokens: Number(document.getElementById('max_tokens').value),
                 temperature: Number(document.getElementById('temperature').value)};
-  const r = await fetch('/v1/completions', {method: 'POST', headers: {'Content-Type': 'application/json'},
-                                            body: JSON.stringify(body)});
+  const r = await fetch('/v1/completions', {method: 'POST', headers: headers(), body: JSON.stringify(body)});
   if (!r.ok) { const j = await r.json(); status.textContent = 'error: ' + j.error.message; document.body.dataset.finish = 'error'; return; }
   const reader = r.body.getReader(), dec = new TextDecoder();
   let buf = '', finish = null;
@@ -73,19 +81,14 @@ async function generate() {
       const j = JSON.parse(data);
       if (j.error) { status.textContent = 'error: ' + j.error.message; finish = 'error'; continue; }
       const c = j.choices[0];
-      if (c.text) { out.textContent += c.text; tokens++; }
+      if (c.text) { out.textContent += c.text; tokens++; document.body.dataset.tokens = tokens; }
       if (c.finish_reason) finish = c.finish_reason;
-      if (plan && tokens >= plan.at && !plan.done) { plan.done = true; await inject(plan.kind, plan.node); }
     }
   }
   status.textContent += ' finished: ' + finish;
   document.body.dataset.finish = finish || 'none';
 }
 refresh(); setInterval(refresh, 500);
-if (q.get('prompt') !== null) document.getElementById('prompt').value = q.get('prompt');
-if (q.get('max_tokens')) document.getElementById('max_tokens').value = q.get('max_tokens');
-if (q.get('inject')) plan = {kind: q.get('inject'), node: q.get('node') || '0', at: Number(q.get('at') || 1), done: false};
-if (q.get('autorun')) generate();
 </script></body></html>
 )HTML";
   return page;

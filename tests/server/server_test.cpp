@@ -56,8 +56,8 @@ struct Served {
         "--threads", "1"}));
       nodes.back()->wait_line("ready node ");
     }
-    server = std::make_unique<Process>(
-      std::vector<std::string>{exe, "serve", "--cluster", cluster, "--http", "127.0.0.1:0", "--max-body", "65536"});
+    server = std::make_unique<Process>(std::vector<std::string>{exe, "serve", "--cluster", cluster, "--http", "127.0.0.1:0",
+                                                                "--max-body", "65536", "--allow-inject"});
     const auto line = server->wait_line("ready http ");
     base = line.empty() ? "" : "http://" + line.substr(11);
   }
@@ -272,7 +272,9 @@ TEST_F(Server, MetricsParseAndMoveWithRequestsAndAnEviction) {
   const auto first = stream.wait_line("data: ");
   ASSERT_FALSE(first.empty());
   for (int node = 0; node < 4; ++node)
-    EXPECT_EQ(c().call("/v1/cluster/inject", R"({"kind":"evict","node":)" + std::to_string(node) + "}").status, 200);
+    EXPECT_EQ(c().call("/v1/cluster/inject", R"({"kind":"evict","node":)" + std::to_string(node) + "}",
+                     "-H 'Content-Type: application/json'").status,
+              200);
   EXPECT_EQ(sse_text(stream.drain()), expected); // drain() includes the lines already read
   auto after = scrape(c());
   EXPECT_EQ(after[ok] - before[ok], 3);
@@ -360,6 +362,93 @@ TEST_F(Server, ShutdownEndsInFlightStreamsCleanly) {
   EXPECT_NE(body.find("shutting down"), std::string::npos) << body;
 }
 
+
+TEST_F(Server, DenormalSamplingValuesAre400AndTheServerLivesOn) {
+  // 1e-320 passes 0 < p as a double but is 0 as the float the sampler uses.
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    const std::string body = std::string(path) == "/v1/completions"
+                               ? R"({"prompt":"Once","max_tokens":3,"top_p":1e-320})"
+                               : R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":3,"top_p":1e-320})";
+    auto r = c().call(path, body);
+    EXPECT_EQ(r.status, 400) << path << ": " << r.body;
+    auto j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r.body;
+    EXPECT_EQ(j["error"]["param"], "top_p") << r.body;
+  }
+  auto t = c().call("/v1/completions", R"({"prompt":"Once","max_tokens":3,"temperature":1e-320})");
+  EXPECT_EQ(t.status, 200) << t.body; // 0 as a float: greedy, a valid setting
+  EXPECT_EQ(c().call("/health").status, 200) << "the server is still serving";
+}
+
+TEST_F(Server, InjectionNeedsAllowInjectJsonAndTheKey) {
+  const std::string body = R"({"kind":"epoch"})";
+  const std::string json_type = "-H 'Content-Type: application/json'";
+  // The shared server runs with --allow-inject: JSON only.
+  EXPECT_EQ(c().call("/v1/cluster/inject", body).status, 415); // curl's default form type
+  EXPECT_EQ(c().call("/v1/cluster/inject", body, "-H 'Content-Type: text/plain'").status, 415);
+  EXPECT_EQ(c().call("/v1/cluster/inject", body, json_type).status, 200);
+  // Without --allow-inject: refused whatever is sent.
+  Process plain({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0"});
+  const auto line = plain.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  const auto base = "http://" + line.substr(11);
+  auto code = [&](const std::string& url, const std::string& extra) {
+    return sh("curl -s -o /dev/null -w '%{http_code}' " + extra + " --data-binary " + quote(body) + " " + url +
+              "/v1/cluster/inject");
+  };
+  EXPECT_EQ(code(base, json_type), "403");
+  // With a key: refused without it, even with --allow-inject.
+  Process keyed({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--allow-inject", "--api-key", "k1"});
+  const auto kline = keyed.wait_line("ready http ");
+  ASSERT_FALSE(kline.empty());
+  const auto kbase = "http://" + kline.substr(11);
+  EXPECT_EQ(code(kbase, json_type), "401");
+  EXPECT_EQ(code(kbase, json_type + " -H 'Authorization: Bearer k1'"), "200");
+}
+
+TEST_F(Server, CorsOnlyForTheConfiguredOriginAndOptionsAnswered) {
+  // Default: no CORS headers for any origin; OPTIONS is answered (204) without them.
+  auto headers = [&](const std::string& base, const std::string& method, const std::string& origin) {
+    return sh("curl -s -o /dev/null -D - -X " + method + " -H 'Origin: " + origin + "' " + base + "/v1/models");
+  };
+  auto plain = headers(c().base, "OPTIONS", "https://evil.example");
+  EXPECT_NE(plain.find(" 204"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("Access-Control-Allow-Origin"), std::string::npos) << plain;
+  Process cors({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--cors-origin", "https://app.example"});
+  const auto line = cors.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  const auto base = "http://" + line.substr(11);
+  auto pre = headers(base, "OPTIONS", "https://app.example");
+  EXPECT_NE(pre.find("Access-Control-Allow-Origin: https://app.example"), std::string::npos) << pre;
+  EXPECT_NE(pre.find("Access-Control-Allow-Headers: Authorization, Content-Type"), std::string::npos) << pre;
+  auto get = headers(base, "GET", "https://app.example");
+  EXPECT_NE(get.find("Access-Control-Allow-Origin: https://app.example"), std::string::npos) << get;
+  auto other = headers(base, "GET", "https://evil.example");
+  EXPECT_EQ(other.find("Access-Control-Allow-Origin"), std::string::npos) << other;
+}
+
+TEST_F(Server, ApiKeyRules) {
+  // An empty key is refused at start, never taken as "no authentication".
+  const auto out = sh(exe + " serve --cluster " + c().cluster + " --http 127.0.0.1:0 --api-key '' 2>&1; echo rc=$?");
+  EXPECT_NE(out.find("--api-key is empty"), std::string::npos) << out;
+  EXPECT_NE(out.find("rc=2"), std::string::npos) << out;
+  const auto env = sh("STRATA_API_KEY= " + exe + " serve --cluster " + c().cluster + " --http 127.0.0.1:0 2>&1; echo rc=$?");
+  EXPECT_NE(env.find("STRATA_API_KEY is set but empty"), std::string::npos) << env;
+  // The scheme is case-insensitive (RFC 7235).
+  Process keyed({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--api-key", "sesame"});
+  const auto line = keyed.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  auto code = [&](const std::string& auth) {
+    return sh("curl -s -o /dev/null -w '%{http_code}' -H " + quote("Authorization: " + auth) + " http://" +
+              line.substr(11) + "/v1/models");
+  };
+  EXPECT_EQ(code("bearer sesame"), "200");
+  EXPECT_EQ(code("BEARER sesame"), "200");
+  EXPECT_EQ(code("Bearer sesam"), "401");
+  EXPECT_EQ(code("Bearer sesame2"), "401");
+  EXPECT_EQ(code("Basic sesame"), "401");
+}
+
 TEST_F(Server, ApiKeyIsRequiredWhenConfigured) {
   Process keyed({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--api-key", "sesame"});
   const auto line = keyed.wait_line("ready http ");
@@ -438,26 +527,81 @@ TEST(ServeWithoutModelFiles, LearnsTheModelFromTheCluster) {
   std::filesystem::remove_all(dir);
 }
 
+
+// A free loopback port (bound, then released).
+uint16_t free_port() {
+  const auto out = sh("python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'");
+  return static_cast<uint16_t>(std::atoi(out.c_str()));
+}
+
+TEST(ServeStartOrder, ServeWaitsForTheCoordinator) {
+  if (!have("curl"))
+    GTEST_SKIP() << "curl is not installed (scripts/test installs it)";
+  const auto port = free_port();
+  ASSERT_GT(port, 0);
+  const std::string cluster = "127.0.0.1:" + std::to_string(port);
+  Process server({"/bin/sh", "-c", "exec " + exe + " serve --cluster " + cluster + " --http 127.0.0.1:0 2>&1"});
+  EXPECT_FALSE(server.wait_line("strata serve: waiting for the coordinator", std::chrono::seconds(10)).empty());
+  Process coordinator({exe, "node", "--coordinator", "--listen", cluster});
+  ASSERT_FALSE(coordinator.wait_line("ready coordinator ").empty());
+  Process node({exe, "node", "--listen", "127.0.0.1:0", "--join", cluster, "--model", "builtin:tiny", "--layers", "0-4",
+                "--threads", "1"});
+  ASSERT_FALSE(node.wait_line("ready node ").empty());
+  const auto line = server.wait_line("ready http ", std::chrono::seconds(20));
+  ASSERT_FALSE(line.empty());
+  const auto r = sh("curl -s -m 60 --data-binary " + quote(completion_body("Once upon a time", 20, false)) + " http://" +
+                    line.substr(11) + "/v1/completions");
+  auto j = json::parse(r, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j.contains("choices")) << r;
+  EXPECT_EQ(j["choices"][0]["text"], local_text("Once upon a time", 20));
+}
+
+TEST(ServeStartOrder, NoCompleteRouteFailsFastOverHttpAndCli) {
+  if (!have("curl"))
+    GTEST_SKIP() << "curl is not installed (scripts/test installs it)";
+  Process coordinator({exe, "node", "--coordinator", "--listen", "127.0.0.1:0", "--route-wait-ms", "2000"});
+  const auto cluster = coordinator.wait_line("ready coordinator ").substr(18);
+  Process node({exe, "node", "--listen", "127.0.0.1:0", "--join", cluster, "--model", "builtin:tiny", "--layers", "0-2",
+                "--threads", "1"}); // layers 3-4 are served by nobody
+  ASSERT_FALSE(node.wait_line("ready node ").empty());
+  Process server({exe, "serve", "--cluster", cluster, "--http", "127.0.0.1:0"});
+  const auto line = server.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  auto t0 = std::chrono::steady_clock::now();
+  const auto out = sh("curl -s -m 60 -w '\n%{http_code}' --data-binary " + quote(completion_body("Once", 5, false)) +
+                      " http://" + line.substr(11) + "/v1/completions");
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_NE(out.find("\n503"), std::string::npos) << out;
+  EXPECT_NE(out.find("no_route"), std::string::npos) << out;
+  EXPECT_LT(took, std::chrono::milliseconds(2000 + 2000)) << "within --route-wait-ms + 2 s";
+  t0 = std::chrono::steady_clock::now();
+  const auto cli = sh(exe + " generate --cluster " + cluster + " --prompt-ids 1,2 --max-tokens 3 2>&1; echo rc=$?");
+  took = std::chrono::steady_clock::now() - t0;
+  EXPECT_NE(cli.find("no_route"), std::string::npos) << cli;
+  EXPECT_NE(cli.find("rc=1"), std::string::npos) << cli;
+  EXPECT_LT(took, std::chrono::milliseconds(2000 + 2000)) << "within --route-wait-ms + 2 s";
+}
+
 // Last: it kills a node (its range has a replica).
 TEST_F(Server, PageInChromiumStreamsAndSurvivesAKill) {
-  if (!have("chromium"))
-    GTEST_SKIP() << "chromium is not installed (scripts/test installs it)";
+  const std::filesystem::path npm = std::filesystem::path(STRATA_BINARY_DIR) / "npm";
+  if (!have("chromium") || !have("node") || !std::filesystem::exists(npm / "node_modules" / "playwright-core"))
+    GTEST_SKIP() << "chromium or playwright-core is not installed (scripts/test installs them)";
   const std::string prompt = "Once upon a time";
   const auto expected = local_text(prompt, 200);
   auto page = c().call("/");
   EXPECT_EQ(page.status, 200);
   EXPECT_NE(page.body.find("<textarea id=\"prompt\""), std::string::npos);
-  // The page runs the prompt itself and presses "kill" on node 1 (layers 2-3) at
-  // token 20, as a person would; --dump-dom prints the page once it is idle.
-  const auto url = c().base + "/?prompt=Once%20upon%20a%20time&max_tokens=200&autorun=1&inject=kill&node=1&at=20";
-  const auto dom = sh("chromium --headless --no-sandbox --disable-gpu --virtual-time-budget=60000 --dump-dom " +
-                      quote(url) + " 2>/dev/null");
-  EXPECT_NE(dom.find("data-finish=\"length\""), std::string::npos) << dom;
-  const auto open = dom.find("<pre id=\"out\">");
-  ASSERT_NE(open, std::string::npos) << dom;
-  const auto start = open + std::string("<pre id=\"out\">").size();
-  EXPECT_EQ(unescape_html(dom.substr(start, dom.find("</pre>", start) - start)), expected);
-  EXPECT_NE(dom.find("kill sent to node"), std::string::npos) << dom;
+  EXPECT_EQ(page.body.find("URLSearchParams"), std::string::npos) << "the page never acts on URL parameters";
+  // The page in Chromium, driven by clicks: Generate, then "kill" on node 1
+  // (layers 2-3, which has a replica) once 20 tokens have streamed.
+  std::filesystem::copy_file(STRATA_PAGE_SCRIPT, npm / "page_client.mjs", std::filesystem::copy_options::overwrite_existing);
+  const auto out = sh("node " + (npm / "page_client.mjs").string() + " " + c().base + " " + quote(prompt) + " 200 2>&1");
+  auto j = json::parse(out.substr(std::min(out.find('{'), out.size())), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["text"], expected);
+  EXPECT_EQ(j["finish"], "length");
+  EXPECT_NE(j["status"].get<std::string>().find("kill sent to node"), std::string::npos) << out;
   EXPECT_EQ(cluster_->nodes[1]->wait_exit(std::chrono::seconds(10)), 137);
 }
 
