@@ -96,6 +96,11 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   tcp::acceptor acceptor{ioc};
   net::signal_set signals{ioc, SIGINT, SIGTERM};
   net::steady_timer drain_timer{ioc};
+  net::steady_timer accept_timer{ioc};      // backoff after an accept error (EMFILE, ENFILE, ...)
+  std::chrono::milliseconds accept_backoff{0};
+  std::atomic<std::size_t> connections{0};  // open connections (a driver thread may drop the last reference)
+  std::atomic<uint64_t> accept_errors{0}, timed_out_connections{0};
+  std::string last_accept_error;
   Metrics metrics;
   std::mutex model_mu;
   ModelState model;
@@ -166,9 +171,23 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
 
 class Connection : public std::enable_shared_from_this<Connection> {
 public:
-  Connection(tcp::socket s, std::shared_ptr<Server::Impl> srv) : sock_(std::move(s)), srv_(std::move(srv)) {}
+  Connection(tcp::socket s, std::shared_ptr<Server::Impl> srv)
+    : sock_(std::move(s)), srv_(std::move(srv)), read_timer_(sock_.get_executor()) {
+    ++srv_->connections;
+  }
+  ~Connection() { --srv_->connections; }
 
   void start() { read(); }
+
+  // Over the cap on open connections: a clear refusal, then close.
+  void refuse() {
+    endpoint_ = "other";
+    respond(Reply::error(api_error(503,
+                                   "too many open connections (limit " + std::to_string(srv_->opts.max_connections) +
+                                     "); retry later",
+                                   "server_error", "too_many_connections")),
+            false);
+  }
 
   // Ends a generation early (drain deadline, request timeout).
   void abort(const ApiError& why) {
@@ -210,17 +229,40 @@ private:
   bool writing_ = false, close_after_write_ = false;
   std::optional<net::steady_timer> timeout_;
   char probe_[1];
+  bool probing_ = false;         // the disconnect probe is outstanding
+  bool first_request_ = true;
+  net::steady_timer read_timer_; // a request must arrive in time (slowloris), an idle keep-alive ends
 
   void read() {
+    if (probing_) { // the generation's disconnect probe must not race the next request's read
+      probing_ = false;
+      beast::error_code ignored;
+      sock_.cancel(ignored);
+    }
     parser_.emplace();
     parser_->body_limit(srv_->opts.max_body);
     parser_->header_limit(16 * 1024);
+    // The whole request (header and body) must arrive within the header timeout
+    // on a new connection; a keep-alive connection may first idle for the idle timeout.
+    read_timer_.expires_after(first_request_ ? srv_->opts.header_timeout : srv_->opts.idle_timeout);
+    first_request_ = false;
+    read_timer_.async_wait([weak = weak_from_this()](beast::error_code ec) {
+      if (ec)
+        return; // cancelled: the request arrived
+      if (auto self = weak.lock()) {
+        ++self->srv_->timed_out_connections;
+        self->close();
+      }
+    });
     http::async_read(sock_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      self->read_timer_.cancel();
       self->on_read(ec);
     });
   }
 
   void on_read(beast::error_code ec) {
+    if (ec == net::error::operation_aborted)
+      return close(); // the read deadline passed
     if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset)
       return close();
     if (ec == http::error::body_limit) {
@@ -284,7 +326,10 @@ private:
                   {"cluster_reachable", c.reachable},
                   {"route_complete", c.route_complete},
                   {"epoch", c.epoch},
-                  {"shards", c.shards.size()}};
+                  {"shards", c.shards.size()},
+                  {"connections", srv->connections.load()},
+                  {"accept_errors", srv->accept_errors.load()},
+                  {"timed_out_connections", srv->timed_out_connections.load()}};
         return Reply::json_body(c.reachable && c.route_complete ? 200 : 503, j);
       });
     if (path == "/metrics" && method == http::verb::get)
@@ -628,7 +673,11 @@ private:
                               "server_error", "timeout"));
     });
     // A client that goes away cancels its session (it sends nothing more on this request).
+    probing_ = true;
     sock_.async_read_some(net::buffer(probe_), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      self->probing_ = false;
+      if (ec == net::error::operation_aborted)
+        return; // cancelled before the next request is read
       if (ec && !self->finished_) {
         self->client_gone();
         self->srv_->metrics.request(self->endpoint_, 499);
@@ -729,7 +778,7 @@ private:
                                        {"model", created_model_},
                                        {"choices", json::array({choice})},
                                        {"usage", usage()}}),
-            false);
+            keep_alive_);
   }
 
   void send_event(const std::string& data) {
@@ -778,9 +827,32 @@ private:
 
 void Server::Impl::accept() {
   acceptor.async_accept([self = shared_from_this()](beast::error_code ec, tcp::socket s) {
-    if (ec)
+    if (ec == net::error::operation_aborted || !self->acceptor.is_open())
       return; // closed for shutdown
-    std::make_shared<Connection>(std::move(s), self)->start();
+    if (ec) {
+      // Out of file descriptors (EMFILE, ENFILE) or another transient failure:
+      // say so once, back off (doubling up to 1 s), and accept again.
+      self->accept_backoff = std::min(std::max(self->accept_backoff * 2, std::chrono::milliseconds(10)),
+                                      std::chrono::milliseconds(1000));
+      if (ec.message() != self->last_accept_error)
+        std::fprintf(stderr, "strata serve: accept failed: %s (retrying in %lld ms)\n", ec.message().c_str(),
+                     static_cast<long long>(self->accept_backoff.count()));
+      self->last_accept_error = ec.message();
+      ++self->accept_errors;
+      self->accept_timer.expires_after(self->accept_backoff);
+      self->accept_timer.async_wait([self](beast::error_code e) {
+        if (!e)
+          self->accept();
+      });
+      return;
+    }
+    self->accept_backoff = std::chrono::milliseconds(0);
+    self->last_accept_error.clear();
+    auto c = std::make_shared<Connection>(std::move(s), self);
+    if (self->connections > self->opts.max_connections)
+      c->refuse();
+    else
+      c->start();
     self->accept();
   });
 }
@@ -800,6 +872,7 @@ void Server::Impl::begin_shutdown() {
   draining = true;
   beast::error_code ec;
   acceptor.close(ec);
+  accept_timer.cancel();
   std::fprintf(stderr, "strata serve: shutting down: %zu generation(s) in flight, waiting up to %lld s\n",
                generating.size(), static_cast<long long>(opts.drain.count()));
   if (generating.empty()) {
@@ -874,6 +947,9 @@ int run_serve(int argc, char** argv) {
     .option("request-timeout", "S", "seconds one generation may take (default 300)")
     .option("drain", "S", "seconds in-flight generations get at shutdown (default 10)")
     .option("max-in-flight", "N", "generations at once; more get 429 (default 64)")
+    .option("max-connections", "N", "open HTTP connections; more get 503 and are closed (default 256)")
+    .option("header-timeout-ms", "MS", "a request's header and body must arrive within this (default 10000)")
+    .option("idle-timeout-ms", "MS", "an idle keep-alive connection is closed after this (default 30000)")
     .option("api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/* (or env STRATA_API_KEY)")
     .option("allow-inject", "", "enable POST /v1/cluster/inject (kill/freeze/evict nodes; off by default)")
     .option("cors-origin", "ORIGIN", "let pages from ORIGIN (e.g. https://app.example) call the API (default: none)")
@@ -897,6 +973,9 @@ int run_serve(int argc, char** argv) {
   o.request_timeout = std::chrono::seconds(a.integer("request-timeout", 300, 1, 86400));
   o.drain = std::chrono::seconds(a.integer("drain", 10, 0, 3600));
   o.max_in_flight = static_cast<std::size_t>(a.integer("max-in-flight", 64, 1, 100000));
+  o.max_connections = static_cast<std::size_t>(a.integer("max-connections", 256, 1, 1000000));
+  o.header_timeout = std::chrono::milliseconds(a.integer("header-timeout-ms", 10000, 10, 3600000));
+  o.idle_timeout = std::chrono::milliseconds(a.integer("idle-timeout-ms", 30000, 10, 3600000));
   const char* env_key = std::getenv("STRATA_API_KEY");
   if (a.has("api-key") && a.str("api-key").empty())
     throw runtime::UsageError("--api-key is empty: give a key, or leave the option out to serve without one");

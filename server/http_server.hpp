@@ -36,6 +36,9 @@ struct ServerOptions {
   std::chrono::seconds request_timeout{300};       ///< per generation
   std::chrono::seconds drain{10};                  ///< graceful shutdown
   std::size_t max_in_flight = 64;                  ///< generations at once; more get 429
+  std::size_t max_connections = 256;               ///< open connections; more get 503 and are closed
+  std::chrono::milliseconds header_timeout{10000}; ///< a request (header + body) must arrive within this
+  std::chrono::milliseconds idle_timeout{30000};   ///< an idle keep-alive connection is closed after this
   std::string tokenizer;                           ///< tokenizer path ("" = the model's default)
   std::string api_key;                             ///< "" = no authentication
   bool allow_inject = false;                       ///< POST /v1/cluster/inject (--allow-inject)

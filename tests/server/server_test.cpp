@@ -13,6 +13,10 @@
 #include <regex>
 #include <fstream>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sstream>
 
 namespace strata {
@@ -530,8 +534,130 @@ TEST(ServeWithoutModelFiles, LearnsTheModelFromTheCluster) {
 
 // A free loopback port (bound, then released).
 uint16_t free_port() {
-  const auto out = sh("python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'");
-  return static_cast<uint16_t>(std::atoi(out.c_str()));
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// A plain TCP connection to 127.0.0.1:port (-1 on failure).
+int connect_to(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Waits until the peer closes `fd` (read returns 0 or an error); false after `timeout`.
+bool closed_by_peer(int fd, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  char buf[4096];
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 1))) <= 0)
+      continue;
+    if (::read(fd, buf, sizeof buf) <= 0)
+      return true;
+  }
+  return false;
+}
+
+uint16_t port_of(const std::string& ready_line) { // "ready http 127.0.0.1:PORT"
+  return static_cast<uint16_t>(std::atoi(ready_line.c_str() + ready_line.rfind(':') + 1));
+}
+
+TEST(ServeConnections, SlowlorisSocketsAreClosedAndKeepAliveWorks) {
+  if (!have("curl"))
+    GTEST_SKIP() << "curl is not installed (scripts/test installs it)";
+  Process coordinator({exe, "node", "--coordinator", "--listen", "127.0.0.1:0"});
+  const auto cluster = coordinator.wait_line("ready coordinator ").substr(18);
+  Process node({exe, "node", "--listen", "127.0.0.1:0", "--join", cluster, "--model", "builtin:tiny", "--layers", "0-4",
+                "--threads", "1"});
+  ASSERT_FALSE(node.wait_line("ready node ").empty());
+  Process server({exe, "serve", "--cluster", cluster, "--http", "127.0.0.1:0", "--header-timeout-ms", "1000",
+                  "--idle-timeout-ms", "2000", "--max-connections", "30"});
+  const auto line = server.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  const auto port = port_of(line);
+  // 20 slowloris sockets: a header that never ends, and one that never starts.
+  std::vector<int> slow;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = connect_to(port);
+    ASSERT_GE(fd, 0);
+    if (i % 2 == 0) {
+      const std::string partial = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+      ASSERT_EQ(::write(fd, partial.data(), partial.size()), static_cast<ssize_t>(partial.size()));
+    }
+    slow.push_back(fd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int fd : slow) {
+    EXPECT_TRUE(closed_by_peer(fd, std::chrono::seconds(5))) << "a half-sent request is closed by the header timeout";
+    ::close(fd);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
+  // Keep-alive: two requests on one connection (curl reuses it and says so).
+  const auto two = sh("curl -sv http://" + line.substr(11) + "/health http://" + line.substr(11) + "/v1/models 2>&1");
+  EXPECT_NE(two.find("Re-using existing connection"), std::string::npos) << two;
+  // An idle keep-alive connection is closed after the idle timeout.
+  const int idle = connect_to(port);
+  const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::write(idle, get.data(), get.size()), static_cast<ssize_t>(get.size()));
+  EXPECT_TRUE(closed_by_peer(idle, std::chrono::seconds(6)));
+  ::close(idle);
+  // Over the connection cap: a clear 503, not a hang.
+  std::vector<int> many;
+  for (int i = 0; i < 30; ++i)
+    many.push_back(connect_to(port));
+  const auto over = sh("curl -s -m 10 -w '\n%{http_code}' http://" + line.substr(11) + "/health");
+  EXPECT_NE(over.find("too_many_connections"), std::string::npos) << over;
+  EXPECT_NE(over.find("\n503"), std::string::npos) << over;
+  for (int fd : many)
+    ::close(fd);
+  EXPECT_EQ(sh("curl -s -o /dev/null -w '%{http_code}' -m 10 http://" + line.substr(11) + "/health"), "200");
+}
+
+TEST(ServeConnections, AcceptSurvivesRunningOutOfFileDescriptors) {
+  if (!have("curl") || !have("prlimit"))
+    GTEST_SKIP() << "curl or prlimit is not installed";
+  Process coordinator({exe, "node", "--coordinator", "--listen", "127.0.0.1:0"});
+  const auto cluster = coordinator.wait_line("ready coordinator ").substr(18);
+  Process node({exe, "node", "--listen", "127.0.0.1:0", "--join", cluster, "--model", "builtin:tiny", "--layers", "0-4",
+                "--threads", "1"});
+  ASSERT_FALSE(node.wait_line("ready node ").empty());
+  // serve with room for only a few connections beyond its own files.
+  Process server({"/bin/sh", "-c", "exec prlimit --nofile=64:64 " + exe + " serve --cluster " + cluster +
+                                     " --http 127.0.0.1:0 2>&1"});
+  const auto line = server.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  const auto port = port_of(line);
+  std::vector<int> hold;
+  for (int i = 0; i < 100; ++i) // more than its descriptors: accept fails with EMFILE
+    hold.push_back(connect_to(port));
+  EXPECT_FALSE(server.wait_line("strata serve: accept failed: Too many open files", std::chrono::seconds(10)).empty());
+  for (int fd : hold)
+    if (fd >= 0)
+      ::close(fd);
+  // The accept loop backed off and goes on: /health answers again.
+  std::string code;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (code != "200" && std::chrono::steady_clock::now() < deadline)
+    code = sh("curl -s -o /dev/null -w '%{http_code}' -m 5 http://" + line.substr(11) + "/health");
+  EXPECT_EQ(code, "200");
 }
 
 TEST(ServeStartOrder, ServeWaitsForTheCoordinator) {
