@@ -96,7 +96,8 @@ msg::shard_full_actor LocalCluster::spawn_and_register(std::size_t i) {
   caf::scoped_actor self{sys_};
   caf::error err;
   self->request(supervisor_, std::chrono::seconds(10), atom::register_atom_v, msg::shard_actor{a}, ranges_[i].first,
-                ranges_[i].last, msg::cache_recipe::of(shard->config()), msg::model_facts::of(shard->config()))
+                ranges_[i].last, msg::cache_recipe::of(shard->config()), msg::model_facts::of(shard->config()),
+                std::string{})
     .receive([](int64_t) {}, [&](caf::error& e) { err = std::move(e); });
   if (err) {
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);

@@ -45,6 +45,7 @@ msg::route_info supervisor_state::plan(bool count_load, const std::vector<msg::s
     if (count_load)
       ++shards[i].load;
     r.hops.push_back(msg::hop{shards[i].actor, shards[i].first, shards[i].last});
+    r.addresses.push_back(shards[i].address);
   }
   return r;
 }
@@ -100,7 +101,7 @@ supervisor_impl_actor::behavior_type supervisor(self_ptr self, SupervisorOptions
   });
   return {
     [=](atom::register_atom, msg::shard_actor shard, int64_t first, int64_t last, msg::cache_recipe recipe,
-        msg::model_facts facts) -> caf::result<int64_t> {
+        msg::model_facts facts, std::string address) -> caf::result<int64_t> {
       auto& st = self->state;
       if (!shard)
         return caf::make_error(ec::bad_request, "registration names no shard actor");
@@ -130,7 +131,9 @@ supervisor_impl_actor::behavior_type supervisor(self_ptr self, SupervisorOptions
       st.recipe = recipe;
       st.facts = std::move(facts);
       self->monitor(shard);
-      st.shards.push_back(shard_entry{shard, first, last, 0});
+      if (address.size() > 300)
+        return caf::make_error(ec::bad_request, "advertised address is longer than 300 characters");
+      st.shards.push_back(shard_entry{shard, first, last, 0, std::move(address)});
       st.changed(self);
       return st.epoch;
     },
@@ -168,8 +171,10 @@ supervisor_impl_actor::behavior_type supervisor(self_ptr self, SupervisorOptions
       all.epoch = st.epoch;
       if (st.recipe)
         all.recipe = *st.recipe;
-      for (auto& e : st.shards)
+      for (auto& e : st.shards) {
         all.hops.push_back(msg::hop{e.actor, e.first, e.last});
+        all.addresses.push_back(e.address);
+      }
       return all;
     },
     [=](atom::model_atom) { return self->state.facts; },

@@ -32,6 +32,7 @@ struct shard_entry {
   int64_t first = 0;
   int64_t last = 0;
   uint64_t load = 0; ///< routes handed out through this shard
+  std::string address; ///< the node's advertised HOST:PORT ("" = none)
 };
 
 struct supervisor_state {

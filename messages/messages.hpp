@@ -190,14 +190,15 @@ using shard_injection_actor = caf::typed_actor<caf::replies_to<atom::evict_atom,
 using shard_full_actor = shard_actor::extend_with<shard_injection_actor>;
 
 /// The route supervisor as shard nodes, sessions and clients see it.
-///   (register_atom, shard, first, last, recipe, facts) -> int64 epoch | incompatible_recipe
+///   (register_atom, shard, first, last, recipe, facts, address) -> int64 epoch | incompatible_recipe
 ///   (route_atom, vector<shard_actor> avoid) -> route_info (waits up to route_wait) | no_route
 ///   (subscribe_atom)          -> the sender (a session) gets route_info on every change
 ///   (stats_atom)              -> route_info: the current plan
 ///   (get_atom)                -> route_info listing every registered shard
 ///   (model_atom)              -> model_facts of the cluster's model (vocab_size 0: none yet)
 using supervisor_actor =
-  caf::typed_actor<caf::replies_to<atom::register_atom, shard_actor, int64_t, int64_t, cache_recipe, model_facts>::with<int64_t>,
+  caf::typed_actor<caf::replies_to<atom::register_atom, shard_actor, int64_t, int64_t, cache_recipe, model_facts,
+                                   std::string>::with<int64_t>,
                    caf::replies_to<atom::route_atom, std::vector<shard_actor>>::with<route_info>,
                    caf::reacts_to<atom::subscribe_atom>, caf::replies_to<atom::stats_atom>::with<route_info>,
                    caf::replies_to<caf::get_atom>::with<route_info>, caf::replies_to<atom::model_atom>::with<model_facts>>;
@@ -303,11 +304,14 @@ struct route_info {
   int64_t epoch = 0;
   std::vector<hop> hops;
   cache_recipe recipe;
+  /// Parallel to hops: each shard node's advertised HOST:PORT ("" when it has
+  /// none), so that processes connect to each other directly.
+  std::vector<std::string> addresses;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, route_info& x) {
-  return f(caf::meta::type_name("route_info"), x.epoch, guard(x.hops), x.recipe);
+  return f(caf::meta::type_name("route_info"), x.epoch, guard(x.hops), x.recipe, guard(x.addresses));
 }
 
 /// Sampling settings plus the generator state the tail continues from.

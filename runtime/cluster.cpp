@@ -3,6 +3,7 @@
 #include "actors/shard_actor.hpp"
 #include "model/error.hpp"
 #include "runtime/args.hpp"
+#include "runtime/peers.hpp"
 
 #include <caf/openssl/all.hpp>
 
@@ -51,12 +52,10 @@ cluster_config::cluster_config(Liveness l, const Tls& tls) {
     set("openssl.certificate", tls.cert);
     set("openssl.key", tls.key);
     set("openssl.cafile", tls.ca);
-    set("middleman.enable-automatic-connections", false);
-  } else {
-    // Connect directly to nodes learned through the coordinator instead of
-    // relaying every step through it.
-    set("middleman.enable-automatic-connections", true);
   }
+  // Never CAF's automatic connections: they open a second listener on every
+  // interface of every process. Direct connections come from runtime/peers.
+  set("middleman.enable-automatic-connections", false);
 }
 
 caf::actor_system& client_system(Liveness l, const Tls& tls) {
@@ -84,8 +83,10 @@ caf::expected<msg::supervisor_actor> try_connect(caf::actor_system& sys, const E
 msg::supervisor_actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep, std::chrono::seconds within) {
   const auto deadline = std::chrono::steady_clock::now() + within;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (auto sup = try_connect(sys, ep))
+    if (auto sup = try_connect(sys, ep)) {
+      spawn_peer_connector(sys, *sup);
       return *sup;
+    }
     caf::scoped_actor pause{sys}; // back off before the next attempt
     pause->receive(caf::after(200ms) >> [] {});
   }
@@ -97,6 +98,7 @@ msg::supervisor_actor connect_coordinator(caf::actor_system& sys, const Endpoint
   if (!sup)
     throw model::Error(model::errc::io, "cannot reach the coordinator at " + ep.host + ":" + std::to_string(ep.port) +
                                           ": " + sys.render(sup.error()));
+  spawn_peer_connector(sys, *sup); // direct connections to the shard nodes
   return *sup;
 }
 
@@ -209,6 +211,8 @@ struct registrar_state {
   model::LayerRange range;
   msg::cache_recipe recipe;
   msg::model_facts facts;
+  std::string address; // advertised HOST:PORT ("" = none)
+  caf::actor peers;    // this node's peer connector
   bool announced = false;
   caf::node_id coordinator_node; // the coordinator this node last registered with
   bool lost = false;             // ... and lost since
@@ -243,10 +247,13 @@ void try_register(caf::stateful_actor<registrar_state>* self) {
         st.coordinator = caf::actor_cast<msg::supervisor_actor>(std::move(p));
         self->monitor(st.coordinator);
         self->request(st.coordinator, 5s, atom::register_atom_v, msg::shard_actor{st.shard}, st.range.first,
-                      st.range.last, st.recipe, st.facts)
+                      st.range.last, st.recipe, st.facts, st.address)
           .then(
             [=](int64_t epoch) {
               auto& st = self->state;
+              if (st.peers)
+                self->send_exit(st.peers, caf::exit_reason::user_shutdown);
+              st.peers = spawn_peer_connector(self->system(), st.coordinator, st.address);
               std::printf("%s node %s layers %lld-%lld epoch %lld\n", st.announced ? "re-registered" : "ready",
                           caf::to_string(st.shard.node()).c_str(), static_cast<long long>(st.range.first),
                           static_cast<long long>(st.range.last), static_cast<long long>(epoch));
@@ -277,7 +284,8 @@ void try_register(caf::stateful_actor<registrar_state>* self) {
 }
 
 caf::behavior registrar(caf::stateful_actor<registrar_state>* self, std::function<msg::shard_full_actor()> respawn,
-                        Endpoint join, model::LayerRange range, msg::cache_recipe recipe, msg::model_facts facts) {
+                        Endpoint join, model::LayerRange range, msg::cache_recipe recipe, msg::model_facts facts,
+                        std::string address) {
   auto& st = self->state;
   st.respawn = std::move(respawn);
   st.shard = st.respawn();
@@ -285,6 +293,7 @@ caf::behavior registrar(caf::stateful_actor<registrar_state>* self, std::functio
   st.range = range;
   st.recipe = std::move(recipe);
   st.facts = std::move(facts);
+  st.address = std::move(address);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
     if (st.replacing && dm.source == st.shard.address()) {
@@ -377,7 +386,8 @@ int run_node(int argc, char** argv) {
     .option("max-message-bytes", "N", "largest step message accepted (default 67108864)")
     .option("route-wait-ms", "MS", "coordinator: how long a session waits for a complete route (default 10000, at most 60000)")
     .option("threads", "N", "threads for tensor math (default: all cores)")
-    .option("insecure", "", "allow a non-loopback address without TLS (traffic is not authenticated)");
+    .option("insecure", "", "allow a non-loopback address without TLS (traffic is not authenticated)")
+    .option("advertise", "HOST:PORT", "the address other processes reach this node at (default: --listen)");
   add_network_options(a);
   a.parse(argc, argv, 2);
   if (a.help_requested()) {
@@ -458,8 +468,15 @@ int run_node(int argc, char** argv) {
     std::printf("ready coordinator %s:%u\n", listen.host.c_str(), *port);
     std::fflush(stdout);
   } else {
+    // The address peers connect to: --advertise, else the listen address
+    // unless it is a wildcard (then peers reach this node through the coordinator).
+    std::string advertise = a.str("advertise");
+    if (!advertise.empty())
+      parse_endpoint(advertise, "advertise"); // HOST:PORT or a usage error
+    if (advertise.empty() && listen.host != "0.0.0.0" && listen.host != "::" && listen.host != "[::]")
+      advertise = listen.host + ":" + std::to_string(*port);
     helper = sys.spawn(registrar, respawn, join, range, msg::cache_recipe::of(shard->config()),
-                       msg::model_facts::of(shard->config()));
+                       msg::model_facts::of(shard->config()), advertise);
   }
   int sig = 0;
   sigwait(&stop_signals, &sig);

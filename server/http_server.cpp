@@ -6,6 +6,7 @@
 #include "model/sampler.hpp"
 #include "runtime/args.hpp"
 #include "runtime/cluster.hpp"
+#include "runtime/peers.hpp"
 #include "server/openai.hpp"
 #include "server/page.hpp"
 
@@ -1005,6 +1006,7 @@ int run_serve(int argc, char** argv) {
     caf::scoped_actor pause{sys};
     pause->receive(caf::after(std::chrono::milliseconds(500)) >> [] {});
   }
+  runtime::spawn_peer_connector(sys, first); // direct connections to the shard nodes
   auto sup = std::make_shared<msg::supervisor_actor>(first);
   auto sup_mu = std::make_shared<std::mutex>();
   auto current = [sup, sup_mu] {

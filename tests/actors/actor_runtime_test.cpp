@@ -208,7 +208,8 @@ TEST_F(ActorRuntime, FrozenShardEndsInAClearErrorNotAHang) {
   const auto cfg = model::read_config("builtin:tiny");
   caf::scoped_actor self{sys};
   self->request(sup, std::chrono::seconds(5), atom::register_atom_v, caf::actor_cast<msg::shard_actor>(frozen),
-                int64_t{0}, int64_t{4}, msg::cache_recipe::of(cfg), msg::model_facts::of(cfg))
+                int64_t{0}, int64_t{4}, msg::cache_recipe::of(cfg), msg::model_facts::of(cfg),
+                std::string{})
     .receive([](int64_t) {}, [](caf::error&) {});
   actors::SessionOptions opts;
   opts.step_timeout = std::chrono::milliseconds(100);
@@ -262,7 +263,7 @@ TEST_F(ActorRuntime, IncompatibleShardIsRefused) {
   caf::error err;
   msg::cache_recipe r = msg::cache_recipe::of(model::read_config("builtin:qwen2-0.5b"));
   self->request(c.supervisor(), std::chrono::seconds(5), atom::register_atom_v, msg::shard_actor{other}, int64_t{0},
-                int64_t{0}, r, msg::model_facts::of(model::read_config("builtin:qwen2-0.5b")))
+                int64_t{0}, r, msg::model_facts::of(model::read_config("builtin:qwen2-0.5b")), std::string{})
     .receive([](int64_t) {}, [&](caf::error& e) { err = e; });
   EXPECT_EQ(err, ec::incompatible_recipe);
   EXPECT_NE(sys.render(err).find("builtin:qwen2-0.5b"), std::string::npos) << sys.render(err);

@@ -73,8 +73,8 @@ struct SupervisorTest : ::testing::Test {
 
 TEST_F(SupervisorTest, ShardDownBumpsTheEpochThenAReplacementRestoresTheRoute) {
   auto a = fake_shard(), b = fake_shard();
-  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe, facts);
-  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{4}, recipe, facts);
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe, facts, std::string{});
+  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{4}, recipe, facts, std::string{});
   ASSERT_EQ(log->replies.size(), 2u);
   EXPECT_EQ(epoch_reply(1), epoch_reply(0) + 1);
   session();
@@ -85,7 +85,7 @@ TEST_F(SupervisorTest, ShardDownBumpsTheEpochThenAReplacementRestoresTheRoute) {
   EXPECT_EQ(log->routes[0].epoch, before + 1);
   EXPECT_TRUE(log->routes[0].hops.empty()) << "layers 3-4 have no shard now";
   auto c = fake_shard();
-  ask<int64_t>(atom::register_atom_v, c, int64_t{3}, int64_t{4}, recipe, facts);
+  ask<int64_t>(atom::register_atom_v, c, int64_t{3}, int64_t{4}, recipe, facts, std::string{});
   ASSERT_EQ(log->routes.size(), 2u);
   EXPECT_EQ(log->routes[1].epoch, before + 2);
   ASSERT_EQ(log->routes[1].hops.size(), 2u);
@@ -95,7 +95,7 @@ TEST_F(SupervisorTest, ShardDownBumpsTheEpochThenAReplacementRestoresTheRoute) {
 
 TEST_F(SupervisorTest, RouteRequestWaitsThenFailsWhenNoRouteAppears) {
   auto a = fake_shard();
-  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe, facts);
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe, facts, std::string{});
   ask<msg::route_info>(atom::route_atom_v, none);
   ASSERT_EQ(log->replies.size(), 1u) << "the route request is held, not answered";
   sched.advance_time(std::chrono::milliseconds(499));
@@ -110,10 +110,10 @@ TEST_F(SupervisorTest, RouteRequestWaitsThenFailsWhenNoRouteAppears) {
 
 TEST_F(SupervisorTest, HeldRouteRequestIsAnsweredByARegistration) {
   auto a = fake_shard(), b = fake_shard();
-  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe, facts);
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe, facts, std::string{});
   ask<msg::route_info>(atom::route_atom_v, none);
   ASSERT_EQ(log->replies.size(), 1u);
-  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{4}, recipe, facts);
+  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{4}, recipe, facts, std::string{});
   ASSERT_EQ(log->replies.size(), 3u);
   // The held request was answered with the complete route (before the registrant's epoch reply or after).
   bool got_route = false;
@@ -127,8 +127,8 @@ TEST_F(SupervisorTest, HeldRouteRequestIsAnsweredByARegistration) {
 
 TEST_F(SupervisorTest, ReplicasShareTheLoadAndAManualBumpNotifies) {
   auto a = fake_shard(), b = fake_shard();
-  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{4}, recipe, facts);
-  ask<int64_t>(atom::register_atom_v, b, int64_t{0}, int64_t{4}, recipe, facts);
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{4}, recipe, facts, std::string{});
+  ask<int64_t>(atom::register_atom_v, b, int64_t{0}, int64_t{4}, recipe, facts, std::string{});
   ask<msg::route_info>(atom::route_atom_v, none);
   ask<msg::route_info>(atom::route_atom_v, none);
   const auto r1 = log->replies[2].get_as<msg::route_info>(0);
@@ -148,13 +148,13 @@ TEST_F(SupervisorTest, ReplicasShareTheLoadAndAManualBumpNotifies) {
 
 TEST_F(SupervisorTest, IncompatibleRecipeAndBadRangeAreRefused) {
   auto a = fake_shard(), b = fake_shard();
-  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{4}, recipe, facts);
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{4}, recipe, facts, std::string{});
   auto other = recipe;
   other.n_kv_heads = 4;
-  ask<int64_t>(atom::register_atom_v, b, int64_t{0}, int64_t{4}, other, facts);
+  ask<int64_t>(atom::register_atom_v, b, int64_t{0}, int64_t{4}, other, facts, std::string{});
   ASSERT_EQ(log->replies.size(), 2u);
   EXPECT_EQ(log->replies[1].get_as<caf::error>(0), ec::incompatible_recipe);
-  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{9}, recipe, facts);
+  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{9}, recipe, facts, std::string{});
   EXPECT_EQ(log->replies[2].get_as<caf::error>(0), ec::bad_request);
 }
 

@@ -708,6 +708,51 @@ TEST(ServeStartOrder, NoCompleteRouteFailsFastOverHttpAndCli) {
   EXPECT_LT(took, std::chrono::milliseconds(2000 + 2000)) << "within --route-wait-ms + 2 s";
 }
 
+
+// The listening sockets of process `pid`, as "ADDRESS:PORT" (from ss).
+std::vector<std::string> listeners_of(pid_t pid) {
+  std::istringstream is(sh("ss -ltnpH 2>/dev/null"));
+  std::vector<std::string> out;
+  for (std::string line; std::getline(is, line);)
+    if (line.find("pid=" + std::to_string(pid) + ",") != std::string::npos) {
+      std::istringstream ls(line);
+      std::string state, recvq, sendq, local;
+      ls >> state >> recvq >> sendq >> local;
+      out.push_back(local);
+    }
+  return out;
+}
+
+TEST(Listeners, EveryProcessListensOnlyWhereConfigured) {
+  if (!have("ss") || !have("curl"))
+    GTEST_SKIP() << "ss (iproute2) or curl is not installed (scripts/test installs them)";
+  Process coordinator({exe, "node", "--coordinator", "--listen", "127.0.0.1:0"});
+  const auto cluster = coordinator.wait_line("ready coordinator ").substr(18);
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (auto layers : {"0-2", "3-4"}) {
+    nodes.push_back(std::make_unique<Process>(std::vector<std::string>{
+      exe, "node", "--listen", "127.0.0.1:0", "--join", cluster, "--model", "builtin:tiny", "--layers", layers,
+      "--threads", "1"}));
+    ASSERT_FALSE(nodes.back()->wait_line("ready node ").empty());
+  }
+  Process server({exe, "serve", "--cluster", cluster, "--http", "127.0.0.1:0"});
+  const auto http = server.wait_line("ready http ");
+  ASSERT_FALSE(http.empty());
+  // A client in the middle of a generation (stopped there, so it cannot finish first).
+  Process client({exe, "generate", "--cluster", cluster, "--prompt", "Once upon a time", "--max-tokens", "480"});
+  ASSERT_FALSE(client.wait_line("Once").empty());
+  client.signal(SIGSTOP);
+  EXPECT_EQ(listeners_of(coordinator.pid()), std::vector<std::string>{cluster});
+  for (auto& n : nodes) {
+    const auto l = listeners_of(n->pid());
+    ASSERT_EQ(l.size(), 1u) << "a node listens on its --listen address only";
+    EXPECT_EQ(l[0].rfind("127.0.0.1:", 0), 0u) << l[0];
+  }
+  EXPECT_EQ(listeners_of(server.pid()), std::vector<std::string>{http.substr(11)});
+  EXPECT_TRUE(listeners_of(client.pid()).empty()) << "a client listens nowhere";
+  client.signal(SIGKILL);
+}
+
 // Last: it kills a node (its range has a replica).
 TEST_F(Server, PageInChromiumStreamsAndSurvivesAKill) {
   const std::filesystem::path npm = std::filesystem::path(STRATA_BINARY_DIR) / "npm";
