@@ -3,6 +3,7 @@
 #include "actors/shard_actor.hpp"
 #include "model/error.hpp"
 #include "runtime/args.hpp"
+#include "runtime/frame_guard.hpp"
 #include "runtime/peers.hpp"
 
 #include <caf/openssl/all.hpp>
@@ -422,6 +423,9 @@ int run_node(int argc, char** argv) {
     request_limits.max_step_tokens = a.integer("max-prompt", 0, 1, int64_t{1} << 30);
     request_limits.max_message_bytes =
       static_cast<std::size_t>(a.integer("max-message-bytes", int64_t{64} << 20, 1024, int64_t{1} << 40));
+    // No BASP frame may announce more than a step may carry, plus room for the
+    // envelope (runtime/frame_guard): a lying header cannot make CAF allocate.
+    frames::set_limit(request_limits.max_message_bytes + (uint64_t{1} << 20));
   }
   const Liveness live = liveness_from(a);
   model::set_num_threads(static_cast<int>(a.integer("threads", 0, 0, 1024)));

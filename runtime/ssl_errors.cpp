@@ -11,6 +11,9 @@
 // libssl's (the executable's symbols win in the dynamic linker's lookup) and
 // call the real functions after clearing the queue.
 
+#include "runtime/frame_guard.hpp"
+
+#include <cstdint>
 #include <dlfcn.h>
 
 namespace {
@@ -40,8 +43,22 @@ extern "C" {
 
 int SSL_read(void* ssl, void* buf, int num) {
   static auto real = next<io_fn>("SSL_read");
+  using strata::runtime::frames::stream;
+  const auto key = reinterpret_cast<uintptr_t>(ssl);
+  if (strata::runtime::frames::refused(stream::tls, key))
+    return -1; // a frame announced too much: the connection is refused (runtime/frame_guard)
   clear();
-  return real(ssl, buf, num);
+  const int n = real(ssl, buf, num);
+  if (n > 0 && !strata::runtime::frames::feed(stream::tls, key, static_cast<const unsigned char*>(buf),
+                                              static_cast<std::size_t>(n)))
+    return -1;
+  return n;
+}
+
+void SSL_free(void* ssl) {
+  static auto real = next<void (*)(void*)>("SSL_free");
+  strata::runtime::frames::forget(strata::runtime::frames::stream::tls, reinterpret_cast<uintptr_t>(ssl));
+  real(ssl);
 }
 
 int SSL_write(void* ssl, const void* buf, int num) {

@@ -354,6 +354,55 @@ struct TlsCluster {
   }
 };
 
+
+// The node id in the "ready node ID layers ..." line.
+std::string node_id(const std::string& ready) {
+  const auto a = std::string("ready node ").size();
+  return ready.substr(a, ready.find(' ', a) - a);
+}
+
+TEST(Cluster, ForgedFrameHeadersOnAPlainPortAreRefusedWithoutAllocating) {
+  Cluster c;
+  const auto port = free_port();
+  // stderr too: the node says when it refuses a connection.
+  Process node({"/bin/sh", "-c",
+                "exec " + exe + " node --listen 127.0.0.1:" + std::to_string(port) + " --join " + c.address +
+                  " --model builtin:tiny --layers 0-4 --threads 1 2>&1"});
+  const auto ready = node.wait_line("ready node ");
+  ASSERT_FALSE(ready.empty());
+  const long before = rss_kb(node.pid());
+  ASSERT_GT(before, 0);
+  // 20 connections, each a BASP header claiming 1 GiB or 4 GiB, held open.
+  std::vector<int> held;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    unsigned char hdr[32] = {};
+    hdr[0] = 1; // client handshake
+    if (i % 2 == 0)
+      hdr[4] = 0x40; // 1 GiB
+    else
+      hdr[4] = hdr[5] = hdr[6] = hdr[7] = 0xff; // 4 GiB - 1
+    ASSERT_EQ(::send(fd, hdr, sizeof hdr, MSG_NOSIGNAL), 32);
+    held.push_back(fd);
+  }
+  for (int i = 0; i < 20; ++i)
+    ASSERT_FALSE(node.wait_line("strata: refused a TCP connection whose frame announces").empty()) << i;
+  const long after = rss_kb(node.pid());
+  std::printf("node RSS %ld kB before, %ld kB with 20 forged headers held open\n", before, after);
+  EXPECT_LT(after - before, 64 * 1024) << "RSS grew from " << before << " kB to " << after << " kB";
+  // Alive, the same incarnation (not declared dead and restarted), and serving.
+  EXPECT_EQ(ids_line(run("generate --cluster " + c.address + " " + prompt)), local_ids());
+  const auto status = run("status --cluster " + c.address);
+  EXPECT_NE(status.find(node_id(ready)), std::string::npos) << status;
+  for (int fd : held)
+    ::close(fd);
+}
+
 TEST(Cluster, TlsClusterEqualsPlainAndRefusesStrangers) {
   if (!have_openssl())
     GTEST_SKIP() << "the openssl command is not installed";
@@ -414,6 +463,31 @@ TEST(Cluster, ForgedFramesOnATlsPortLeaveTheNodeServingWithBoundedMemory) {
   const long after = rss_kb(node);
   std::printf("node RSS %ld kB before, %ld kB after 20 forged connections\n", before, after);
   EXPECT_LT(after - before, 64 * 1024) << "RSS grew from " << before << " kB to " << after << " kB";
+}
+
+TEST(Cluster, ForgedFrameHeadersFromACertificateHolderAreRefused) {
+  if (!have_openssl())
+    GTEST_SKIP() << "the openssl command is not installed";
+  TlsCluster c;
+  const pid_t node = c.nodes[0]->pid();
+  const long before = rss_kb(node);
+  // A peer with a valid cluster certificate completes the TLS handshake, then
+  // sends a BASP header claiming 4 GiB (and keeps the connection open a while).
+  const auto args = tls_args(c.dir, "client");
+  const std::string cmd = "(printf '\\001\\000\\000\\000\\377\\377\\377\\377'; head -c 24 /dev/zero; sleep 3) | "
+                          "openssl s_client -quiet -connect 127.0.0.1:" + std::to_string(c.ports[0]) + " -cert " +
+                          args[1] + " -key " + args[3] + " -CAfile " + args[5] + " >/dev/null 2>&1";
+  std::vector<std::unique_ptr<Process>> forgers;
+  for (int i = 0; i < 5; ++i)
+    forgers.push_back(std::make_unique<Process>(std::vector<std::string>{"/bin/sh", "-c", cmd}));
+  for (auto& f : forgers)
+    f->wait_exit(std::chrono::seconds(20));
+  const long after = rss_kb(node);
+  std::printf("node RSS %ld kB before, %ld kB after 5 forged TLS frames\n", before, after);
+  EXPECT_LT(after - before, 64 * 1024) << "RSS grew from " << before << " kB to " << after << " kB";
+  EXPECT_EQ(ids_line(run("generate --cluster " + c.address + flat(tls_args(c.dir, "client")) + " " + prompt)),
+            local_ids());
+  EXPECT_EQ(c.nodes[0]->wait_exit(std::chrono::milliseconds(10)), -1) << "the node is still running";
 }
 
 } // namespace
