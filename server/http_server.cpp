@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <deque>
 #include <iostream>
@@ -231,14 +232,18 @@ private:
   std::optional<net::steady_timer> timeout_;
   char probe_[1];
   bool probing_ = false;         // the disconnect probe is outstanding
+  bool read_after_probe_ = false; // read() waits for the probe to end first
   bool first_request_ = true;
   net::steady_timer read_timer_; // a request must arrive in time (slowloris), an idle keep-alive ends
 
   void read() {
-    if (probing_) { // the generation's disconnect probe must not race the next request's read
-      probing_ = false;
+    if (probing_) {
+      // The generation's disconnect probe is still reading: end it first (it may
+      // already hold the next request's first byte), then read from its handler.
+      read_after_probe_ = true;
       beast::error_code ignored;
       sock_.cancel(ignored);
+      return;
     }
     parser_.emplace();
     parser_->body_limit(srv_->opts.max_body);
@@ -495,6 +500,14 @@ private:
                      keep_alive_);
     ++srv_->in_flight;
     srv_->metrics.in_flight(+1);
+    // A keep-alive connection carries one generation after another: start clean.
+    finished_ = streaming_ = stopped_by_string_ = close_after_write_ = false;
+    began_ = false;
+    text_.clear();
+    prompt_tokens_ = completion_tokens_ = 0;
+    dec_.reset();
+    stop_.reset();
+    timeout_.reset();
     job_ = std::make_shared<Job>();
     srv_->generating.insert(shared_from_this());
     started_ = clk::now();
@@ -675,11 +688,18 @@ private:
     });
     // A client that goes away cancels its session (it sends nothing more on this request).
     probing_ = true;
-    sock_.async_read_some(net::buffer(probe_), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+    sock_.async_read_some(net::buffer(probe_), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
       self->probing_ = false;
-      if (ec == net::error::operation_aborted)
-        return; // cancelled before the next request is read
-      if (ec && !self->finished_) {
+      if (!ec && n == 1) { // the client's next request began: keep its first byte for the parser
+        auto b = self->buf_.prepare(1);
+        std::memcpy(b.data(), self->probe_, 1);
+        self->buf_.commit(1);
+      }
+      if (self->read_after_probe_) { // the response is out: read the next request
+        self->read_after_probe_ = false;
+        return self->read();
+      }
+      if (ec && ec != net::error::operation_aborted && !self->finished_) {
         self->client_gone();
         self->srv_->metrics.request(self->endpoint_, 499);
       }

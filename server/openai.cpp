@@ -56,10 +56,11 @@ std::optional<ApiError> number(const json& j, const char* name, float& out, doub
   // The bounds hold for the value as it is used: a float (1e-320 is a positive
   // double but 0 as a float).
   const float f = static_cast<float>(x);
-  if (!std::isfinite(x) || !std::isfinite(f) || f > hi || (lo_open ? f <= lo : f < lo))
+  const bool double_ok = std::isfinite(x) && x <= hi && (lo_open ? x > lo : x >= lo);
+  if (!double_ok || !std::isfinite(f) || f > hi || (lo_open ? f <= lo : f < lo))
     return bad(name, std::string("'") + name + "' must be " +
                        (lo_open ? "greater than " + fmt(lo) + " and at most " : "between " + fmt(lo) + " and ") + fmt(hi) +
-                       " (as a 32-bit float), not " + v.dump());
+                       (double_ok ? " as a 32-bit float" : "") + ", not " + v.dump());
   out = f;
   return std::nullopt;
 }

@@ -57,6 +57,17 @@ public:
         return {};
     }
   }
+  /// Reads output until at least `n` bytes were printed in all (complete lines
+  /// or not: streamed text has no newline until its end); false at the deadline or EOF.
+  bool wait_bytes(std::size_t n, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (all_.size() + buf_.size() < n) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || !read_some(static_cast<int>(left.count())))
+        return false;
+    }
+    return true;
+  }
   /// The last line starting with `prefix` among what was printed so far, without
   /// waiting for more ("" if none).
   std::string last_line(const std::string& prefix) {

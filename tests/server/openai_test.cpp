@@ -44,6 +44,8 @@ TEST(OpenAI, EveryRuleNamesTheField) {
   EXPECT_EQ(err(R"({"prompt":"x","temperature":2.5})").message, "'temperature' must be between 0 and 2, not 2.5");
   EXPECT_EQ(err(R"({"prompt":"x","temperature":"hot"})").param, "temperature");
   EXPECT_EQ(err(R"({"prompt":"x","top_p":0})").message, "'top_p' must be greater than 0 and at most 1, not 0");
+  // Positive as a double, 0 as the float the sampler uses.
+  EXPECT_EQ(err(R"({"prompt":"x","top_p":1e-320})").param, "top_p");
   EXPECT_EQ(err(R"({"prompt":"x","top_p":1.5})").param, "top_p");
   EXPECT_EQ(err(R"({"prompt":"x","top_k":-1})").param, "top_k");
   EXPECT_EQ(err(R"({"prompt":"x","seed":1.5})").param, "seed");
@@ -106,6 +108,18 @@ TEST(OpenAI, ChatFormatsPerFamily) {
   EXPECT_EQ(chat_family(cfg), "chatml");
   cfg.architecture = "llama";
   EXPECT_EQ(chat_family(cfg), "llama2");
+}
+
+TEST(OpenAI, ApiKeySchemeIsCaseInsensitiveAndTheKeyExact) {
+  EXPECT_TRUE(api_key_matches("Bearer k-1", "k-1"));
+  EXPECT_TRUE(api_key_matches("bearer k-1", "k-1"));
+  EXPECT_TRUE(api_key_matches("BEARER   k-1", "k-1"));
+  EXPECT_FALSE(api_key_matches("Bearer k-12", "k-1"));
+  EXPECT_FALSE(api_key_matches("Bearer k-", "k-1"));
+  EXPECT_FALSE(api_key_matches("Bearer", "k-1"));
+  EXPECT_FALSE(api_key_matches("Basic k-1", "k-1"));
+  EXPECT_FALSE(api_key_matches("Bearerk-1", "k-1"));
+  EXPECT_FALSE(api_key_matches("Bearer ", ""));
 }
 
 } // namespace

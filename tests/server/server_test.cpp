@@ -610,9 +610,19 @@ TEST(ServeConnections, SlowlorisSocketsAreClosedAndKeepAliveWorks) {
     ::close(fd);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
-  // Keep-alive: two requests on one connection (curl reuses it and says so).
+  // Keep-alive: two requests on one connection (curl reuses it and says so),
+  // and two generations one after the other on one connection.
   const auto two = sh("curl -sv http://" + line.substr(11) + "/health http://" + line.substr(11) + "/v1/models 2>&1");
   EXPECT_NE(two.find("Re-using existing connection"), std::string::npos) << two;
+  const auto body = quote(completion_body("Once upon a time", 12, false));
+  const auto gens = sh("curl -sv -m 20 --data-binary " + body + " http://" + line.substr(11) + "/v1/completions --next -m 20 "
+                       "--data-binary " + body + " http://" + line.substr(11) + "/v1/completions 2>&1");
+  EXPECT_NE(gens.find("Re-using existing connection"), std::string::npos) << gens;
+  const auto expected = json(local_text("Once upon a time", 12)).dump(-1, ' ', false, json::error_handler_t::replace);
+  std::size_t found = 0;
+  for (auto at = gens.find(expected); at != std::string::npos; at = gens.find(expected, at + 1))
+    ++found;
+  EXPECT_EQ(found, 2u) << gens;
   // An idle keep-alive connection is closed after the idle timeout.
   const int idle = connect_to(port);
   const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -740,7 +750,7 @@ TEST(Listeners, EveryProcessListensOnlyWhereConfigured) {
   ASSERT_FALSE(http.empty());
   // A client in the middle of a generation (stopped there, so it cannot finish first).
   Process client({exe, "generate", "--cluster", cluster, "--prompt", "Once upon a time", "--max-tokens", "480"});
-  ASSERT_FALSE(client.wait_line("Once").empty());
+  ASSERT_TRUE(client.wait_bytes(std::string("Once upon a time").size() + 20)); // the prompt and 20 tokens
   client.signal(SIGSTOP);
   EXPECT_EQ(listeners_of(coordinator.pid()), std::vector<std::string>{cluster});
   for (auto& n : nodes) {
