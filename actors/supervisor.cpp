@@ -50,9 +50,31 @@ msg::route_info supervisor_state::plan(bool count_load, const std::vector<msg::s
   return r;
 }
 
+namespace {
+
+std::string describe(const msg::route_info& r, int64_t n_layers) {
+  if (r.hops.empty())
+    return "no complete route covers layers 0-" + std::to_string(n_layers - 1);
+  std::string out;
+  for (std::size_t i = 0; i < r.hops.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(r.hops[i].first) + "-" + std::to_string(r.hops[i].last) + " on " +
+           caf::to_string(r.hops[i].shard.node()) +
+           (i < r.addresses.size() && !r.addresses[i].empty() ? " (" + r.addresses[i] + ")" : "");
+  return out;
+}
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+    .count();
+}
+
+} // namespace
+
 template <class Self>
-void supervisor_state::changed(Self* self) {
+void supervisor_state::changed(Self* self, const std::string& why) {
   ++epoch;
+  const auto now = plan(false);
+  say(2, "epoch " + std::to_string(epoch) + " (" + why + "): route " + describe(now, recipe ? recipe->n_layers : 0));
   // Sessions learn the new epoch and route (or that none is complete now).
   for (auto& s : sessions)
     self->send(s, plan(true));
@@ -91,8 +113,16 @@ supervisor_impl_actor::behavior_type supervisor(self_ptr self, SupervisorOptions
     auto& st = self->state;
     auto it = std::find_if(st.shards.begin(), st.shards.end(), [&](auto& e) { return e.actor.address() == dm.source; });
     if (it != st.shards.end()) {
+      // Silent for longer than a heartbeat period: the node froze or was cut
+      // off (its process may live on); otherwise its connection went away.
+      const auto silent =
+        std::chrono::duration_cast<std::chrono::milliseconds>(self->clock().now() - it->last_seen).count();
+      const std::string reason = silent > 1000 ? "heartbeat timeout: silent for " + std::to_string(silent) + " ms"
+                                               : "connection lost (" + self->system().render(dm.reason) + ")";
+      st.say(3, "shard node " + caf::to_string(it->actor.node()) + " (layers " + std::to_string(it->first) + "-" +
+                  std::to_string(it->last) + (it->address.empty() ? "" : ", " + it->address) + ") is gone: " + reason);
       st.shards.erase(it);
-      st.changed(self);
+      st.changed(self, "a shard left");
       return;
     }
     st.sessions.erase(std::remove_if(st.sessions.begin(), st.sessions.end(),
@@ -133,8 +163,18 @@ supervisor_impl_actor::behavior_type supervisor(self_ptr self, SupervisorOptions
       self->monitor(shard);
       if (address.size() > 300)
         return caf::make_error(ec::bad_request, "advertised address is longer than 300 characters");
-      st.shards.push_back(shard_entry{shard, first, last, 0, std::move(address)});
-      st.changed(self);
+      const int64_t incarnation = address.empty() ? 1 : ++st.registrations[address];
+      for (auto& e : st.shards) // a range that overlaps another without matching it is never part of a route
+        if (e.first <= last && first <= e.last && !(e.first == first && e.last == last))
+          st.say(3, "shard for layers " + std::to_string(first) + "-" + std::to_string(last) +
+                      " overlaps layers " + std::to_string(e.first) + "-" + std::to_string(e.last) +
+                      " of another node: routes use only ranges that line up");
+      st.say(2, "shard node " + caf::to_string(shard.node()) + " joined: layers " + std::to_string(first) + "-" +
+                  std::to_string(last) + (address.empty() ? "" : " at " + address) + ", incarnation " +
+                  std::to_string(incarnation));
+      st.shards.push_back(shard_entry{shard, first, last, 0, std::move(address), self->clock().now(), incarnation,
+                                      unix_ms()});
+      st.changed(self, "a shard joined");
       return st.epoch;
     },
     [=](atom::route_atom, const std::vector<msg::shard_actor>& avoid) { return route_request(self, avoid); },
@@ -160,8 +200,27 @@ supervisor_impl_actor::behavior_type supervisor(self_ptr self, SupervisorOptions
       self->state.sessions.push_back(s);
     },
     [=](atom::bump_atom) {
-      self->state.changed(self);
+      self->state.changed(self, "bumped by an operator");
       return self->state.epoch;
+    },
+    [=](atom::heartbeat_atom, const msg::shard_actor& shard) {
+      for (auto& e : self->state.shards)
+        if (e.actor == shard)
+          e.last_seen = self->clock().now();
+    },
+    [=](atom::status_atom) {
+      auto& st = self->state;
+      msg::cluster_status out;
+      out.epoch = st.epoch;
+      if (st.recipe)
+        out.recipe = *st.recipe;
+      const auto now = self->clock().now();
+      for (auto& e : st.shards)
+        out.shards.push_back(msg::shard_status{
+          msg::hop{e.actor, e.first, e.last}, e.address,
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - e.last_seen).count(), e.incarnation, e.since_ms});
+      out.plan = st.plan(false);
+      return out;
     },
     [=](atom::stats_atom) { return self->state.plan(false); },
     [=](caf::get_atom) {

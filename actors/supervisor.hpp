@@ -15,12 +15,18 @@
 #include <caf/all.hpp>
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <optional>
+#include <string>
 
 namespace strata::actors {
 
 struct SupervisorOptions {
   std::chrono::milliseconds route_wait{5000};
+  /// Receives what an operator should see (level 2 info, 3 warn; text), e.g.
+  /// joins, deaths with their reason, route changes. Empty: silent.
+  std::function<void(int level, const std::string&)> log;
 };
 
 /// The supervisor's own type: both interfaces plus its route-wait timer.
@@ -33,6 +39,9 @@ struct shard_entry {
   int64_t last = 0;
   uint64_t load = 0; ///< routes handed out through this shard
   std::string address; ///< the node's advertised HOST:PORT ("" = none)
+  caf::actor_clock::time_point last_seen{}; ///< its last heartbeat (or registration)
+  int64_t incarnation = 1;
+  int64_t since_ms = 0;
 };
 
 struct supervisor_state {
@@ -43,6 +52,7 @@ struct supervisor_state {
   /// keep growing across coordinator restarts and shards never see one go back.
   int64_t epoch = 1;
   std::vector<msg::session_actor> sessions;
+  std::map<std::string, int64_t> registrations; ///< per advertised address (incarnations)
   struct waiter {
     caf::typed_response_promise<msg::route_info> rp;
     caf::actor_clock::time_point deadline;
@@ -55,7 +65,11 @@ struct supervisor_state {
   /// Shards in `avoid` are used only when no complete chain exists without them.
   msg::route_info plan(bool count_load, const std::vector<msg::shard_actor>& avoid = {});
   template <class Self>
-  void changed(Self* self);
+  void changed(Self* self, const std::string& why);
+  void say(int level, const std::string& text) const {
+    if (opts.log)
+      opts.log(level, text);
+  }
 };
 
 supervisor_impl_actor::behavior_type supervisor(supervisor_impl_actor::stateful_pointer<supervisor_state> self,

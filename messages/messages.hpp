@@ -54,6 +54,10 @@ using model_atom = caf::atom_constant<caf::atom("model")>;
 constexpr model_atom model_atom_v = model_atom{};
 using lease_atom = caf::atom_constant<caf::atom("lease")>;
 constexpr lease_atom lease_atom_v = lease_atom{};
+using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
+constexpr heartbeat_atom heartbeat_atom_v = heartbeat_atom{};
+using status_atom = caf::atom_constant<caf::atom("status")>;
+constexpr status_atom status_atom_v = status_atom{};
 } // namespace strata::atom
 
 namespace strata::msg {
@@ -162,6 +166,7 @@ struct shard_stats;
 struct route_info;
 struct model_facts;
 struct cache_recipe;
+struct cluster_status;
 
 /// A shard actor as sessions and the supervisor see it (production interface).
 ///   step_request                      -> step_reply (token or cache_miss) | error;
@@ -196,12 +201,16 @@ using shard_full_actor = shard_actor::extend_with<shard_injection_actor>;
 ///   (stats_atom)              -> route_info: the current plan
 ///   (get_atom)                -> route_info listing every registered shard
 ///   (model_atom)              -> model_facts of the cluster's model (vocab_size 0: none yet)
+///   (heartbeat_atom, shard)   -> a registered shard's node is alive (every 500 ms)
+///   (status_atom)             -> cluster_status: every shard with address, liveness, incarnation; the plan
 using supervisor_actor =
   caf::typed_actor<caf::replies_to<atom::register_atom, shard_actor, int64_t, int64_t, cache_recipe, model_facts,
                                    std::string>::with<int64_t>,
                    caf::replies_to<atom::route_atom, std::vector<shard_actor>>::with<route_info>,
                    caf::reacts_to<atom::subscribe_atom>, caf::replies_to<atom::stats_atom>::with<route_info>,
-                   caf::replies_to<caf::get_atom>::with<route_info>, caf::replies_to<atom::model_atom>::with<model_facts>>;
+                   caf::replies_to<caf::get_atom>::with<route_info>, caf::replies_to<atom::model_atom>::with<model_facts>,
+                   caf::reacts_to<atom::heartbeat_atom, shard_actor>,
+                   caf::replies_to<atom::status_atom>::with<cluster_status>>;
 
 /// Failure injection on the supervisor: (bump_atom) -> the new epoch.
 using supervisor_injection_actor = caf::typed_actor<caf::replies_to<atom::bump_atom>::with<int64_t>>;
@@ -312,6 +321,33 @@ struct route_info {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, route_info& x) {
   return f(caf::meta::type_name("route_info"), x.epoch, guard(x.hops), x.recipe, guard(x.addresses));
+}
+
+/// One registered shard as the supervisor sees it (for `strata status`).
+struct shard_status {
+  hop shard;
+  std::string address;     ///< advertised HOST:PORT ("" = none)
+  int64_t silent_ms = -1;  ///< since its node's last heartbeat (-1: none yet)
+  int64_t incarnation = 1; ///< registrations from this address so far (restarts count up)
+  int64_t since_ms = 0;    ///< registered at (ms since 1970)
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shard_status& x) {
+  return f(caf::meta::type_name("shard_status"), x.shard, x.address, x.silent_ms, x.incarnation, x.since_ms);
+}
+
+/// The supervisor's whole view: every registered shard and the current plan.
+struct cluster_status {
+  int64_t epoch = 0;
+  cache_recipe recipe;
+  std::vector<shard_status> shards; ///< in registration order
+  route_info plan;                  ///< the current complete chain (no hops: none)
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, cluster_status& x) {
+  return f(caf::meta::type_name("cluster_status"), x.epoch, x.recipe, guard(x.shards), x.plan);
 }
 
 /// Sampling settings plus the generator state the tail continues from.
@@ -479,6 +515,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(strata, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(strata, (strata::msg::shard_actor))
   CAF_ADD_TYPE_ID(strata, (std::vector<strata::msg::shard_actor>))
   CAF_ADD_TYPE_ID(strata, (strata::msg::supervisor_actor))
+  CAF_ADD_TYPE_ID(strata, (strata::msg::shard_status))
+  CAF_ADD_TYPE_ID(strata, (strata::msg::cluster_status))
 CAF_END_TYPE_ID_BLOCK(strata)
 
 namespace strata::msg {

@@ -8,6 +8,7 @@
 #include "model/tokenizer.hpp"
 #include "runtime/args.hpp"
 #include "runtime/generator.hpp"
+#include "runtime/log.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -58,6 +59,7 @@ int cmd_generate(int argc, char** argv) {
                                      " (freeze:I@S with --cluster)");
   add_network_options(a); // with --cluster
   a.parse(argc, argv, 2);
+  log::configure_from(a, "client");
   if (a.help_requested()) {
     std::cout << "usage: strata generate --model PATH|builtin:NAME (--prompt TEXT | --prompt-ids 1,2,3) [options]\n\n"
               << "Runs the whole model in this process, prefill then cached decode.\n"

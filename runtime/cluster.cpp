@@ -4,9 +4,11 @@
 #include "model/error.hpp"
 #include "runtime/args.hpp"
 #include "runtime/frame_guard.hpp"
+#include "runtime/log.hpp"
 #include "runtime/peers.hpp"
 
 #include <caf/openssl/all.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -176,7 +178,7 @@ void run_waiter() {
     }
     worker_pid = 0;
     if (WIFEXITED(status) && WEXITSTATUS(status) == reincarnate_code) {
-      std::fprintf(stderr, "strata node: starting a new incarnation\n");
+      log::info("starting a new incarnation");
       continue;
     }
     if (WIFSIGNALED(status)) {
@@ -215,6 +217,7 @@ struct registrar_state {
   std::string address; // advertised HOST:PORT ("" = none)
   caf::actor peers;    // this node's peer connector
   bool announced = false;
+  bool beating = false;
   caf::node_id coordinator_node; // the coordinator this node last registered with
   bool lost = false;             // ... and lost since
   std::string last_connect_error;
@@ -222,6 +225,7 @@ struct registrar_state {
 };
 
 using reconnect_atom = caf::atom_constant<caf::atom("reconnect")>;
+using beat_atom = caf::atom_constant<caf::atom("beat")>;
 
 void try_register(caf::stateful_actor<registrar_state>* self) {
   auto& sys = self->system();
@@ -238,8 +242,8 @@ void try_register(caf::stateful_actor<registrar_state>* self) {
         if (st.lost && nid == st.coordinator_node) {
           // The same coordinator is still up, so it was this node that went
           // away (frozen or cut off): its peers buried this node id.
-          std::fprintf(stderr, "strata node: the coordinator declared this node dead (frozen or cut off longer than "
-                               "the liveness bound); coming back as a new incarnation\n");
+          log::warn("the coordinator declared this node dead (frozen or cut off longer than the liveness bound); "
+                    "coming back as a new incarnation");
           stop_node(reincarnate_code);
           return;
         }
@@ -255,6 +259,14 @@ void try_register(caf::stateful_actor<registrar_state>* self) {
               if (st.peers)
                 self->send_exit(st.peers, caf::exit_reason::user_shutdown);
               st.peers = spawn_peer_connector(self->system(), st.coordinator, st.address);
+              log::info(std::string(st.announced ? "re-registered" : "registered") + " with the coordinator at " +
+                        st.join.host + ":" + std::to_string(st.join.port) + ": layers " + std::to_string(st.range.first) +
+                        "-" + std::to_string(st.range.last) + (st.address.empty() ? "" : " at " + st.address) +
+                        ", epoch " + std::to_string(epoch));
+              if (!st.beating) { // heartbeats to the coordinator: liveness in `strata status`
+                st.beating = true;
+                self->send(self, beat_atom::value);
+              }
               std::printf("%s node %s layers %lld-%lld epoch %lld\n", st.announced ? "re-registered" : "ready",
                           caf::to_string(st.shard.node()).c_str(), static_cast<long long>(st.range.first),
                           static_cast<long long>(st.range.last), static_cast<long long>(epoch));
@@ -263,8 +275,7 @@ void try_register(caf::stateful_actor<registrar_state>* self) {
             },
             [=](caf::error& e) {
               if (e == ec::incompatible_recipe || e == ec::bad_request) {
-                std::fprintf(stderr, "strata node: error: the coordinator refused this node: %s\n",
-                             self->system().render(e).c_str());
+                log::error("the coordinator refused this node: " + self->system().render(e));
                 stop_node(3);
                 return;
               }
@@ -276,8 +287,8 @@ void try_register(caf::stateful_actor<registrar_state>* self) {
         auto& st = self->state;
         auto why = self->system().render(e);
         if (why != st.last_connect_error) {
-          std::fprintf(stderr, "strata node: cannot reach the coordinator at %s:%u: %s (retrying)\n",
-                       st.join.host.c_str(), st.join.port, why.c_str());
+          log::warn("cannot reach the coordinator at " + st.join.host + ":" + std::to_string(st.join.port) + ": " + why +
+                    " (retrying)");
           st.last_connect_error = std::move(why);
         }
         self->delayed_send(self, 500ms, reconnect_atom::value);
@@ -312,8 +323,7 @@ caf::behavior registrar(caf::stateful_actor<registrar_state>* self, std::functio
     // back with a new shard actor, once the old one has stopped using the weights.
     st.coordinator = msg::supervisor_actor{};
     st.lost = true;
-    std::fprintf(stderr, "strata node: lost the coordinator (%s); re-registering\n",
-                 self->system().render(dm.reason).c_str());
+    log::warn("lost the coordinator (" + self->system().render(dm.reason) + "); re-registering");
     st.replacing = true;
     self->monitor(st.shard);
     self->send_exit(st.shard, caf::exit_reason::user_shutdown);
@@ -321,6 +331,12 @@ caf::behavior registrar(caf::stateful_actor<registrar_state>* self, std::functio
   try_register(self);
   return {
     [=](reconnect_atom) { try_register(self); },
+    [=](beat_atom) {
+      auto& st = self->state;
+      if (st.coordinator)
+        self->send(st.coordinator, atom::heartbeat_atom_v, msg::shard_actor{st.shard});
+      self->delayed_send(self, 500ms, beat_atom::value);
+    },
   };
 }
 
@@ -345,6 +361,7 @@ void add_network_options(Args& a) {
     .option("tls-cert", "FILE", "mutual TLS: this process's certificate (PEM; see 'strata certs')")
     .option("tls-key", "FILE", "mutual TLS: its private key (PEM)")
     .option("tls-ca", "FILE", "mutual TLS: the cluster CA certificate peers must be signed by");
+  log::add_options(a);
 }
 
 Liveness liveness_from(const Args& a) {
@@ -399,6 +416,7 @@ int run_node(int argc, char** argv) {
               << a.help_text();
     return 0;
   }
+  log::configure_from(a, a.has("coordinator") ? "coordinator" : "node");
   const Endpoint listen = parse_endpoint(a.required("listen"), "listen");
   const bool coordinator = a.has("coordinator");
   const Tls tls = tls_from(a);
@@ -406,9 +424,8 @@ int run_node(int argc, char** argv) {
     if (!a.has("insecure"))
       throw UsageError("binding to non-loopback address '" + listen.host +
                        "' needs TLS (--tls-cert, --tls-key, --tls-ca; see 'strata certs') or an explicit --insecure");
-    std::fprintf(stderr, "strata node: WARNING: listening on %s without TLS (--insecure): any peer that can connect "
-                         "can send messages to this node\n",
-                 listen.host.c_str());
+    log::warn("listening on " + listen.host + " without TLS (--insecure): any peer that can connect can send "
+              "messages to this node");
   }
   Endpoint join;
   model::LayerRange range;
@@ -443,6 +460,7 @@ int run_node(int argc, char** argv) {
   if (coordinator) {
     actors::SupervisorOptions opts;
     opts.route_wait = std::chrono::milliseconds(a.integer("route-wait-ms", 10000, 1, 60000)); // < the sessions' route timeout
+    opts.log = [](int level, const std::string& text) { log::write(static_cast<log::level>(level), text); };
     supervisor = actors::spawn_supervisor(sys, opts);
   } else {
     actors::ShardHooks hooks;
@@ -464,11 +482,13 @@ int run_node(int argc, char** argv) {
   };
   auto port = coordinator ? publish(supervisor) : publish(published);
   if (!port) {
-    std::fprintf(stderr, "strata node: error: cannot listen on %s:%u: %s\n", listen.host.c_str(), listen.port,
-                 sys.render(port.error()).c_str());
+    log::error("cannot listen on " + listen.host + ":" + std::to_string(listen.port) + ": " +
+               sys.render(port.error()));
     std::_Exit(1);
   }
   if (coordinator) {
+    log::info("coordinator listening on " + listen.host + ":" + std::to_string(*port) + ", route wait " +
+              a.str("route-wait-ms", "10000") + " ms");
     std::printf("ready coordinator %s:%u\n", listen.host.c_str(), *port);
     std::fflush(stdout);
   } else {
@@ -488,7 +508,7 @@ int run_node(int argc, char** argv) {
   // keeps actors that peers have seen alive in its registry, so ~actor_system
   // would wait for them forever: close the sockets by ending the process.
   if (sig == SIGINT)
-    std::fprintf(stderr, "strata node: stopping (interrupted)\n");
+    log::info("stopping (interrupted)");
   if (node_exit_code.load() == reincarnate_code)
     reincarnate(argv);
   std::fflush(stdout);
@@ -620,43 +640,151 @@ std::string inject_node(caf::actor_system& sys, msg::supervisor_actor sup, const
          std::to_string(target->hop.first) + "-" + std::to_string(target->hop.last) + ")";
 }
 
+namespace {
+
+// Which registered ranges can be part of some complete chain over [0, n).
+std::vector<bool> usable_ranges(const std::vector<msg::shard_status>& shards, int64_t n) {
+  std::vector<bool> from_start(static_cast<std::size_t>(n + 1), false), to_end(static_cast<std::size_t>(n + 1), false);
+  from_start[0] = true;
+  to_end[static_cast<std::size_t>(n)] = true;
+  for (int64_t layer = 0; layer < n; ++layer) // ranges are sorted by nothing: relax until stable
+    for (auto& s : shards)
+      if (s.shard.first >= 0 && s.shard.last < n && from_start[static_cast<std::size_t>(s.shard.first)])
+        from_start[static_cast<std::size_t>(s.shard.last + 1)] = true;
+  for (int64_t layer = 0; layer < n; ++layer)
+    for (auto& s : shards)
+      if (s.shard.first >= 0 && s.shard.last < n && to_end[static_cast<std::size_t>(s.shard.last + 1)])
+        to_end[static_cast<std::size_t>(s.shard.first)] = true;
+  std::vector<bool> out;
+  for (auto& s : shards)
+    out.push_back(s.shard.first >= 0 && s.shard.last < n && from_start[static_cast<std::size_t>(s.shard.first)] &&
+                  to_end[static_cast<std::size_t>(s.shard.last + 1)]);
+  return out;
+}
+
+} // namespace
+
 int run_status(int argc, char** argv) {
   Args a;
-  a.option("cluster", "HOST:PORT", "the coordinator");
+  a.option("cluster", "HOST:PORT", "the coordinator").option("json", "", "print one JSON object (for scripts)");
   add_network_options(a);
   a.parse(argc, argv, 2);
+  log::configure_from(a, "client");
   if (a.help_requested()) {
-    std::cout << "usage: strata status --cluster HOST:PORT\n\nPrints the cluster: epoch, current route, and per "
-                 "shard node: id, layers, cache bytes, sessions, hits and misses by reason.\n\noptions:\n"
+    std::cout << "usage: strata status --cluster HOST:PORT [--json]\n\nPrints the cluster: model, epoch, the current "
+                 "route, and per shard node: id, address, layers, liveness (time since its last heartbeat),\n"
+                 "incarnation, its part in routes (route, spare, unused), cache bytes, sessions, hits, orphans,\n"
+                 "conflicts and misses by reason.\n\noptions:\n"
               << a.help_text();
     return 0;
   }
   const Endpoint ep = parse_endpoint(a.required("cluster"), "cluster");
   auto& sys = client_system(liveness_from(a), tls_from(a));
   auto sup = connect_coordinator(sys, ep);
-  msg::route_info all;
-  auto shards = list_shards(sys, sup, all);
-  std::printf("cluster %s:%u  model %s  epoch %lld  shard nodes %zu\n", ep.host.c_str(), ep.port,
-              all.recipe.model.empty() ? "-" : all.recipe.model.c_str(), static_cast<long long>(all.epoch),
-              shards.size());
-  std::printf("%-3s %-28s %-7s %-12s %-8s %-8s %-8s %-9s %s\n", "#", "node", "layers", "cache bytes", "sessions",
-              "hits", "orphans", "conflicts", "misses (unknown,ttl,lru,released,superseded,seq)");
-  for (std::size_t i = 0; i < shards.size(); ++i) {
-    auto& v = shards[i];
-    const std::string layers = std::to_string(v.hop.first) + "-" + std::to_string(v.hop.last);
-    if (!v.answered) {
-      std::printf("%-3zu %-28s %-7s (not answering)\n", i, caf::to_string(v.hop.shard.node()).c_str(), layers.c_str());
-      continue;
-    }
-    std::string misses;
-    for (std::size_t r = 1; r < v.stats.misses.size(); ++r)
-      misses += (r > 1 ? "," : "") + std::to_string(v.stats.misses[r]);
-    std::printf("%-3zu %-28s %-7s %-12llu %-8llu %-8llu %-8llu %-9llu %s\n", i,
-                caf::to_string(v.hop.shard.node()).c_str(), layers.c_str(),
-                static_cast<unsigned long long>(v.stats.cache_bytes), static_cast<unsigned long long>(v.stats.sessions),
-                static_cast<unsigned long long>(v.stats.hits), static_cast<unsigned long long>(v.stats.orphans),
-                static_cast<unsigned long long>(v.stats.conflicts), misses.c_str());
+  caf::scoped_actor self{sys};
+  msg::cluster_status cs;
+  caf::error err;
+  self->request(sup, 10s, atom::status_atom_v)
+    .receive([&](msg::cluster_status& x) { cs = std::move(x); }, [&](caf::error& e) { err = e; });
+  if (err)
+    throw model::Error(model::errc::io, "the coordinator did not answer: " + sys.render(err));
+  struct Row {
+    msg::shard_stats stats;
+    bool answered = false;
+  };
+  std::vector<Row> rows;
+  for (auto& s : cs.shards) {
+    Row r;
+    self->request(s.shard.shard, 2s, atom::stats_atom_v)
+      .receive([&](msg::shard_stats& st) { r.stats = std::move(st), r.answered = true; }, [](caf::error&) {});
+    rows.push_back(std::move(r));
   }
+  const auto usable = usable_ranges(cs.shards, cs.recipe.n_layers);
+  auto in_route = [&](const msg::shard_status& s) {
+    return std::any_of(cs.plan.hops.begin(), cs.plan.hops.end(), [&](auto& h) { return h.shard == s.shard.shard; });
+  };
+  auto role = [&](std::size_t i) {
+    return in_route(cs.shards[i]) ? "route" : usable[i] ? "spare" : "unused";
+  };
+  const char* reasons[] = {"", "unknown", "ttl", "lru", "released", "superseded", "seq"};
+  if (a.has("json")) {
+    nlohmann::json j;
+    j["cluster"] = ep.host + ":" + std::to_string(ep.port);
+    j["model"] = cs.recipe.model;
+    j["epoch"] = cs.epoch;
+    j["route_complete"] = !cs.plan.hops.empty();
+    j["route"] = nlohmann::json::array();
+    for (std::size_t i = 0; i < cs.plan.hops.size(); ++i)
+      j["route"].push_back({{"first", cs.plan.hops[i].first},
+                            {"last", cs.plan.hops[i].last},
+                            {"node", caf::to_string(cs.plan.hops[i].shard.node())},
+                            {"address", i < cs.plan.addresses.size() ? cs.plan.addresses[i] : ""}});
+    j["shards"] = nlohmann::json::array();
+    for (std::size_t i = 0; i < cs.shards.size(); ++i) {
+      auto& s = cs.shards[i];
+      auto& st = rows[i].stats;
+      nlohmann::json misses = nlohmann::json::object();
+      for (std::size_t r = 1; r < st.misses.size() && r < 7; ++r)
+        misses[reasons[r]] = st.misses[r];
+      j["shards"].push_back({{"index", i},
+                             {"node", caf::to_string(s.shard.shard.node())},
+                             {"address", s.address},
+                             {"first", s.shard.first},
+                             {"last", s.shard.last},
+                             {"silent_ms", s.silent_ms},
+                             {"incarnation", s.incarnation},
+                             {"role", role(i)},
+                             {"answering", rows[i].answered},
+                             {"cache_bytes", st.cache_bytes},
+                             {"sessions", st.sessions},
+                             {"hits", st.hits},
+                             {"orphans", st.orphans},
+                             {"conflicts", st.conflicts},
+                             {"misses", misses}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("cluster %s:%u  model %s  epoch %lld  shard nodes %zu\n", ep.host.c_str(), ep.port,
+              cs.recipe.model.empty() ? "-" : cs.recipe.model.c_str(), static_cast<long long>(cs.epoch),
+              cs.shards.size());
+  std::string route;
+  for (auto& h : cs.plan.hops)
+    route += (route.empty() ? "" : " -> ") + std::to_string(h.first) + "-" + std::to_string(h.last);
+  std::printf("route: %s\n", route.empty() ? "none complete (some layers have no node)" : route.c_str());
+  // An aligned table: every column as wide as its widest cell.
+  std::vector<std::vector<std::string>> table = {{"#", "node", "address", "layers", "alive", "inc", "role", "cache-bytes",
+                                                  "sessions", "hits", "orphans", "conflicts",
+                                                  "misses(unknown,ttl,lru,released,superseded,seq)"}};
+  for (std::size_t i = 0; i < cs.shards.size(); ++i) {
+    auto& s = cs.shards[i];
+    auto& st = rows[i].stats;
+    char alive[32];
+    std::snprintf(alive, sizeof alive, "%.1fs ago", static_cast<double>(s.silent_ms) / 1000.0);
+    std::string misses;
+    for (std::size_t r = 1; r < st.misses.size(); ++r)
+      misses += (r > 1 ? "," : "") + std::to_string(st.misses[r]);
+    auto n = [](uint64_t v) { return std::to_string(v); };
+    table.push_back({std::to_string(i), caf::to_string(s.shard.shard.node()), s.address.empty() ? "-" : s.address,
+                     std::to_string(s.shard.first) + "-" + std::to_string(s.shard.last),
+                     rows[i].answered ? std::string(alive) : "not answering", std::to_string(s.incarnation), role(i),
+                     n(st.cache_bytes), n(st.sessions), n(st.hits), n(st.orphans), n(st.conflicts),
+                     rows[i].answered ? misses : "-"});
+  }
+  std::vector<std::size_t> width(table[0].size(), 0);
+  for (auto& r : table)
+    for (std::size_t c = 0; c < r.size(); ++c)
+      width[c] = std::max(width[c], r[c].size());
+  for (auto& r : table) {
+    std::string line;
+    for (std::size_t c = 0; c < r.size(); ++c)
+      line += r[c] + (c + 1 < r.size() ? std::string(width[c] - r[c].size() + 2, ' ') : "");
+    std::printf("%s\n", line.c_str());
+  }
+  for (std::size_t i = 0; i < cs.shards.size(); ++i)
+    if (!usable[i])
+      std::printf("note: node %zu (layers %lld-%lld) is in no complete route: its range overlaps or leaves a gap\n", i,
+                  static_cast<long long>(cs.shards[i].shard.first), static_cast<long long>(cs.shards[i].shard.last));
   return 0;
 }
 
@@ -668,6 +796,7 @@ int run_inject(int argc, char** argv) {
     .option("seconds", "N", "freeze: how long (default 3)");
   add_network_options(a);
   a.parse(argc, argv, 2, "KIND");
+  log::configure_from(a, "client");
   if (a.help_requested()) {
     std::cout << "usage: strata inject kill|freeze|evict|epoch --cluster HOST:PORT [--node ID] [--session ID] "
                  "[--seconds N]\n\nkill: the node exits as if killed; freeze: it stops answering for N seconds; "

@@ -1,5 +1,7 @@
 #include "runtime/frame_guard.hpp"
 
+#include "runtime/log.hpp"
+
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -89,9 +91,9 @@ bool feed(stream kind, uintptr_t key, const unsigned char* data, std::size_t n, 
     if (len > max_payload.load()) {
       s.kind = State::refused;
       ++refusals;
-      std::fprintf(stderr, "strata: refused a %s connection whose frame announces %llu bytes (limit %llu)\n",
-                   kind == stream::tcp ? "TCP" : "TLS", static_cast<unsigned long long>(len),
-                   static_cast<unsigned long long>(max_payload.load()));
+      log::warn(std::string("refused a ") + (kind == stream::tcp ? "TCP" : "TLS") +
+                " connection whose frame announces " + std::to_string(len) + " bytes (limit " +
+                std::to_string(max_payload.load()) + ")");
       return false;
     }
     s.payload_left = len;

@@ -6,6 +6,7 @@
 #include "model/sampler.hpp"
 #include "runtime/args.hpp"
 #include "runtime/cluster.hpp"
+#include "runtime/log.hpp"
 #include "runtime/peers.hpp"
 #include "server/openai.hpp"
 #include "server/page.hpp"
@@ -226,6 +227,8 @@ private:
   std::string text_;
   bool streaming_ = false, finished_ = false, stopped_by_string_ = false;
   std::atomic<bool> began_{false}; // the driver posted begin_response
+  std::string finish_reason_;      // for the request log
+  bool generation_pending_log_ = false; // the next logged response ends a generation request
   clk::time_point started_, last_token_;
   std::deque<std::string> out_;
   bool writing_ = false, close_after_write_ = false;
@@ -290,7 +293,7 @@ private:
     try {
       route(req);
     } catch (const std::exception& e) { // one request's failure is that request's 500, nothing more
-      std::fprintf(stderr, "strata serve: error handling %s: %s\n", endpoint_.c_str(), e.what());
+      log::error("error handling " + endpoint_ + ": " + e.what());
       respond(Reply::error(api_error(500, std::string("internal error: ") + e.what(), "server_error")), false);
     }
   }
@@ -459,8 +462,26 @@ private:
     }).detach();
   }
 
+  // One line per request: id, endpoint, status, tokens, time, finish reason.
+  void log_request(int status) {
+    if (!log::enabled(log::level::info))
+      return;
+    const bool generation = generation_pending_log_;
+    generation_pending_log_ = false;
+    const double ms =
+      generation ? std::chrono::duration<double, std::milli>(clk::now() - started_).count() : 0.0;
+    char t[32];
+    std::snprintf(t, sizeof t, "%.1f", ms);
+    log::info("request " + (id_.empty() ? std::string("-") : id_) + " " + endpoint_ + " " + std::to_string(status) +
+              (generation ? " prompt_tokens=" + std::to_string(prompt_tokens_) + " generated_tokens=" +
+                              std::to_string(completion_tokens_) + " ms=" + t + " finish=" +
+                              (finish_reason_.empty() ? "-" : finish_reason_)
+                          : ""));
+  }
+
   void respond(Reply r, bool keep_alive) {
     srv_->metrics.request(endpoint_, r.status);
+    log_request(r.status);
     add_cors(r);
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(r.status), 11);
     res->set(http::field::server, "strata");
@@ -503,6 +524,9 @@ private:
     // A keep-alive connection carries one generation after another: start clean.
     finished_ = streaming_ = stopped_by_string_ = close_after_write_ = false;
     began_ = false;
+    finish_reason_.clear();
+    id_.clear();
+    generation_pending_log_ = true;
     text_.clear();
     prompt_tokens_ = completion_tokens_ = 0;
     dec_.reset();
@@ -527,7 +551,7 @@ private:
   }
 
   void fail_from_driver(const std::string& why) {
-    std::fprintf(stderr, "strata serve: generation failed: %s\n", why.c_str());
+    log::error("generation failed: " + why);
     net::post(sock_.get_executor(), [self = shared_from_this(), why, began = began_.load()] {
       if (began)
         self->on_done({}, why);
@@ -773,6 +797,7 @@ private:
   void complete(const char* finish) {
     if (finished_)
       return;
+    finish_reason_ = finish;
     if (timeout_)
       timeout_->cancel();
     if (streaming_) {
@@ -813,6 +838,9 @@ private:
   void finish_stream() {
     if (finished_ && !streaming_)
       return;
+    if (finish_reason_.empty())
+      finish_reason_ = "error";
+    log_request(200);
     if (timeout_)
       timeout_->cancel();
     send_event("[DONE]");
@@ -856,8 +884,8 @@ void Server::Impl::accept() {
       self->accept_backoff = std::min(std::max(self->accept_backoff * 2, std::chrono::milliseconds(10)),
                                       std::chrono::milliseconds(1000));
       if (ec.message() != self->last_accept_error)
-        std::fprintf(stderr, "strata serve: accept failed: %s (retrying in %lld ms)\n", ec.message().c_str(),
-                     static_cast<long long>(self->accept_backoff.count()));
+        log::warn("accept failed: " + ec.message() + " (retrying in " + std::to_string(self->accept_backoff.count()) +
+                  " ms)");
       self->last_accept_error = ec.message();
       ++self->accept_errors;
       self->accept_timer.expires_after(self->accept_backoff);
@@ -894,8 +922,8 @@ void Server::Impl::begin_shutdown() {
   beast::error_code ec;
   acceptor.close(ec);
   accept_timer.cancel();
-  std::fprintf(stderr, "strata serve: shutting down: %zu generation(s) in flight, waiting up to %lld s\n",
-               generating.size(), static_cast<long long>(opts.drain.count()));
+  log::info("shutting down: " + std::to_string(generating.size()) + " generation(s) in flight, waiting up to " +
+            std::to_string(opts.drain.count()) + " s");
   if (generating.empty()) {
     net::post(ioc, [self = shared_from_this()] { self->ioc.stop(); });
     return;
@@ -948,7 +976,7 @@ void Server::run() {
       impl_->ioc.run(); // returns when stopped
       return;
     } catch (const std::exception& e) { // one request's bug must not take the server down
-      std::fprintf(stderr, "strata serve: error in a handler (serving goes on): %s\n", e.what());
+      log::error(std::string("error in a handler (serving goes on): ") + e.what());
     }
   }
 }
@@ -985,6 +1013,7 @@ int run_serve(int argc, char** argv) {
               << a.help_text();
     return 0;
   }
+  log::configure_from(a, "serve");
   ServerOptions o;
   const auto http_ep = runtime::parse_endpoint(a.has("http") ? a.str("http") : "127.0.0.1:8080", "http");
   o.host = http_ep.host == "localhost" ? "127.0.0.1" : http_ep.host;
@@ -1020,8 +1049,8 @@ int run_serve(int argc, char** argv) {
     }
     auto why = sys.render(c.error());
     if (why != last_error)
-      std::fprintf(stderr, "strata serve: waiting for the coordinator at %s:%u: %s (retrying)\n",
-                   cluster_ep.host.c_str(), cluster_ep.port, why.c_str());
+      log::warn("waiting for the coordinator at " + cluster_ep.host + ":" + std::to_string(cluster_ep.port) + ": " +
+                why + " (retrying)");
     last_error = std::move(why);
     caf::scoped_actor pause{sys};
     pause->receive(caf::after(std::chrono::milliseconds(500)) >> [] {});
@@ -1046,7 +1075,7 @@ int run_serve(int argc, char** argv) {
   std::printf("ready http %s:%u\n", o.host.c_str(), port);
   std::fflush(stdout);
   server.run();
-  std::fprintf(stderr, "strata serve: stopped\n");
+  log::info("stopped");
   return 0;
 }
 

@@ -5,6 +5,8 @@
 #include "tests/cluster/process.hpp"
 #include "tests/support.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <arpa/inet.h>
 #include <cstdlib>
@@ -189,24 +191,18 @@ TEST(Cluster, ExampleActorScriptsGenerationsAgainstProcesses) {
 }
 
 
-// Per shard node in `strata status`: sessions, orphans (columns 5 and 7).
+// Per shard node in `strata status --json`: sessions and orphans.
 struct NodeRow {
   long sessions = -1, orphans = -1;
 };
 std::vector<NodeRow> status_rows(const std::string& address) {
-  std::istringstream is(run("status --cluster " + address));
+  const auto out = run("status --json --cluster " + address);
+  auto j = nlohmann::json::parse(out.substr(std::min(out.find('{'), out.size())), nullptr, false);
   std::vector<NodeRow> rows;
-  std::string line;
-  while (std::getline(is, line)) {
-    if (line.empty() || !std::isdigit(static_cast<unsigned char>(line[0])))
-      continue;
-    std::istringstream ls(line);
-    std::string idx, node, layers, bytes;
-    NodeRow r;
-    long hits = 0;
-    if (ls >> idx >> node >> layers >> bytes >> r.sessions >> hits >> r.orphans)
-      rows.push_back(r);
-  }
+  if (!j.is_object() || !j.contains("shards"))
+    return rows;
+  for (auto& s : j["shards"])
+    rows.push_back({s["sessions"].get<long>(), s["orphans"].get<long>()});
   return rows;
 }
 
@@ -262,6 +258,67 @@ TEST(Cluster, KilledClientsCachesAreDroppedWithinSeconds) {
   EXPECT_LT(took, std::chrono::seconds(5));
   for (auto& r : rows)
     EXPECT_EQ(r.orphans, 1) << "dropped as an orphan, not released by the client";
+}
+
+TEST(Cluster, StatusShowsAddressesLivenessRolesAndTheLogSaysWhyNodesLeft) {
+  // The coordinator's log (stderr) is read too.
+  Process coordinator({"/bin/sh", "-c", "exec " + exe + " node --coordinator --listen 127.0.0.1:0 2>&1"});
+  const auto ready = coordinator.wait_line("ready coordinator ");
+  ASSERT_FALSE(ready.empty());
+  const std::string address = ready.substr(std::string("ready coordinator ").size());
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (auto layers : {"0-2", "3-4", "1-3"}) {
+    nodes.push_back(std::make_unique<Process>(std::vector<std::string>{
+      exe, "node", "--listen", "127.0.0.1:0", "--join", address, "--model", "builtin:tiny", "--layers", layers,
+      "--threads", "1"}));
+    ASSERT_FALSE(nodes.back()->wait_line("ready node ").empty());
+  }
+  EXPECT_FALSE(coordinator.wait_containing("coordinator: shard node").empty());
+  EXPECT_FALSE(coordinator.wait_containing("overlaps layers").empty()) << "the 1-3 node is called out";
+  // Text: aligned columns, the route, the unused range.
+  const auto text = run("status --cluster " + address);
+  EXPECT_NE(text.find("route: 0-2 -> 3-4"), std::string::npos) << text;
+  EXPECT_NE(text.find("note: node 2 (layers 1-3) is in no complete route"), std::string::npos) << text;
+  std::istringstream is(text);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(is, l);)
+    if (!l.empty() && (l[0] == '#' || std::isdigit(static_cast<unsigned char>(l[0]))))
+      lines.push_back(l);
+  ASSERT_EQ(lines.size(), 4u) << text;
+  for (const char* col : {"address", "layers", "alive", "role", "sessions"}) {
+    const auto at = lines[0].find(col);
+    ASSERT_NE(at, std::string::npos) << col;
+    for (std::size_t r = 1; r < lines.size(); ++r)
+      EXPECT_TRUE(lines[r].size() > at && lines[r][at] != ' ' && lines[r][at - 1] == ' ')
+        << "column '" << col << "' is not aligned:\n" << text;
+  }
+  // JSON for scripts.
+  const auto out = run("status --json --cluster " + address);
+  auto j = nlohmann::json::parse(out.substr(std::min(out.find('{'), out.size())), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << out;
+  EXPECT_TRUE(j["route_complete"].get<bool>());
+  ASSERT_EQ(j["shards"].size(), 3u);
+  const std::vector<std::string> roles = {"route", "route", "unused"};
+  for (std::size_t i = 0; i < 3; ++i) {
+    auto& sh = j["shards"][i];
+    EXPECT_EQ(sh["address"].get<std::string>().rfind("127.0.0.1:", 0), 0u) << sh;
+    EXPECT_GE(sh["silent_ms"].get<int64_t>(), 0);
+    EXPECT_LT(sh["silent_ms"].get<int64_t>(), 3000) << "heartbeats arrive every second";
+    EXPECT_EQ(sh["incarnation"], 1);
+    EXPECT_EQ(sh["role"], roles[i]);
+  }
+  // Deaths are logged with their reason: a killed node's connection is lost,
+  // a frozen node stops its heartbeats.
+  nodes[2]->signal(SIGKILL);
+  const auto killed = coordinator.wait_containing("is gone:", std::chrono::seconds(10));
+  EXPECT_NE(killed.find("connection lost"), std::string::npos) << killed;
+  EXPECT_NE(killed.find("layers 1-3"), std::string::npos) << killed;
+  nodes[1]->signal(SIGSTOP);
+  const auto frozen = coordinator.wait_containing("is gone:", std::chrono::seconds(10));
+  EXPECT_NE(frozen.find("heartbeat timeout"), std::string::npos) << frozen;
+  EXPECT_NE(frozen.find("layers 3-4"), std::string::npos) << frozen;
+  EXPECT_FALSE(coordinator.wait_containing("no complete route").empty());
+  nodes[1]->signal(SIGCONT);
 }
 
 TEST(Cluster, IncompatibleNodeIsRefused) {
@@ -391,7 +448,7 @@ TEST(Cluster, ForgedFrameHeadersOnAPlainPortAreRefusedWithoutAllocating) {
     held.push_back(fd);
   }
   for (int i = 0; i < 20; ++i)
-    ASSERT_FALSE(node.wait_line("strata: refused a TCP connection whose frame announces").empty()) << i;
+    ASSERT_FALSE(node.wait_containing("refused a TCP connection whose frame announces").empty()) << i;
   const long after = rss_kb(node.pid());
   std::printf("node RSS %ld kB before, %ld kB with 20 forged headers held open\n", before, after);
   EXPECT_LT(after - before, 64 * 1024) << "RSS grew from " << before << " kB to " << after << " kB";
@@ -427,7 +484,7 @@ TEST(Cluster, TlsClusterEqualsPlainAndRefusesStrangers) {
   Process rogue({"/bin/sh", "-c",
                  exe + " node --listen 127.0.0.1:0 --join " + c.address + " --model builtin:tiny --layers 0-1" +
                    flat(tls_args(c.dir, "rogue", "rogue")) + " 2>&1"});
-  EXPECT_FALSE(rogue.wait_line("strata node: cannot reach the coordinator").empty());
+  EXPECT_FALSE(rogue.wait_containing("node: cannot reach the coordinator").empty());
   EXPECT_NE(run("status --cluster " + c.address + client).find("shard nodes 3"), std::string::npos);
 }
 

@@ -57,6 +57,18 @@ public:
         return {};
     }
   }
+  /// Reads output until a line containing `text` (log lines start with a timestamp).
+  std::string wait_containing(const std::string& text, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      for (std::string line; next_line(line);)
+        if (line.find(text) != std::string::npos)
+          return line;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || !read_some(static_cast<int>(left.count())))
+        return {};
+    }
+  }
   /// Reads output until at least `n` bytes were printed in all (complete lines
   /// or not: streamed text has no newline until its end); false at the deadline or EOF.
   bool wait_bytes(std::size_t n, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {

@@ -658,7 +658,7 @@ TEST(ServeConnections, AcceptSurvivesRunningOutOfFileDescriptors) {
   std::vector<int> hold;
   for (int i = 0; i < 100; ++i) // more than its descriptors: accept fails with EMFILE
     hold.push_back(connect_to(port));
-  EXPECT_FALSE(server.wait_line("strata serve: accept failed: Too many open files", std::chrono::seconds(10)).empty());
+  EXPECT_FALSE(server.wait_containing("serve: accept failed: Too many open files", std::chrono::seconds(10)).empty());
   for (int fd : hold)
     if (fd >= 0)
       ::close(fd);
@@ -677,7 +677,7 @@ TEST(ServeStartOrder, ServeWaitsForTheCoordinator) {
   ASSERT_GT(port, 0);
   const std::string cluster = "127.0.0.1:" + std::to_string(port);
   Process server({"/bin/sh", "-c", "exec " + exe + " serve --cluster " + cluster + " --http 127.0.0.1:0 2>&1"});
-  EXPECT_FALSE(server.wait_line("strata serve: waiting for the coordinator", std::chrono::seconds(10)).empty());
+  EXPECT_FALSE(server.wait_containing("serve: waiting for the coordinator", std::chrono::seconds(10)).empty());
   Process coordinator({exe, "node", "--coordinator", "--listen", cluster});
   ASSERT_FALSE(coordinator.wait_line("ready coordinator ").empty());
   Process node({exe, "node", "--listen", "127.0.0.1:0", "--join", cluster, "--model", "builtin:tiny", "--layers", "0-4",
