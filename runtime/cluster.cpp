@@ -555,25 +555,29 @@ void apply_remote_injection(caf::actor_system& sys, msg::supervisor_actor superv
   }
 }
 
-msg::route_info cluster_view(caf::actor_system& sys, msg::supervisor_actor sup) {
+namespace {
+
+// One blocking request to the supervisor (10 s); throws model::Error(io) when it
+// does not answer.
+template <class Reply, class... Ts>
+Reply ask_supervisor(caf::actor_system& sys, const msg::supervisor_actor& sup, Ts... xs) {
   caf::scoped_actor self{sys};
   caf::error err;
-  msg::route_info all;
-  self->request(sup, 10s, caf::get_atom_v)
-    .receive([&](msg::route_info& r) { all = std::move(r); }, [&](caf::error& e) { err = e; });
+  Reply out;
+  self->request(sup, 10s, xs...).receive([&](Reply& r) { out = std::move(r); }, [&](caf::error& e) { err = e; });
   if (err)
     throw model::Error(model::errc::io, "the coordinator did not answer: " + sys.render(err));
-  return all;
+  return out;
+}
+
+} // namespace
+
+msg::route_info cluster_view(caf::actor_system& sys, msg::supervisor_actor sup) {
+  return ask_supervisor<msg::route_info>(sys, sup, caf::get_atom_v);
 }
 
 msg::model_facts cluster_model(caf::actor_system& sys, msg::supervisor_actor sup) {
-  caf::scoped_actor self{sys};
-  caf::error err;
-  msg::model_facts facts;
-  self->request(sup, 10s, atom::model_atom_v)
-    .receive([&](msg::model_facts& f) { facts = std::move(f); }, [&](caf::error& e) { err = e; });
-  if (err)
-    throw model::Error(model::errc::io, "the coordinator did not answer: " + sys.render(err));
+  auto facts = ask_supervisor<msg::model_facts>(sys, sup, atom::model_atom_v);
   if (facts.vocab_size <= 0)
     throw model::Error(model::errc::bad_argument, "the cluster has no model yet: no shard node has registered");
   return facts;
@@ -681,13 +685,8 @@ int run_status(int argc, char** argv) {
   const Endpoint ep = parse_endpoint(a.required("cluster"), "cluster");
   auto& sys = client_system(liveness_from(a), tls_from(a));
   auto sup = connect_coordinator(sys, ep);
+  auto cs = ask_supervisor<msg::cluster_status>(sys, sup, atom::status_atom_v);
   caf::scoped_actor self{sys};
-  msg::cluster_status cs;
-  caf::error err;
-  self->request(sup, 10s, atom::status_atom_v)
-    .receive([&](msg::cluster_status& x) { cs = std::move(x); }, [&](caf::error& e) { err = e; });
-  if (err)
-    throw model::Error(model::errc::io, "the coordinator did not answer: " + sys.render(err));
   struct Row {
     msg::shard_stats stats;
     bool answered = false;

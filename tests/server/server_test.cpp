@@ -580,14 +580,21 @@ uint16_t port_of(const std::string& ready_line) { // "ready http 127.0.0.1:PORT"
   return static_cast<uint16_t>(std::atoi(ready_line.c_str() + ready_line.rfind(':') + 1));
 }
 
+// A coordinator and one builtin:tiny node serving every layer.
+struct OneNode {
+  Process coordinator{{exe, "node", "--coordinator", "--listen", "127.0.0.1:0"}};
+  std::string cluster = coordinator.wait_line("ready coordinator ").substr(18);
+  Process node{{exe, "node", "--listen", "127.0.0.1:0", "--join", cluster, "--model", "builtin:tiny", "--layers", "0-4",
+                "--threads", "1"}};
+  bool ready = !node.wait_line("ready node ").empty();
+};
+
 TEST(ServeConnections, SlowlorisSocketsAreClosedAndKeepAliveWorks) {
   if (!have("curl"))
     GTEST_SKIP() << "curl is not installed (scripts/test installs it)";
-  Process coordinator({exe, "node", "--coordinator", "--listen", "127.0.0.1:0"});
-  const auto cluster = coordinator.wait_line("ready coordinator ").substr(18);
-  Process node({exe, "node", "--listen", "127.0.0.1:0", "--join", cluster, "--model", "builtin:tiny", "--layers", "0-4",
-                "--threads", "1"});
-  ASSERT_FALSE(node.wait_line("ready node ").empty());
+  OneNode c;
+  ASSERT_TRUE(c.ready);
+  const auto& cluster = c.cluster;
   Process server({exe, "serve", "--cluster", cluster, "--http", "127.0.0.1:0", "--header-timeout-ms", "1000",
                   "--idle-timeout-ms", "2000", "--max-connections", "30"});
   const auto line = server.wait_line("ready http ");
@@ -644,11 +651,9 @@ TEST(ServeConnections, SlowlorisSocketsAreClosedAndKeepAliveWorks) {
 TEST(ServeConnections, AcceptSurvivesRunningOutOfFileDescriptors) {
   if (!have("curl") || !have("prlimit"))
     GTEST_SKIP() << "curl or prlimit is not installed";
-  Process coordinator({exe, "node", "--coordinator", "--listen", "127.0.0.1:0"});
-  const auto cluster = coordinator.wait_line("ready coordinator ").substr(18);
-  Process node({exe, "node", "--listen", "127.0.0.1:0", "--join", cluster, "--model", "builtin:tiny", "--layers", "0-4",
-                "--threads", "1"});
-  ASSERT_FALSE(node.wait_line("ready node ").empty());
+  OneNode c;
+  ASSERT_TRUE(c.ready);
+  const auto& cluster = c.cluster;
   // serve with room for only a few connections beyond its own files.
   Process server({"/bin/sh", "-c", "exec prlimit --nofile=64:64 " + exe + " serve --cluster " + cluster +
                                      " --http 127.0.0.1:0 2>&1"});
