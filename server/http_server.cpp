@@ -140,7 +140,7 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
                                 " tokens but the cluster's model has a vocabulary of " +
                                 std::to_string(model.cfg.vocab_size),
                          "server_error");
-      model.id = facts.model;
+      model.id = opts.served_model_name.empty() ? default_served_name(facts.model) : opts.served_model_name;
       model.family = chat_family(model.cfg);
       model.loaded = true;
     }
@@ -355,10 +355,16 @@ private:
         ModelState m;
         if (auto e = srv->ensure_model(m))
           return Reply::error(*e);
-        return Reply::json_body(
-          200, json{{"object", "list"},
-                    {"data", json::array({json{{"id", m.id}, {"object", "model"}, {"created", 0}, {"owned_by", "strata"},
-                                               {"context_length", m.cfg.max_seq_len}}})}});
+        return Reply::json_body(200, json{{"object", "list"}, {"data", json::array({model_json(m)})}});
+      });
+    if (path.rfind("/v1/models/", 0) == 0 && method == http::verb::get)
+      return offload([srv = srv_, id = path.substr(std::string("/v1/models/").size())] {
+        ModelState m;
+        if (auto e = srv->ensure_model(m))
+          return Reply::error(*e);
+        if (id != m.id)
+          return Reply::error(model_not_found(id, m.id));
+        return Reply::json_body(200, model_json(m));
       });
     if (path == "/v1/cluster" && method == http::verb::get)
       return offload([srv = srv_] { return cluster_json(*srv); });
@@ -388,6 +394,18 @@ private:
                                             "invalid_request_error")),
                      keep_alive_);
     return respond(Reply::error(api_error(404, "no such endpoint: " + path, "invalid_request_error")), keep_alive_);
+  }
+
+  static json model_json(const ModelState& m) {
+    return {{"id", m.id}, {"object", "model"}, {"created", 0}, {"owned_by", "strata"},
+            {"context_length", m.cfg.max_seq_len}};
+  }
+
+  static ApiError model_not_found(const std::string& asked, const std::string& served) {
+    auto e = api_error(404, "The model '" + asked + "' does not exist; this server serves '" + served + "'",
+                       "invalid_request_error", "model_not_found");
+    e.param = "model";
+    return e;
   }
 
   static Reply cluster_json(Server::Impl& srv) {
@@ -565,6 +583,8 @@ private:
     std::vector<int32_t> prompt;
     std::optional<ApiError> err = srv_->ensure_model(m);
     int64_t max_tokens = 0;
+    if (!err && !req_.model.empty() && req_.model != m.id)
+      err = model_not_found(req_.model, m.id);
     if (!err && !m.tok && !(req_.prompt_is_ids && !req_.chat))
       err = api_error(500, "the server has no tokenizer for " + m.id + " (start it with --tokenizer)", "server_error");
     if (!err) {
@@ -697,7 +717,7 @@ private:
     srv_->metrics.prompt_tokens(static_cast<uint64_t>(prompt_tokens));
     id_ = make_id(req_.chat ? "chatcmpl-" : "cmpl-");
     created_ = unix_now();
-    created_model_ = req_.model.empty() ? m.id : req_.model;
+    created_model_ = m.id; // the served name, never whatever the client sent
     if (m.tok)
       dec_.emplace(*m.tok);
     stop_.emplace(req_.stop);
@@ -1001,6 +1021,7 @@ int run_serve(int argc, char** argv) {
     .option("idle-timeout-ms", "MS", "an idle keep-alive connection is closed after this (default 30000)")
     .option("api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/* (or env STRATA_API_KEY)")
     .option("allow-inject", "", "enable POST /v1/cluster/inject (kill/freeze/evict nodes; off by default)")
+    .option("served-model-name", "NAME", "the model's id in the API (default: its file or directory name)")
     .option("cors-origin", "ORIGIN", "let pages from ORIGIN (e.g. https://app.example) call the API (default: none)")
     .option("insecure", "", "allow a non-loopback HTTP address without authentication");
   runtime::add_network_options(a);
@@ -1034,6 +1055,7 @@ int run_serve(int argc, char** argv) {
   o.api_key = a.has("api-key") ? a.str("api-key") : (env_key ? env_key : "");
   o.allow_inject = a.has("allow-inject");
   o.cors_origin = a.str("cors-origin");
+  o.served_model_name = a.str("served-model-name");
   if (!runtime::is_loopback(o.host) && o.api_key.empty() && !a.has("insecure"))
     throw runtime::UsageError("serving HTTP on non-loopback address '" + o.host +
                               "' needs --api-key (and a TLS proxy in front) or an explicit --insecure");

@@ -5,6 +5,7 @@
 //
 //   GET  /                      the page for people (prompt box, live route, injections)
 //   GET  /v1/models             the cluster's model
+//   GET  /v1/models/{id}        that model, or 404 model_not_found
 //   POST /v1/completions        text completion, optionally streamed (SSE)
 //   POST /v1/chat/completions   chat in the model family's format, optionally streamed
 //   GET  /health                200 when a complete route exists, 503 when not
@@ -43,6 +44,7 @@ struct ServerOptions {
   std::string api_key;                             ///< "" = no authentication
   bool allow_inject = false;                       ///< POST /v1/cluster/inject (--allow-inject)
   std::string cors_origin;                         ///< the one origin CORS allows ("" = none)
+  std::string served_model_name;                   ///< the model's id in the API ("" = file or directory name)
 };
 
 class Server {

@@ -260,6 +260,16 @@ bool api_key_matches(const std::string& authorization, const std::string& key) {
   return ok && !key.empty() && diff == 0;
 }
 
+std::string default_served_name(const std::string& identity) {
+  if (identity.rfind("builtin:", 0) == 0)
+    return identity;
+  std::string p = identity;
+  while (p.size() > 1 && p.back() == '/')
+    p.pop_back();
+  const auto slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
 std::string chat_family(const model::ModelConfig& cfg) {
   if (cfg.identity.rfind("builtin:", 0) == 0)
     return "plain";

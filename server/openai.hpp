@@ -57,6 +57,10 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool cha
 /// "chatml" (Qwen2), "llama2" (Llama 2 checkpoints) or "plain" (builtin:*).
 std::string chat_family(const model::ModelConfig& cfg);
 
+/// The name a model is served under by default: builtin:NAME as it is, else the
+/// last component of the path (the file or directory name), never the absolute path.
+std::string default_served_name(const std::string& identity);
+
 /// Whether an `Authorization` header value carries `key` as a bearer token. The
 /// scheme is case-insensitive (RFC 7235); the comparison takes the same time
 /// wherever the first difference is.

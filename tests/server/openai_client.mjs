@@ -37,4 +37,17 @@ try {
 } catch (e) {
   out.too_long = `${e.status} ${e.message}`;
 }
+out.retrieved = (await client.models.retrieve(common.model)).id;
+try {
+  await client.models.retrieve('no-such-model');
+  out.missing = 'found';
+} catch (e) {
+  out.missing = `${e.status} ${e.code}`;
+}
+try {
+  await client.completions.create({...common, model: 'no-such-model', prompt});
+  out.wrong_model = 'accepted';
+} catch (e) {
+  out.wrong_model = `${e.status} ${e.code}`;
+}
 console.log(JSON.stringify(out));

@@ -110,6 +110,13 @@ TEST(OpenAI, ChatFormatsPerFamily) {
   EXPECT_EQ(chat_family(cfg), "llama2");
 }
 
+TEST(OpenAI, DefaultServedNameIsTheFileOrDirectoryName) {
+  EXPECT_EQ(default_served_name("builtin:qwen2-0.5b"), "builtin:qwen2-0.5b");
+  EXPECT_EQ(default_served_name("/models/Qwen2.5-0.5B-Instruct/"), "Qwen2.5-0.5B-Instruct");
+  EXPECT_EQ(default_served_name("/models/stories260K.bin"), "stories260K.bin");
+  EXPECT_EQ(default_served_name("stories260K.bin"), "stories260K.bin");
+}
+
 TEST(OpenAI, ApiKeySchemeIsCaseInsensitiveAndTheKeyExact) {
   EXPECT_TRUE(api_key_matches("Bearer k-1", "k-1"));
   EXPECT_TRUE(api_key_matches("bearer k-1", "k-1"));

@@ -337,6 +337,39 @@ TEST_F(Server, OfficialOpenAINpmClient) {
   EXPECT_EQ(j["chat_role"], "assistant");
   EXPECT_EQ(j["chat_stream"], expected);
   EXPECT_NE(j["too_long"].get<std::string>().find("400"), std::string::npos) << j["too_long"];
+  EXPECT_EQ(j["retrieved"], "builtin:tiny"); // models.retrieve()
+  EXPECT_EQ(j["missing"], "404 model_not_found");
+  EXPECT_EQ(j["wrong_model"], "404 model_not_found");
+}
+
+TEST_F(Server, ModelsByIdServedNameAndModelNotFound) {
+  auto list = json::parse(c().call("/v1/models").body);
+  EXPECT_EQ(list["data"][0]["id"], "builtin:tiny");
+  auto one = c().call("/v1/models/builtin:tiny");
+  EXPECT_EQ(one.status, 200) << one.body;
+  EXPECT_EQ(json::parse(one.body)["id"], "builtin:tiny");
+  auto none = c().call("/v1/models/gpt-4");
+  EXPECT_EQ(none.status, 404);
+  EXPECT_EQ(json::parse(none.body)["error"]["code"], "model_not_found");
+  auto wrong = c().call("/v1/completions", R"({"model":"gpt-4","prompt":"Once","max_tokens":3})");
+  EXPECT_EQ(wrong.status, 404) << wrong.body;
+  EXPECT_EQ(json::parse(wrong.body)["error"]["param"], "model");
+  auto right = c().call("/v1/completions", R"({"model":"builtin:tiny","prompt":"Once","max_tokens":3,"temperature":0})");
+  EXPECT_EQ(right.status, 200) << right.body;
+  EXPECT_EQ(json::parse(right.body)["model"], "builtin:tiny");
+  // --served-model-name: the id clients use and the one answers carry.
+  Process named({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--served-model-name", "tiny-story"});
+  const auto line = named.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  const std::string base = "http://" + line.substr(11);
+  EXPECT_NE(sh("curl -s " + base + "/v1/models").find("\"id\":\"tiny-story\""), std::string::npos);
+  auto r = json::parse(sh("curl -s --data-binary " +
+                          quote(R"({"model":"tiny-story","prompt":"Once","max_tokens":3,"temperature":0})") + " " + base +
+                          "/v1/completions"),
+                       nullptr, false);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_EQ(r["model"], "tiny-story") << r;
+  EXPECT_EQ(r["choices"][0]["text"], json::parse(right.body)["choices"][0]["text"]);
 }
 
 std::string unescape_html(std::string s) {
