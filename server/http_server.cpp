@@ -345,7 +345,7 @@ private:
       return offload([srv = srv_] {
         return Reply{200, "text/plain; version=0.0.4; charset=utf-8", srv->metrics.render(srv->snapshot())};
       });
-    const bool api = path.rfind("/v1/", 0) == 0;
+    const bool api = path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
     if (api && !authorized(req))
       return respond(Reply::error(api_error(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
                                             "invalid_request_error", "invalid_api_key")),
@@ -383,17 +383,81 @@ private:
                        keep_alive_);
       return offload([srv = srv_, body = req.body()] { return inject(*srv, body); });
     }
+    if ((path == "/tokenize" || path == "/detokenize") && method == http::verb::post)
+      return offload([srv = srv_, body = req.body(), tokenize = path == "/tokenize"] {
+        return tokenize ? tokenize_reply(*srv, body) : detokenize_reply(*srv, body);
+      });
     if ((path == "/v1/completions" || path == "/v1/chat/completions") && method == http::verb::post)
       return start_generation(req.body(), path == "/v1/chat/completions");
     const bool known = path == "/" || path == "/health" || path == "/metrics" || path == "/v1/models" ||
                        path == "/v1/cluster" || path == "/v1/cluster/inject" || path == "/v1/completions" ||
-                       path == "/v1/chat/completions";
+                       path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize";
     endpoint_ = known ? path : "other";
     if (known)
       return respond(Reply::error(api_error(405, "method " + std::string(req.method_string()) + " is not allowed on " + path,
                                             "invalid_request_error")),
                      keep_alive_);
     return respond(Reply::error(api_error(404, "no such endpoint: " + path, "invalid_request_error")), keep_alive_);
+  }
+
+  // llama-server's shapes: {"content", "add_special", "with_pieces"} -> {"tokens"}.
+  static Reply tokenize_reply(Server::Impl& srv, const std::string& body) {
+    json j = json::parse(body, nullptr, false);
+    if (!j.is_object() || !j.contains("content") || !j["content"].is_string())
+      return Reply::error(bad_field("content", "'content' (a string) is required"));
+    for (const char* flag : {"add_special", "with_pieces"})
+      if (j.contains(flag) && !j[flag].is_boolean())
+        return Reply::error(bad_field(flag, std::string("'") + flag + "' must be a boolean"));
+    ModelState m;
+    if (auto e = srv.ensure_model(m))
+      return Reply::error(*e);
+    if (!m.tok)
+      return Reply::error(api_error(500, "the server has no tokenizer for " + m.id + " (start it with --tokenizer)",
+                                    "server_error"));
+    const bool special = j.value("add_special", false) && m.cfg.bos_id >= 0 && m.tok->bos_id() == m.cfg.bos_id;
+    std::vector<int32_t> ids;
+    try {
+      ids = m.tok->encode(j["content"].get<std::string>(), special);
+    } catch (const std::exception& e) {
+      return Reply::error(bad_field("content", std::string("cannot encode 'content': ") + e.what()));
+    }
+    json tokens = json::array();
+    int32_t prev = -1;
+    for (auto id : ids) {
+      if (j.value("with_pieces", false))
+        tokens.push_back({{"id", id}, {"piece", m.tok->token_bytes(id, prev)}});
+      else
+        tokens.push_back(id);
+      prev = id;
+    }
+    return Reply::json_body(200, json{{"tokens", tokens}});
+  }
+
+  // {"tokens": [ids]} -> {"content"}.
+  static Reply detokenize_reply(Server::Impl& srv, const std::string& body) {
+    json j = json::parse(body, nullptr, false);
+    if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_array())
+      return Reply::error(bad_field("tokens", "'tokens' (an array of token ids) is required"));
+    ModelState m;
+    if (auto e = srv.ensure_model(m))
+      return Reply::error(*e);
+    if (!m.tok)
+      return Reply::error(api_error(500, "the server has no tokenizer for " + m.id + " (start it with --tokenizer)",
+                                    "server_error"));
+    std::vector<int32_t> ids;
+    for (auto& x : j["tokens"]) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= m.tok->vocab_size())
+        return Reply::error(bad_field("tokens", "'tokens' must hold ids in [0, " + std::to_string(m.tok->vocab_size()) +
+                                                  "), not " + x.dump()));
+      ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+    }
+    return Reply::json_body(200, json{{"content", m.tok->decode(ids)}});
+  }
+
+  static ApiError bad_field(const std::string& field, const std::string& message) {
+    auto e = api_error(400, message, "invalid_request_error");
+    e.param = field;
+    return e;
   }
 
   static json model_json(const ModelState& m) {

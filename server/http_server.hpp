@@ -6,6 +6,7 @@
 //   GET  /                      the page for people (prompt box, live route, injections)
 //   GET  /v1/models             the cluster's model
 //   GET  /v1/models/{id}        that model, or 404 model_not_found
+//   POST /tokenize, /detokenize llama-server's shapes: {"content"} -> {"tokens"}, {"tokens"} -> {"content"}
 //   POST /v1/completions        text completion, optionally streamed (SSE)
 //   POST /v1/chat/completions   chat in the model family's format, optionally streamed
 //   GET  /health                200 when a complete route exists, 503 when not

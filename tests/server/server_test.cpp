@@ -342,6 +342,30 @@ TEST_F(Server, OfficialOpenAINpmClient) {
   EXPECT_EQ(j["wrong_model"], "404 model_not_found");
 }
 
+TEST_F(Server, TokenizeAndDetokenizeInLlamaServerShapes) {
+  const std::string text = "Once upon a time, \u00e9t\u00e9!";
+  auto t = c().call("/tokenize", json{{"content", text}, {"add_special", true}}.dump());
+  ASSERT_EQ(t.status, 200) << t.body;
+  const auto ids = json::parse(t.body)["tokens"].get<std::vector<int32_t>>();
+  // The same ids as the command line's tokenizer (the model's own: builtin:bytes, BOS first).
+  std::string cli = sh(exe + " tokenize --tokenizer builtin:bytes --bos --text " + quote(text));
+  std::vector<int32_t> expected;
+  std::istringstream is(cli);
+  for (int32_t id; is >> id;)
+    expected.push_back(id);
+  EXPECT_EQ(ids, expected);
+  auto d = c().call("/detokenize", json{{"tokens", std::vector<int32_t>(ids.begin() + 1, ids.end())}}.dump());
+  ASSERT_EQ(d.status, 200) << d.body;
+  EXPECT_EQ(json::parse(d.body)["content"], text);
+  auto pieces = json::parse(c().call("/tokenize", json{{"content", "Hi"}, {"with_pieces", true}}.dump()).body);
+  ASSERT_EQ(pieces["tokens"].size(), 2u) << pieces;
+  EXPECT_EQ(pieces["tokens"][0]["piece"], "H");
+  auto bad = c().call("/detokenize", R"({"tokens":[1,99999]})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(json::parse(bad.body)["error"]["param"], "tokens");
+  EXPECT_EQ(c().call("/tokenize", R"({"text":"x"})").status, 400);
+}
+
 TEST_F(Server, ModelsByIdServedNameAndModelNotFound) {
   auto list = json::parse(c().call("/v1/models").body);
   EXPECT_EQ(list["data"][0]["id"], "builtin:tiny");
