@@ -400,6 +400,15 @@ private:
     return respond(Reply::error(api_error(404, "no such endpoint: " + path, "invalid_request_error")), keep_alive_);
   }
 
+  // The model's state, or why there is none or it has no tokenizer.
+  static std::optional<ApiError> model_with_tokenizer(Server::Impl& srv, ModelState& m) {
+    if (auto e = srv.ensure_model(m))
+      return e;
+    if (!m.tok)
+      return api_error(500, "the server has no tokenizer for " + m.id + " (start it with --tokenizer)", "server_error");
+    return std::nullopt;
+  }
+
   // llama-server's shapes: {"content", "add_special", "with_pieces"} -> {"tokens"}.
   static Reply tokenize_reply(Server::Impl& srv, const std::string& body) {
     json j = json::parse(body, nullptr, false);
@@ -409,11 +418,8 @@ private:
       if (j.contains(flag) && !j[flag].is_boolean())
         return Reply::error(bad_field(flag, std::string("'") + flag + "' must be a boolean"));
     ModelState m;
-    if (auto e = srv.ensure_model(m))
+    if (auto e = model_with_tokenizer(srv, m))
       return Reply::error(*e);
-    if (!m.tok)
-      return Reply::error(api_error(500, "the server has no tokenizer for " + m.id + " (start it with --tokenizer)",
-                                    "server_error"));
     const bool special = j.value("add_special", false) && m.cfg.bos_id >= 0 && m.tok->bos_id() == m.cfg.bos_id;
     std::vector<int32_t> ids;
     try {
@@ -439,11 +445,8 @@ private:
     if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_array())
       return Reply::error(bad_field("tokens", "'tokens' (an array of token ids) is required"));
     ModelState m;
-    if (auto e = srv.ensure_model(m))
+    if (auto e = model_with_tokenizer(srv, m))
       return Reply::error(*e);
-    if (!m.tok)
-      return Reply::error(api_error(500, "the server has no tokenizer for " + m.id + " (start it with --tokenizer)",
-                                    "server_error"));
     std::vector<int32_t> ids;
     for (auto& x : j["tokens"]) {
       if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= m.tok->vocab_size())
