@@ -338,10 +338,12 @@ behavior session(session_self self, msg::supervisor_actor supervisor, msg::sessi
   if (!msg::valid_session_id(st.req.session))
     return refuse("a session id must be 1-128 printable ASCII characters (use mint_session_id)");
   const auto& sp = st.req.sampling;
-  if (!(sp.temperature >= 0 && sp.temperature <= 100) || sp.top_k < 0 || !(sp.top_p > 0 && sp.top_p <= 1))
+  if (!(sp.temperature >= 0 && sp.temperature <= 100) || sp.top_k < 0 || !(sp.top_p > 0 && sp.top_p <= 1) ||
+      !(sp.min_p >= 0 && sp.min_p <= 1))
     return refuse("session '" + st.req.session + "': sampling settings out of range (temperature " +
                   std::to_string(sp.temperature) + " must be in [0, 100], top_k " + std::to_string(sp.top_k) +
-                  " >= 0, top_p " + std::to_string(sp.top_p) + " in (0, 1])");
+                  " >= 0, top_p " + std::to_string(sp.top_p) + " in (0, 1], min_p " + std::to_string(sp.min_p) +
+                  " in [0, 1])");
   if (st.req.prompt.empty())
     return refuse("session '" + st.req.session + "': the prompt is empty");
   if (opts.max_context > 0 && static_cast<int64_t>(st.req.prompt.size()) > opts.max_context)

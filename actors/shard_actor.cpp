@@ -148,7 +148,7 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
   ++steps;
   store->committed(ctx, req.step_id, req.past_len);
   if (tail) {
-    model::Sampler sampler({req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, 0});
+    model::Sampler sampler({req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, 0, req.sampling.min_p});
     sampler.set_state(req.sampling.rng_state);
     step_reply r;
     r.session = req.session;

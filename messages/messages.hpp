@@ -356,11 +356,13 @@ struct sampling_state {
   int32_t top_k = 0;
   float top_p = 1;
   uint64_t rng_state = 0;
+  float min_p = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_state& x) {
-  return f(caf::meta::type_name("sampling_state"), raw(x.temperature), x.top_k, raw(x.top_p), x.rng_state);
+  return f(caf::meta::type_name("sampling_state"), raw(x.temperature), x.top_k, raw(x.top_p), x.rng_state,
+           raw(x.min_p));
 }
 
 enum class step_mode : uint8_t { prefill = 0, decode = 1 };

@@ -14,6 +14,8 @@ void SamplingParams::validate() const {
     throw Error(errc::bad_argument, "top_k must be >= 0 (got " + std::to_string(top_k) + ")");
   if (!std::isfinite(top_p) || top_p <= 0.0f || top_p > 1.0f)
     throw Error(errc::bad_argument, "top_p must be in (0, 1] (got " + std::to_string(top_p) + ")");
+  if (!std::isfinite(min_p) || min_p < 0.0f || min_p > 1.0f)
+    throw Error(errc::bad_argument, "min_p must be in [0, 1] (got " + std::to_string(min_p) + ")");
 }
 
 Sampler::Sampler(SamplingParams params) : p_(params), rng_(params.seed * 0x9e3779b97f4a7c15ull + 0x2545F4914F6CDD1Dull) {
@@ -63,6 +65,18 @@ int32_t Sampler::sample(std::span<const float> logits) {
   for (auto& c : scratch_) {
     c.first = std::exp((c.first - mx) / p_.temperature);
     sum += c.first;
+  }
+  // Min-p cut: the weights are relative to the most likely token (which has
+  // weight 1), so the cut is a threshold on them; the order is kept.
+  if (p_.min_p > 0.0f) {
+    std::size_t kept = 0;
+    sum = 0;
+    for (auto& c : scratch_)
+      if (c.first >= p_.min_p) {
+        scratch_[kept++] = c;
+        sum += c.first;
+      }
+    scratch_.resize(kept); // never empty: the most likely token has weight 1
   }
   // Nucleus cut: smallest prefix whose mass reaches top_p (needs sorted order).
   std::size_t n = scratch_.size();

@@ -1,5 +1,7 @@
 #pragma once
-// Next-token sampling: greedy, temperature, top-k, top-p, seeded. Torch-free.
+// Next-token sampling: greedy, temperature, top-k, min-p, top-p, seeded.
+// Order: top-k cut, softmax at the temperature, min-p cut (tokens less likely
+// than min_p times the most likely one), nucleus (top-p) cut, draw. Torch-free.
 
 #include <cstdint>
 #include <span>
@@ -12,6 +14,7 @@ struct SamplingParams {
   int32_t top_k = 0;        ///< 0 = no top-k cut
   float top_p = 1.0f;       ///< 1 = no nucleus cut
   uint64_t seed = 0;
+  float min_p = 0.0f;       ///< 0 = no min-p cut
 
   /// Throws Error(bad_argument) naming the field when out of range.
   void validate() const;

@@ -51,6 +51,7 @@ int cmd_generate(int argc, char** argv) {
     .option("temperature", "T", "0 = greedy (default 0)")
     .option("top-k", "K", "keep the K most likely tokens (0 = off)")
     .option("top-p", "P", "nucleus sampling mass in (0, 1] (default 1)")
+    .option("min-p", "P", "drop tokens less likely than P times the most likely one, in [0, 1] (default 0)")
     .option("seed", "S", "random seed for sampling (default 0)")
     .option("threads", "N", "threads for tensor math (default: all cores)")
     .option("output", "text|ids", "print text (default) or the generated ids")
@@ -83,6 +84,7 @@ int cmd_generate(int argc, char** argv) {
   req.sampling.temperature = static_cast<float>(a.number("temperature", 0.0, 0.0, 100.0));
   req.sampling.top_k = static_cast<int32_t>(a.integer("top-k", 0, 0, int64_t{1} << 30));
   req.sampling.top_p = static_cast<float>(a.number("top-p", 1.0, 1e-9, 1.0));
+  req.sampling.min_p = static_cast<float>(a.number("min-p", 0.0, 0.0, 1.0));
   req.sampling.seed = static_cast<uint64_t>(a.integer("seed", 0, 0, INT64_MAX));
   const int threads = static_cast<int>(a.integer("threads", 0, 0, 1024));
   std::vector<int32_t> prompt_ids;
@@ -183,7 +185,7 @@ int cmd_generate(int argc, char** argv) {
     greq.prompt = req.prompt_ids;
     greq.max_tokens = req.max_tokens;
     greq.sampling = {req.sampling.temperature, req.sampling.top_k, req.sampling.top_p,
-                     model::Sampler(req.sampling).state()};
+                     model::Sampler(req.sampling).state(), req.sampling.min_p};
     greq.stop_ids = rules.stop_ids;
     actors::SessionOptions sopts;
     sopts.max_context = cfg.max_seq_len;

@@ -696,8 +696,9 @@ private:
     sp.temperature = req_.temperature;
     sp.top_p = req_.top_p;
     sp.top_k = req_.top_k;
+    sp.min_p = req_.min_p;
     sp.seed = req_.seed ? *req_.seed : std::random_device{}();
-    g.sampling = {sp.temperature, sp.top_k, sp.top_p, model::Sampler(sp).state()};
+    g.sampling = {sp.temperature, sp.top_k, sp.top_p, model::Sampler(sp).state(), sp.min_p};
     actors::SessionOptions so;
     so.max_context = m.cfg.max_seq_len;
     began_ = true;

@@ -198,6 +198,8 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool cha
     return *e;
   if (auto e = number(j, "top_p", r.top_p, 0.0, 1.0, true))
     return *e;
+  if (auto e = number(j, "min_p", r.min_p, 0.0, 1.0, false))
+    return *e;
   if (j.contains("top_k") && !j["top_k"].is_null()) {
     int64_t v = 0;
     if (auto e = integer(j, "top_k", v, 0, 1 << 20))

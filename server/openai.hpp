@@ -42,6 +42,7 @@ struct ApiRequest {
   std::optional<int64_t> max_tokens;   ///< absent: completions 16, chat the rest of the context
   float temperature = 1.0f;
   float top_p = 1.0f;
+  float min_p = 0;          ///< 0 = off
   int32_t top_k = 0;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;

@@ -2,6 +2,7 @@
 #include "model/sampler.hpp"
 #include "tests/support.hpp"
 
+#include <cmath>
 #include <map>
 
 namespace strata {
@@ -11,6 +12,33 @@ TEST(Sampler, GreedyTakesTheFirstMaximum) {
   model::Sampler s({});
   std::vector<float> l = {0.1f, 3.0f, -1.0f, 3.0f};
   EXPECT_EQ(s.sample(l), 1);
+}
+
+TEST(Sampler, MinPDropsTokensLessLikelyThanItsShareOfTheBest) {
+  // Relative probabilities 1 : 0.5 : 0.05 : 0.2 at temperature 1.
+  const std::vector<float> l = {0.0f, std::log(0.5f), std::log(0.05f), std::log(0.2f)};
+  auto counts = [&](float min_p, uint64_t seed) {
+    model::SamplingParams p{1.0f, 0, 1.0f, seed, min_p};
+    model::Sampler s(p);
+    std::vector<int> n(l.size(), 0);
+    for (int i = 0; i < 4000; ++i)
+      ++n[static_cast<std::size_t>(s.sample(l))];
+    return n;
+  };
+  const auto off = counts(0.0f, 5);
+  EXPECT_GT(off[2], 0) << "without min_p the 0.05 token is drawn sometimes";
+  const auto cut = counts(0.1f, 5);
+  EXPECT_EQ(cut[2], 0) << "0.05 < 0.1 x 1: never drawn";
+  EXPECT_GT(cut[1], 0);
+  EXPECT_GT(cut[3], 0);
+  // The kept tokens keep their relative weights: 1 : 0.5 : 0.2 of 1.7.
+  EXPECT_NEAR(cut[0] / 4000.0, 1.0 / 1.7, 0.03);
+  EXPECT_NEAR(cut[1] / 4000.0, 0.5 / 1.7, 0.03);
+  const auto only = counts(0.6f, 5);
+  EXPECT_EQ(only[0], 4000) << "only the best token is at least 0.6 x the best";
+  EXPECT_EQ(counts(0.1f, 5), cut) << "reproducible with the seed";
+  EXPECT_THROW(model::Sampler(model::SamplingParams{1.0f, 0, 1.0f, 0, 1.5f}), model::Error);
+  EXPECT_THROW(model::Sampler(model::SamplingParams{1.0f, 0, 1.0f, 0, -0.1f}), model::Error);
 }
 
 TEST(Sampler, SameSeedSameIds) {

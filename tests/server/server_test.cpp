@@ -342,6 +342,26 @@ TEST_F(Server, OfficialOpenAINpmClient) {
   EXPECT_EQ(j["wrong_model"], "404 model_not_found");
 }
 
+TEST_F(Server, MinPIsReproducibleWithASeedAndEqualsTheSingleProcessRun) {
+  const std::string body = R"({"prompt":"Once upon a time","max_tokens":40,"temperature":1.0,"min_p":0.2,"seed":11})";
+  auto a = c().call("/v1/completions", body);
+  auto b = c().call("/v1/completions", body);
+  ASSERT_EQ(a.status, 200) << a.body;
+  const auto text = json::parse(a.body)["choices"][0]["text"];
+  EXPECT_EQ(json::parse(b.body)["choices"][0]["text"], text);
+  const auto local = sh(exe + " generate --model builtin:tiny --prompt 'Once upon a time' --max-tokens 40 "
+                              "--temperature 1 --min-p 0.2 --seed 11 2>/dev/null");
+  const auto expected = json::parse(json(local.substr(16, local.size() - 17)).dump(-1, ' ', false,
+                                                                                    json::error_handler_t::replace));
+  EXPECT_EQ(text, expected);
+  // A different min_p changes the draw; one out of range is a 400 naming it.
+  auto other = c().call("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":40,"temperature":1.0,"seed":11})");
+  EXPECT_NE(json::parse(other.body)["choices"][0]["text"], text);
+  auto bad = c().call("/v1/completions", R"({"prompt":"x","min_p":1.5})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(json::parse(bad.body)["error"]["param"], "min_p");
+}
+
 TEST_F(Server, TokenizeAndDetokenizeInLlamaServerShapes) {
   const std::string text = "Once upon a time, \u00e9t\u00e9!";
   auto t = c().call("/tokenize", json{{"content", text}, {"add_special", true}}.dump());
