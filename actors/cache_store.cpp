@@ -96,7 +96,7 @@ SessionCacheStore::Lookup SessionCacheStore::open(const std::string& session, co
     ++counters_.evictions_lru;
     drop(std::prev(lru_.end()), miss_reason::evicted_lru);
   }
-  lru_.push_front(Context{session, key, epoch, make_cache_(), now_(), -1, -1, {}, {}, true, 0});
+  lru_.push_front(Context{session, epoch, make_cache_(), now_(), -1, -1, {}, {}, true, 0});
   index_[session] = lru_.begin();
   why_gone_.erase(session);
   out.ctx = &lru_.front();

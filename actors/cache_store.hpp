@@ -58,7 +58,6 @@ public:
 
   struct Context {
     std::string session;
-    msg::session_key key;
     int64_t epoch = 0;
     model::KVCache cache;
     clock::time_point last_used;

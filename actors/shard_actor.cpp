@@ -39,14 +39,16 @@ void shard_state::adopt(self_ptr self, const std::string& session) {
   const auto& sender = self->current_sender();
   if (!sender || sender == self->ctrl())
     return; // an anonymous or injected step: the lease alone covers it
-  auto addr = caf::actor_cast<caf::actor_addr>(sender);
-  for (auto& [owner, sessions] : owned)
-    if (owner != addr)
-      sessions.erase(session); // re-opened by its owner from elsewhere: file it once
-  auto [it, fresh] = owned.try_emplace(addr);
+  disown(session); // a re-opened session is filed once, under its newest opener
+  auto [it, fresh] = owned.try_emplace(caf::actor_cast<caf::actor_addr>(sender));
   if (fresh)
     self->monitor(sender);
   it->second.insert(session);
+}
+
+void shard_state::disown(const std::string& session) {
+  for (auto& entry : owned)
+    entry.second.erase(session);
 }
 
 caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& req) {
@@ -207,10 +209,8 @@ shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::sha
     },
     [=](atom::release_atom, const std::string& session, const msg::session_key& key) {
       auto& st = self->state;
-      if (!st.store->release(session, key))
-        for (auto& [owner, sessions] : st.owned)
-          sessions.erase(session);
-      // A refused release (another owner's id) is counted in stats().conflicts.
+      if (!st.store->release(session, key)) // a refused one (another owner's id) is counted in conflicts
+        st.disown(session);
     },
     [=](atom::lease_atom, const std::string& session, const msg::session_key& key) {
       self->state.store->renew(session, key);
@@ -220,8 +220,7 @@ shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::sha
       // One lease period: contexts nobody renewed for lease_missed periods are orphans.
       auto& st = self->state;
       for (auto& session : st.store->lease_sweep())
-        for (auto& [owner, sessions] : st.owned)
-          sessions.erase(session);
+        st.disown(session);
       self->delayed_send(self, st.lease_period, atom::tick_atom_v);
     },
     [=](atom::evict_atom, const std::string& session, uint8_t reason) {

@@ -60,6 +60,8 @@ struct shard_state {
   caf::result<msg::step_reply> handle(self_ptr self, msg::step_request& req);
   /// Monitors the sender of an opening step and files `session` under it.
   void adopt(self_ptr self, const std::string& session);
+  /// `session` is no longer filed under any owner (released, expired, re-opened).
+  void disown(const std::string& session);
   msg::shard_stats stats() const;
 };
 

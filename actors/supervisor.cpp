@@ -74,12 +74,12 @@ template <class Self>
 void supervisor_state::changed(Self* self, const std::string& why) {
   ++epoch;
   const auto now = plan(false);
-  say(2, "epoch " + std::to_string(epoch) + " (" + why + "): route " + describe(now, recipe ? recipe->n_layers : 0));
+  if (opts.log)
+    say(2, "epoch " + std::to_string(epoch) + " (" + why + "): route " + describe(now, recipe ? recipe->n_layers : 0));
   // Sessions learn the new epoch and route (or that none is complete now).
   for (auto& s : sessions)
     self->send(s, plan(true));
-  auto r = plan(false);
-  if (!r.hops.empty()) {
+  if (!now.hops.empty()) { // (load counting changes which replicas, not whether a route exists)
     for (auto& w : waiting)
       w.rp.deliver(plan(true));
     waiting.clear();

@@ -36,10 +36,6 @@ constexpr const char* top_usage =
   "\n"
   "Run 'strata <command> --help' for the options of a command.\n";
 
-std::unique_ptr<model::Tokenizer> open_tokenizer(const std::string& spec) {
-  return model::Tokenizer::load(spec); // a file, or builtin:bytes
-}
-
 int cmd_generate(int argc, char** argv) {
   Args a;
   a.option("model", "PATH|builtin:NAME", "llama2.c .bin, Hugging Face directory, or builtin:tiny / builtin:qwen2-0.5b")
@@ -133,7 +129,7 @@ int cmd_generate(int argc, char** argv) {
   if (a.has("inject"))
     actors::parse_injections(a.str("inject"), n_hops, on_cluster); // validate before running
   std::unique_ptr<model::Tokenizer> tok =
-    a.has("tokenizer") ? open_tokenizer(a.str("tokenizer")) : model::default_tokenizer_for(cfg);
+    a.has("tokenizer") ? model::Tokenizer::load(a.str("tokenizer")) : model::default_tokenizer_for(cfg);
   if (tok && tok->vocab_size() > cfg.vocab_size)
     throw model::Error(model::errc::bad_argument, "tokenizer has " + std::to_string(tok->vocab_size()) +
                                                     " tokens but the model's vocabulary is " + std::to_string(cfg.vocab_size));
@@ -269,7 +265,7 @@ int cmd_tokenize(int argc, char** argv) {
               << a.help_text();
     return 0;
   }
-  auto tok = open_tokenizer(a.required("tokenizer"));
+  auto tok = model::Tokenizer::load(a.required("tokenizer"));
   const std::string text = a.has("text") ? a.str("text") : read_stdin();
   const auto ids = tok->encode(text, a.has("bos"));
   for (std::size_t i = 0; i < ids.size(); ++i)
@@ -308,7 +304,7 @@ int cmd_detokenize(int argc, char** argv) {
               << a.help_text();
     return 0;
   }
-  auto tok = open_tokenizer(a.required("tokenizer"));
+  auto tok = model::Tokenizer::load(a.required("tokenizer"));
   std::vector<int32_t> ids;
   for (auto& p : a.positionals()) {
     auto part = parse_id_list(p, "token ids");

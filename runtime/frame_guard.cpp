@@ -101,13 +101,6 @@ bool feed(stream kind, uintptr_t key, const unsigned char* data, std::size_t n, 
   return true;
 }
 
-bool refused(stream kind, uintptr_t key) {
-  std::lock_guard<std::mutex> g(reg().mu);
-  auto& m = states(kind);
-  auto it = m.find(key);
-  return it != m.end() && it->second.kind == State::refused;
-}
-
 void forget(stream kind, uintptr_t key) {
   std::lock_guard<std::mutex> g(reg().mu);
   states(kind).erase(key);

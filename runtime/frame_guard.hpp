@@ -33,8 +33,6 @@ bool is_basp_start(unsigned char first_byte);
 /// a frame announces more than the limit: the caller must fail the read, and
 /// every later read of that key fails too.
 bool feed(stream kind, uintptr_t key, const unsigned char* data, std::size_t n, bool (*classify)(uintptr_t) = nullptr);
-/// Whether the key was refused before (its reads must keep failing).
-bool refused(stream kind, uintptr_t key);
 /// The connection is gone (close, SSL_free): forget its state.
 void forget(stream kind, uintptr_t key);
 /// Connections refused so far.

@@ -38,10 +38,6 @@ extern "C" {
 
 ssize_t recv(int fd, void* buf, size_t len, int flags) {
   static auto real = reinterpret_cast<recv_fn>(::dlsym(RTLD_NEXT, "recv"));
-  if (strata::runtime::frames::refused(stream::tcp, static_cast<uintptr_t>(fd))) {
-    errno = ECONNRESET;
-    return -1;
-  }
   const ssize_t n = real(fd, buf, len, flags);
   if (n > 0 && !(flags & MSG_PEEK) &&
       !strata::runtime::frames::feed(stream::tcp, static_cast<uintptr_t>(fd), static_cast<const unsigned char*>(buf),

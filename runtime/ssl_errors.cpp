@@ -44,13 +44,12 @@ extern "C" {
 int SSL_read(void* ssl, void* buf, int num) {
   static auto real = next<io_fn>("SSL_read");
   using strata::runtime::frames::stream;
-  const auto key = reinterpret_cast<uintptr_t>(ssl);
-  if (strata::runtime::frames::refused(stream::tls, key))
-    return -1; // a frame announced too much: the connection is refused (runtime/frame_guard)
   clear();
   const int n = real(ssl, buf, num);
-  if (n > 0 && !strata::runtime::frames::feed(stream::tls, key, static_cast<const unsigned char*>(buf),
-                                              static_cast<std::size_t>(n)))
+  // A frame that announces too much fails the read (runtime/frame_guard), and
+  // every later read of that connection too.
+  if (n > 0 && !strata::runtime::frames::feed(stream::tls, reinterpret_cast<uintptr_t>(ssl),
+                                              static_cast<const unsigned char*>(buf), static_cast<std::size_t>(n)))
     return -1;
   return n;
 }

@@ -6,9 +6,9 @@
 #include "actors/cluster.hpp"
 #include "actors/session.hpp"
 #include "messages/session_id.hpp"
+#include "tests/actors/deterministic.hpp"
 #include "tests/support.hpp"
 
-#include <caf/scheduler/test_coordinator.hpp>
 
 namespace strata {
 namespace {
@@ -30,14 +30,7 @@ struct Log {
   std::optional<caf::error> error;
 };
 
-struct TestConfig : actors::actor_config {
-  TestConfig() { set("scheduler.policy", caf::atom("testing")); }
-};
-
-struct SessionPhases : ::testing::Test {
-  TestConfig cfg;
-  caf::actor_system sys{cfg};
-  caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+struct SessionPhases : ::testing::Test, test::Deterministic {
   std::shared_ptr<Log> log = std::make_shared<Log>();
   msg::cache_recipe recipe{"llama", "builtin:tiny", "f32", 5, 2, 8};
   caf::actor sup_raw, client_raw;

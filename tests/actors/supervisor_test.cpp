@@ -4,9 +4,9 @@
 
 #include "actors/cluster.hpp"
 #include "actors/supervisor.hpp"
+#include "tests/actors/deterministic.hpp"
 #include "tests/support.hpp"
 
-#include <caf/scheduler/test_coordinator.hpp>
 
 namespace strata {
 namespace {
@@ -16,14 +16,7 @@ struct Log {
   std::vector<caf::message> replies;   // answers to ask()
 };
 
-struct TestConfig : actors::actor_config {
-  TestConfig() { set("scheduler.policy", caf::atom("testing")); }
-};
-
-struct SupervisorTest : ::testing::Test {
-  TestConfig cfg;
-  caf::actor_system sys{cfg};
-  caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+struct SupervisorTest : ::testing::Test, test::Deterministic {
   std::shared_ptr<Log> log = std::make_shared<Log>();
   actors::SupervisorOptions opts{std::chrono::milliseconds(500)};
   msg::supervisor_actor sup = actors::spawn_supervisor(sys, opts);
