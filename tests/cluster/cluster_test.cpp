@@ -235,6 +235,61 @@ TEST(Cluster, ConcurrentClientsNeverShareCaches) {
     EXPECT_EQ(r.sessions, 0) << "every client released its caches";
 }
 
+// The generated text of `generate` output with stderr mixed in: everything
+// before the first "[strata]" summary line, without line ends.
+std::string text_of(const std::string& out) {
+  std::string t = out.substr(0, out.find("[strata]"));
+  while (!t.empty() && t.back() == '\n')
+    t.pop_back();
+  return t;
+}
+
+TEST(Cluster, FaultsDuringConcurrentLoadChangeNoToken) {
+  // Four users generate at once while faults hit the cluster under them: one
+  // client's run kills the node of its hop 1 (a replica takes over for everyone
+  // routed through it; the death bumps the epoch for every session in flight),
+  // one evicts its cache on hop 0, one bumps the epoch. Each client's text equals
+  // the same request run alone in one process. (Which other sessions are still in
+  // flight when a fault lands depends on timing; the faults' own sessions always are.)
+  Cluster c;
+  for (auto layers : {"0-2", "0-2", "3-4", "3-4"}) // each range has a replica
+    ASSERT_TRUE(c.add_ready(layers));
+  const std::vector<std::string> prompts = {"Once upon a time A", "Once upon a time B", "Once upon a time C",
+                                            "Once upon a time DD"};
+  const std::vector<std::string> faults = {"--inject kill:1@40", "--inject evict:0@20", "--inject epoch@30", ""};
+  std::vector<std::string> alone;
+  for (auto& p : prompts) {
+    const auto out = run("generate --model builtin:tiny --prompt '" + p + "' --max-tokens 480");
+    alone.push_back(text_of(out));
+  }
+  std::vector<std::unique_ptr<Process>> clients;
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    clients.push_back(std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c", "exec " + exe + " generate --cluster " + c.address + " --prompt '" + prompts[i] +
+                         "' --max-tokens 480 " + faults[i] + " 2>&1"}));
+  for (std::size_t i = 0; i < clients.size(); ++i) {
+    const auto out = clients[i]->drain();
+    EXPECT_EQ(text_of(out), alone[i]) << "client " << i << " (" << faults[i] << ")";
+    EXPECT_EQ(clients[i]->wait_exit(), 0);
+    // Each fault's own session recovered from it (a re-prefill after the miss,
+    // a new route after the kill and the bump).
+    const auto at = out.find("re-prefills ");
+    ASSERT_NE(at, std::string::npos) << out;
+    if (!faults[i].empty())
+      EXPECT_GE(std::atoi(out.c_str() + at + 12), 1) << "client " << i << ":\n" << out;
+  }
+  // Nothing is left behind on the nodes that remain.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::vector<NodeRow> rows;
+  do
+    rows = status_rows(c.address);
+  while (std::chrono::steady_clock::now() < deadline &&
+         std::any_of(rows.begin(), rows.end(), [](auto& r) { return r.sessions != 0; }));
+  EXPECT_EQ(rows.size(), 3u) << "one node was killed";
+  for (auto& r : rows)
+    EXPECT_EQ(r.sessions, 0);
+}
+
 TEST(Cluster, KilledClientsCachesAreDroppedWithinSeconds) {
   Cluster c;
   ASSERT_TRUE(c.add_ready("0-2"));
