@@ -4,15 +4,12 @@ namespace strata::actors {
 
 using msg::miss_reason;
 
-SessionCacheStore::SessionCacheStore(StoreLimits limits, cache_factory make_cache, now_fn now)
-  : limits_(limits), make_cache_(std::move(make_cache)), now_(std::move(now)) {
+SessionCacheStore::SessionCacheStore(StoreLimits limits, std::shared_ptr<model::BlockPool> pool, now_fn now)
+  : limits_(limits), pool_(std::move(pool)), now_(std::move(now)) {
 }
 
 std::size_t SessionCacheStore::bytes() const {
-  std::size_t n = 0;
-  for (auto& c : lru_)
-    n += c.cache.bytes();
-  return n;
+  return static_cast<std::size_t>(pool_->in_use()) * pool_->block_bytes();
 }
 
 void SessionCacheStore::remember(const std::string& session, miss_reason why) {
@@ -79,7 +76,7 @@ caf::error SessionCacheStore::check_owner(const std::string& session, const msg:
 }
 
 SessionCacheStore::Lookup SessionCacheStore::open(const std::string& session, const msg::session_key& key,
-                                                  int64_t epoch) {
+                                                  int64_t epoch, int64_t step_id, const pin_fn& pinned) {
   Lookup out;
   if ((out.err = check_owner(session, key)))
     return out;
@@ -88,15 +85,26 @@ SessionCacheStore::Lookup SessionCacheStore::open(const std::string& session, co
   owner_[session] = key;
   expire();
   if (auto it = index_.find(session); it != index_.end()) {
+    if (step_id >= 0 && it->second->epoch == epoch && it->second->last_step == step_id) {
+      out.ctx = &*it->second; // this very prefill was applied already
+      out.duplicate = true;
+      touch(it->second);
+      return out;
+    }
     lru_.erase(it->second); // replaced by the fresh context
     index_.erase(it);
   }
-  // Session cap: evict the least recently used others.
-  while (index_.size() >= limits_.max_sessions && !lru_.empty()) {
+  // Session cap: evict the least recently used others (never pinned ones: the
+  // cap may be exceeded for the length of a round).
+  for (auto it = lru_.end(); index_.size() >= limits_.max_sessions && it != lru_.begin();) {
+    --it;
+    if (pinned && pinned(*it))
+      continue;
     ++counters_.evictions_lru;
-    drop(std::prev(lru_.end()), miss_reason::evicted_lru);
+    auto victim = it++;
+    drop(victim, miss_reason::evicted_lru);
   }
-  lru_.push_front(Context{session, epoch, make_cache_(), now_(), -1, -1, {}, {}, true, 0});
+  lru_.push_front(Context{session, epoch, model::KVCache(pool_), now_(), -1, -1, {}, {}, true, 0});
   index_[session] = lru_.begin();
   why_gone_.erase(session);
   out.ctx = &lru_.front();
@@ -147,29 +155,44 @@ SessionCacheStore::Lookup SessionCacheStore::find(const std::string& session, co
   return out;
 }
 
-caf::error SessionCacheStore::reserve(Context& ctx, int64_t tokens) {
-  const std::size_t need = ctx.cache.bytes_for(tokens);
-  if (need > limits_.max_bytes) {
+caf::error SessionCacheStore::reserve(Context& ctx, int64_t tokens, const pin_fn& pinned) {
+  const int64_t need = model::KVCache::blocks_needed(tokens);
+  if (need > pool_->capacity()) {
     ++counters_.budget_errors;
     const std::string session = ctx.session;
     auto it = index_.find(session);
     if (it != index_.end())
       drop(it->second, miss_reason::evicted_lru);
-    return caf::make_error(ec::budget_exceeded, "session '" + session + "' needs " + std::to_string(need) +
-                                                  " cache bytes for " + std::to_string(tokens) +
-                                                  " tokens, more than the shard's whole budget of " +
-                                                  std::to_string(limits_.max_bytes));
+    return caf::make_error(ec::budget_exceeded,
+                           "session '" + session + "' needs " + std::to_string(need) + " cache blocks (" +
+                             std::to_string(static_cast<std::size_t>(need) * pool_->block_bytes()) + " bytes) for " +
+                             std::to_string(tokens) + " tokens, more than the shard's whole pool of " +
+                             std::to_string(pool_->capacity()) + " blocks");
   }
-  std::size_t total = bytes() - ctx.cache.bytes() + need;
-  while (total > limits_.max_bytes) {
-    // Least recently used other context.
-    auto victim = std::prev(lru_.end());
-    while (&*victim == &ctx)
-      victim = std::prev(victim);
-    total -= victim->cache.bytes();
-    ++counters_.evictions_lru;
-    drop(victim, miss_reason::evicted_lru);
+  const int64_t missing = ctx.cache.blocks_missing(tokens);
+  if (pool_->available() < missing) {
+    // Victims, least recently used first, until enough blocks would be free.
+    std::vector<list_type::iterator> victims;
+    int64_t freed = 0;
+    for (auto it = lru_.end(); it != lru_.begin() && pool_->available() + freed < missing;) {
+      --it;
+      if (&*it == &ctx || (pinned && pinned(*it)))
+        continue;
+      victims.push_back(it);
+      freed += it->cache.blocks(); // a shared block frees nothing; that only makes us evict more
+    }
+    if (pool_->available() + freed < missing)
+      return caf::make_error(ec::overloaded, "session '" + ctx.session + "' needs " + std::to_string(missing) +
+                                               " more cache blocks; the pool's other blocks belong to steps in flight");
+    for (auto it : victims) {
+      if (pool_->available() >= missing)
+        break;
+      ++counters_.evictions_lru;
+      drop(it, miss_reason::evicted_lru);
+    }
   }
+  if (!ctx.cache.reserve(tokens))
+    return caf::make_error(ec::overloaded, "session '" + ctx.session + "': cache blocks are shared and cannot be freed");
   return {};
 }
 

@@ -4,9 +4,10 @@
 // owns one as private state.
 //
 // Rules:
-// * bounded by a byte budget (the caches' own bytes()), a session cap and an
-//   idle TTL, with LRU eviction; the session being served is never its own
-//   victim; a session that alone needs more than the budget is a budget error;
+// * bounded by the shard's block pool (sized by the byte budget), a session cap
+//   and an idle TTL, with LRU eviction; the session being served, and any the
+//   caller pins (the other members of a batch being formed), are never victims;
+//   a session that alone needs more blocks than the whole pool is a budget error;
 // * a lookup returns the context or a miss with a reason; a bounded history of
 //   recent misses tells a later lookup why the state is gone;
 // * an epoch older than the newest seen for the session is stale (an error);
@@ -20,7 +21,7 @@
 // * the clock is injectable; counters are exposed for metrics.
 
 #include "messages/messages.hpp"
-#include "model/shard.hpp"
+#include "model/kv_cache.hpp"
 
 #include <chrono>
 #include <deque>
@@ -54,7 +55,6 @@ class SessionCacheStore {
 public:
   using clock = std::chrono::steady_clock;
   using now_fn = std::function<clock::time_point()>;
-  using cache_factory = std::function<model::KVCache()>;
 
   struct Context {
     std::string session;
@@ -79,18 +79,28 @@ public:
     caf::error err; ///< stale epoch or session_conflict
   };
 
-  SessionCacheStore(StoreLimits limits, cache_factory make_cache, now_fn now = [] { return clock::now(); });
+  /// Caches live in `pool` (whose capacity is the budget; limits.max_bytes is
+  /// not consulted again).
+  SessionCacheStore(StoreLimits limits, std::shared_ptr<model::BlockPool> pool,
+                    now_fn now = [] { return clock::now(); });
 
+  using pin_fn = std::function<bool(const Context&)>;
   /// Prefill: opens a fresh context for (session, epoch) owned by `key`,
-  /// replacing any older one of the same owner.
-  Lookup open(const std::string& session, const msg::session_key& key, int64_t epoch);
+  /// replacing any older one of the same owner; a context of the same epoch
+  /// that already applied `step_id` is a duplicate (answered, not re-opened).
+  /// The session cap evicts the least recently used others, never pinned ones.
+  Lookup open(const std::string& session, const msg::session_key& key, int64_t epoch, int64_t step_id = -1,
+              const pin_fn& pinned = {});
   /// Decode: the context that must hold exactly `past_len` tokens.
   Lookup find(const std::string& session, const msg::session_key& key, int64_t epoch, int64_t past_len,
               int64_t step_id);
-  /// Makes room for `ctx` to grow to `tokens` tokens: evicts other sessions (LRU)
-  /// while over budget. A context that alone exceeds the budget is dropped and
-  /// the result is ec::budget_exceeded.
-  caf::error reserve(Context& ctx, int64_t tokens);
+  /// Takes the pool blocks `ctx` needs to grow to `tokens` tokens, evicting other
+  /// sessions (LRU) while the pool has too few free. Contexts for which `pinned`
+  /// says true are not evicted; when only they could make room the result is
+  /// ec::overloaded and nothing changed (the caller retries later). A context
+  /// that alone needs more than the whole pool is dropped and the result is
+  /// ec::budget_exceeded.
+  caf::error reserve(Context& ctx, int64_t tokens, const pin_fn& pinned = {});
   /// Records that `ctx` applied step `step_id` at `past_len`.
   void committed(Context& ctx, int64_t step_id, int64_t past_len);
   /// Drops a context because its session is done (later lookups: released).
@@ -112,7 +122,9 @@ public:
   /// Evicts contexts idle for longer than the TTL (except `keep`).
   void expire(const Context* keep = nullptr);
 
+  /// Bytes of the pool's blocks in use.
   std::size_t bytes() const;
+  const model::BlockPool& pool() const { return *pool_; }
   std::size_t sessions() const { return index_.size(); }
   const StoreCounters& counters() const { return counters_; }
   const StoreLimits& limits() const { return limits_; }
@@ -128,7 +140,7 @@ private:
   void touch(list_type::iterator it);
 
   StoreLimits limits_;
-  cache_factory make_cache_;
+  std::shared_ptr<model::BlockPool> pool_;
   now_fn now_;
   list_type lru_; // front = most recently used
   std::unordered_map<std::string, list_type::iterator> index_;

@@ -92,7 +92,7 @@ LocalCluster::~LocalCluster() {
 msg::shard_full_actor LocalCluster::spawn_and_register(std::size_t i) {
   std::shared_ptr<model::Shard> shard = model::Shard::load(model_, ranges_[i]);
   config_ = shard->config();
-  auto a = spawn_shard(sys_, shard, opts_.limits, {}, {}, opts_.lease_period);
+  auto a = spawn_shard(sys_, shard, opts_.limits, {}, {}, opts_.lease_period, opts_.scheduler);
   caf::scoped_actor self{sys_};
   caf::error err;
   self->request(supervisor_, std::chrono::seconds(10), atom::register_atom_v, msg::shard_actor{a}, ranges_[i].first,

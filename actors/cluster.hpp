@@ -6,6 +6,7 @@
 // carry values, so the same actors work across processes.
 
 #include "actors/cache_store.hpp"
+#include "actors/scheduler.hpp"
 #include "actors/session.hpp"
 #include "actors/supervisor.hpp"
 #include "messages/messages.hpp"
@@ -25,6 +26,7 @@ struct actor_config : caf::actor_system_config {
 
 struct ClusterOptions {
   StoreLimits limits;
+  SchedulerLimits scheduler;
   std::chrono::milliseconds lease_period{1000}; ///< shards sweep leases this often
   SupervisorOptions supervisor;
   SessionOptions session;

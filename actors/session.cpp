@@ -108,6 +108,17 @@ void on_token(session_self self, int32_t token) {
 
 void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::step_reply& rep) {
   auto& st = self->state;
+  st.overloads = 0;
+  {
+    // What steps take now, for the next deadlines.
+    const double ms = ms_since(t0);
+    if (prefill) {
+      const double per = ms / static_cast<double>(std::max<std::size_t>(1, st.inflight.tokens.size()));
+      st.prefill_ms_per_token = st.prefill_ms_per_token == 0 ? per : 0.7 * st.prefill_ms_per_token + 0.3 * per;
+    } else {
+      st.decode_ms = st.decode_ms == 0 ? ms : 0.7 * st.decode_ms + 0.3 * ms;
+    }
+  }
   if (rep.kind == static_cast<uint8_t>(msg::reply_kind::cache_miss)) {
     if (rep.miss < msg::miss_reason_count)
       ++st.result.misses[rep.miss];
@@ -128,8 +139,21 @@ void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::ste
   on_token(self, rep.token);
 }
 
+void send_step(session_self self, bool prefill);
+void go_overloaded(session_self self, const caf::error& why);
+
 void on_step_error(session_self self, caf::error& err) {
   auto& st = self->state;
+  if (err == ec::overloaded)
+    return go_overloaded(self, err);
+  if (err == caf::sec::request_timeout && !st.resent) {
+    // Slow is not lost: send the very same step again (same id). A shard that
+    // applied it answers it as a duplicate; one that still has it queued runs
+    // the first copy and answers the second as a duplicate.
+    ++st.result.retries;
+    st.resent = true;
+    return send_step(self, st.inflight.mode == static_cast<uint8_t>(msg::step_mode::prefill));
+  }
   if (err == ec::incompatible_recipe || err == ec::budget_exceeded || err == ec::model_error ||
       err == ec::bad_shape || err == ec::bad_request || err == ec::session_conflict)
     return fail(self, std::move(err));
@@ -204,9 +228,23 @@ void go_stepping(session_self self) {
     st.result.recomputed_tokens += st.seq.size();
   }
   ++st.result.steps;
+  st.inflight = std::move(r);
+  st.resent = false;
+  send_step(self, prefill);
+}
+
+// Sends st.inflight with a deadline that follows the observed step times.
+void send_step(session_self self, bool prefill) {
+  auto& st = self->state;
+  const double expect = prefill ? st.prefill_ms_per_token * static_cast<double>(st.inflight.tokens.size())
+                                : st.decode_ms;
+  auto deadline = std::max(st.opts.step_timeout,
+                           std::chrono::milliseconds(static_cast<int64_t>(expect * st.opts.deadline_factor)));
+  if (st.resent)
+    deadline *= 2;
   const auto tag = ++st.awaited;
   const auto t0 = clk::now();
-  self->request(st.route.hops.front().shard, st.opts.step_timeout, std::move(r))
+  self->request(st.route.hops.front().shard, deadline, st.inflight)
     .then(
       [=](msg::step_reply& rep) {
         if (tag == self->state.awaited)
@@ -219,9 +257,27 @@ void go_stepping(session_self self) {
   self->become(stepping(self));
 }
 
+// The shard's queue was full: nothing was applied. Wait, then send the step
+// again on the same route (no re-route, no re-prefill).
+void go_overloaded(session_self self, const caf::error& why) {
+  auto& st = self->state;
+  ++st.result.retries;
+  if (++st.overloads > st.opts.max_overloaded)
+    return fail(self, caf::make_error(ec::retries_exhausted, "session '" + st.req.session + "': the shards stayed "
+                                                               "overloaded for " + std::to_string(st.overloads - 1) +
+                                                               " attempts; last: " + self->system().render(why)));
+  st.phase = session_phase::backing_off;
+  st.retry_step = true;
+  const auto tag = ++st.awaited;
+  const auto wait = st.opts.backoff * (1 << std::min(st.overloads - 1, 5));
+  self->delayed_send(self, wait, atom::retry_atom_v, tag);
+  self->become(backing_off(self));
+}
+
 // backing_off: a failure; wait (doubling per failure in a row), then route again.
 void go_backing_off(session_self self, const caf::error& why) {
   auto& st = self->state;
+  st.retry_step = false;
   ++st.result.retries;
   if (++st.failures > st.opts.max_retries) {
     fail(self, caf::make_error(ec::retries_exhausted, "session '" + st.req.session + "' gave up after " +
@@ -292,8 +348,21 @@ behavior backing_off(session_self self) {
     },
     [=](atom::resume_atom) {},
     [=](atom::retry_atom, uint64_t tag) {
-      if (tag == self->state.awaited)
+      auto& st = self->state;
+      if (tag != st.awaited)
+        return;
+      if (st.retry_step && !st.route.hops.empty()) {
+        // The refused step was never applied: undo its count and send it anew.
+        --st.step_id;
+        --st.result.steps;
+        if (st.needs_prefill && st.result.reprefills > 0 && st.result.steps > 0) {
+          --st.result.reprefills;
+          st.result.recomputed_tokens -= st.seq.size();
+        }
+        go_stepping(self);
+      } else {
         go_routing(self);
+      }
     },
     [=](atom::register_atom, msg::supervisor_actor sup) { follow(self, std::move(sup)); },
     on_cancel(self),

@@ -25,7 +25,8 @@
 //   stepping    a step is in flight                 -> stepping (token, miss, route push), routing (push
 //                                                      without a complete route), backing_off (error),
 //                                                      paused (pause point), end (stop, length, context)
-//   backing_off waiting out a delay after a failure -> routing (timer), stepping (route push)
+//   backing_off waiting out a delay after a failure -> routing (timer), stepping (route push; or the
+//                                                      timer after ec::overloaded: the same route)
 //   paused      waiting for the client's resume     -> stepping (resume), routing (resume without a route)
 // (cancel_atom) ends every phase. An answer to a request that a later event
 // superseded (a route push during a step, a timer after a push) is ignored: each
@@ -40,7 +41,14 @@
 namespace strata::actors {
 
 struct SessionOptions {
+  /// The least deadline of a step. The deadline in use adapts: it is at least
+  /// `deadline_factor` times the step time observed so far (decode steps; per
+  /// token for prefills), so a step slowed by a busy machine is not a failure.
   std::chrono::milliseconds step_timeout{10000};
+  double deadline_factor = 8;
+  /// Steps refused with ec::overloaded in a row before giving up (each waits
+  /// `backoff`, doubled up to 32x).
+  int max_overloaded = 200;
   /// Bounds a route request. The supervisor answers no_route after its own
   /// --route-wait-ms, so this only guards against a supervisor that stopped
   /// answering; it must be longer than any route wait.
@@ -72,6 +80,12 @@ struct session_state {
   int64_t step_id = 0;
   uint64_t awaited = 0;           // tag of the one request (or timer) whose answer counts
   int failures = 0;               // consecutive
+  int overloads = 0;              // consecutive ec::overloaded answers
+  bool retry_step = false;        // backing off from overloaded: step again (no re-route)
+  msg::step_request inflight;     // the step in flight (resent as is after a first timeout)
+  bool resent = false;            // the step in flight is already a resend
+  double decode_ms = 0;           // observed decode step time (moving average)
+  double prefill_ms_per_token = 0;
   msg::generation_result result;
   std::chrono::steady_clock::time_point started;
   bool first_token_seen = false;

@@ -32,17 +32,24 @@ msg::shard_stats shard_state::stats() const {
   s.duplicates = duplicates;
   s.conflicts = c.conflicts;
   s.orphans = c.orphans;
+  s.pool_blocks = static_cast<uint64_t>(pool->capacity());
+  s.pool_used = static_cast<uint64_t>(pool->in_use());
+  s.block_bytes = pool->block_bytes();
+  s.queued = scheduler->queued();
+  s.rounds = rounds;
+  s.batched_rows = batched_rows;
+  s.max_batch = max_batch;
+  s.overloaded = overloaded;
   return s;
 }
 
-void shard_state::adopt(self_ptr self, const std::string& session) {
-  const auto& sender = self->current_sender();
-  if (!sender || sender == self->ctrl())
+void shard_state::adopt(self_ptr self, const caf::strong_actor_ptr& owner, const std::string& session) {
+  if (!owner || owner == self->ctrl())
     return; // an anonymous or injected step: the lease alone covers it
   disown(session); // a re-opened session is filed once, under its newest opener
-  auto [it, fresh] = owned.try_emplace(caf::actor_cast<caf::actor_addr>(sender));
+  auto [it, fresh] = owned.try_emplace(caf::actor_cast<caf::actor_addr>(owner));
   if (fresh)
-    self->monitor(sender);
+    self->monitor(owner);
   it->second.insert(session);
 }
 
@@ -50,6 +57,30 @@ void shard_state::disown(const std::string& session) {
   for (auto& entry : owned)
     entry.second.erase(session);
 }
+
+namespace {
+
+step_reply miss_reply(const msg::step_request& req, const SessionCacheStore::Lookup& found) {
+  step_reply miss;
+  miss.session = req.session;
+  miss.epoch = req.epoch;
+  miss.step_id = req.step_id;
+  miss.kind = static_cast<uint8_t>(msg::reply_kind::cache_miss);
+  miss.miss = static_cast<uint8_t>(found.miss);
+  miss.miss_hop = req.hop_index;
+  miss.detail = found.detail;
+  return miss;
+}
+
+// The request the next hop gets: this hop's output rows instead of the input.
+msg::step_request next_hop(msg::step_request req, msg::tensor_blob hidden) {
+  req.tokens.clear();
+  req.hidden = std::move(hidden);
+  req.hop_index += 1;
+  return req;
+}
+
+} // namespace
 
 caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& req) {
   const auto range = shard->range();
@@ -65,6 +96,9 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
     return caf::make_error(ec::incompatible_recipe, "hop " + std::to_string(req.hop_index) +
                                                       " of the route does not name this shard's layers " +
                                                       std::to_string(range.first) + "-" + std::to_string(range.last));
+  const bool tail = range.last == recipe.n_layers - 1;
+  if (!tail && req.hop_index + 1 >= req.route.size())
+    return caf::make_error(ec::bad_request, "the route ends before the tail shard");
   if (req.mode > 1)
     return caf::make_error(ec::bad_request, "unknown step mode " + std::to_string(req.mode));
   if (req.key.empty())
@@ -87,9 +121,35 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
                                             std::to_string(T) + " positions");
   if (req.past_len < 0 || req.positions.front() != req.past_len)
     return caf::make_error(ec::bad_request, "positions must start at past_len " + std::to_string(req.past_len));
+  for (int64_t i = 1; i < T; ++i)
+    if (req.positions[static_cast<std::size_t>(i)] != req.past_len + i)
+      return caf::make_error(ec::bad_shape, "positions must be consecutive from past_len " +
+                                              std::to_string(req.past_len) + "; index " + std::to_string(i) + " holds " +
+                                              std::to_string(req.positions[static_cast<std::size_t>(i)]));
   const auto mode = static_cast<step_mode>(req.mode);
   if (mode == step_mode::prefill && req.past_len != 0)
     return caf::make_error(ec::bad_request, "a prefill must start at position 0");
+  QueuedStep q;
+  q.rows = T;
+  if (!head) {
+    try {
+      auto a = req.hidden.to_activation();
+      if (a.rows != T || a.cols != shard->config().dim)
+        return caf::make_error(ec::bad_shape, "hidden state of shape [" + std::to_string(a.rows) + ", " +
+                                                std::to_string(a.cols) + "] does not fit " + std::to_string(T) +
+                                                " positions of dim " + std::to_string(shard->config().dim));
+      q.hidden = std::move(a.data);
+    } catch (const model::Error& e) {
+      return to_caf(e);
+    }
+    req.hidden = {};
+  }
+  if (scheduler->full()) {
+    ++overloaded;
+    return caf::make_error(ec::overloaded, "shard " + std::to_string(range.first) + "-" + std::to_string(range.last) +
+                                             " has " + std::to_string(scheduler->queued()) +
+                                             " steps waiting (the most it queues); retry later");
+  }
 
   // Failure injection hooks.
   if (desync_next) {
@@ -99,84 +159,172 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
   if (dup_next && mode == step_mode::decode) {
     dup_next = false;
     // The same step once more; its answer comes back here and is dropped.
-    self->request(caf::actor_cast<msg::shard_actor>(self), std::chrono::minutes(1), req).then([](const step_reply&) {}, [](caf::error&) {});
+    self->request(caf::actor_cast<msg::shard_actor>(self), std::chrono::minutes(1), req)
+      .then([](const step_reply&) {}, [](caf::error&) {});
   }
 
-  SessionCacheStore::Lookup found =
-    mode == step_mode::prefill ? store->open(req.session, req.key, req.epoch)
-                               : store->find(req.session, req.key, req.epoch, req.past_len, req.step_id);
-  if (found.err)
-    return std::move(found.err);
-  if (mode == step_mode::prefill && found.ctx)
-    adopt(self, req.session);
-  if (found.ctx == nullptr) {
-    step_reply miss;
-    miss.session = req.session;
-    miss.epoch = req.epoch;
-    miss.step_id = req.step_id;
-    miss.kind = static_cast<uint8_t>(msg::reply_kind::cache_miss);
-    miss.miss = static_cast<uint8_t>(found.miss);
-    miss.miss_hop = req.hop_index;
-    miss.detail = found.detail;
-    return miss;
+  q.owner = self->current_sender();
+  q.req = std::move(req);
+  q.promise = self->make_response_promise<step_reply>();
+  auto rp = q.promise;
+  scheduler->push(std::move(q));
+  if (!round_pending) {
+    round_pending = true;
+    self->send(self, atom::round_atom_v);
   }
-  auto& ctx = *found.ctx;
-  const bool tail = range.last == recipe.n_layers - 1;
-  if (found.duplicate) {
-    // Already applied: never advance the cache twice; answer as the first time.
-    ++duplicates;
-    if (tail)
-      return ctx.replay_reply;
-    auto next = req;
-    next.tokens.clear();
-    next.hidden = ctx.replay_hidden;
-    next.hop_index += 1;
-    auto rp = self->make_response_promise<step_reply>();
-    rp.delegate(next.route[next.hop_index].shard, std::move(next));
-    return rp;
-  }
-  if (auto err = store->reserve(ctx, req.past_len + T))
-    return err;
-  model::ShardOutput out;
-  try {
-    if (head) {
-      out = shard->forward(req.tokens, req.positions, ctx.cache);
-    } else {
-      out = shard->forward(req.hidden.to_activation(), req.positions, ctx.cache);
-    }
-  } catch (const model::Error& e) {
-    return to_caf(e);
-  }
-  ++steps;
-  store->committed(ctx, req.step_id, req.past_len);
-  if (tail) {
-    model::Sampler sampler({req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, 0, req.sampling.min_p});
-    sampler.set_state(req.sampling.rng_state);
-    step_reply r;
-    r.session = req.session;
-    r.epoch = req.epoch;
-    r.step_id = req.step_id;
-    r.kind = static_cast<uint8_t>(msg::reply_kind::token);
-    r.token = sampler.sample(out.logits);
-    r.rng_state = sampler.state();
-    ctx.replay_reply = r;
-    return r;
-  }
-  auto next = std::move(req);
-  next.tokens.clear();
-  next.hidden = msg::tensor_blob::from(out.hidden);
-  next.hop_index += 1;
-  ctx.replay_hidden = next.hidden;
-  if (next.hop_index >= next.route.size())
-    return caf::make_error(ec::bad_request, "the route ends before the tail shard");
-  auto rp = self->make_response_promise<step_reply>();
-  rp.delegate(next.route[next.hop_index].shard, std::move(next));
   return rp;
+}
+
+void shard_state::round(self_ptr self) {
+  round_pending = false;
+  const auto range = shard->range();
+  const bool head = range.first == 0;
+  const bool tail = range.last == recipe.n_layers - 1;
+  const int64_t dim = shard->config().dim;
+  struct Active {
+    StepScheduler::Piece piece;
+    SessionCacheStore::Context* ctx;
+  };
+  std::vector<Active> active;
+  auto pinned = [&](const SessionCacheStore::Context& c) {
+    return std::any_of(active.begin(), active.end(), [&](const Active& a) { return a.ctx == &c; });
+  };
+  // Per sequence, exactly what a lone step gets: lookups, misses, duplicates.
+  for (auto& piece : scheduler->pick()) {
+    auto& q = *piece.step;
+    auto& req = q.req;
+    const bool opening = piece.begin == 0 && req.mode == static_cast<uint8_t>(step_mode::prefill);
+    auto found = opening ? store->open(req.session, req.key, req.epoch, req.step_id, pinned)
+                         : store->find(req.session, req.key, req.epoch, req.past_len + piece.begin,
+                                       piece.begin == 0 ? req.step_id : -1);
+    if (found.err) {
+      q.promise.deliver(std::move(found.err));
+      scheduler->erase(piece.step);
+      continue;
+    }
+    if (found.ctx == nullptr) {
+      q.promise.deliver(miss_reply(req, found));
+      scheduler->erase(piece.step);
+      continue;
+    }
+    if (found.duplicate) {
+      // Already applied: never advance the cache twice; answer as the first time.
+      ++duplicates;
+      if (tail)
+        q.promise.deliver(found.ctx->replay_reply);
+      else
+        q.promise.delegate(req.route[req.hop_index + 1].shard, next_hop(req, found.ctx->replay_hidden));
+      scheduler->erase(piece.step);
+      continue;
+    }
+    if (opening)
+      adopt(self, q.owner, req.session);
+    active.push_back(Active{piece, found.ctx});
+  }
+  // Blocks for every sequence; pinned ones are never evicted for another.
+  for (auto it = active.begin(); it != active.end();) {
+    auto& q = *it->piece.step;
+    auto err = store->reserve(*it->ctx, q.req.past_len + it->piece.end,
+                              [&](const SessionCacheStore::Context& c) { return &c != it->ctx && pinned(c); });
+    if (err == ec::overloaded) {
+      it = active.erase(it); // stays queued: next round, when the others are done
+      continue;
+    }
+    if (err) {
+      q.promise.deliver(std::move(err));
+      scheduler->erase(it->piece.step);
+      it = active.erase(it);
+      continue;
+    }
+    ++it;
+  }
+  if (!active.empty()) {
+    std::vector<model::SeqStep> batch(active.size());
+    for (std::size_t i = 0; i < active.size(); ++i) {
+      auto& [piece, ctx] = active[i];
+      auto& q = *piece.step;
+      const auto n = static_cast<std::size_t>(piece.end - piece.begin);
+      auto& st = batch[i];
+      if (head)
+        st.tokens = std::span<const int32_t>(q.req.tokens).subspan(static_cast<std::size_t>(piece.begin), n);
+      else {
+        st.hidden = q.hidden.data() + piece.begin * dim;
+        st.rows = piece.end - piece.begin;
+      }
+      st.positions = std::span<const int64_t>(q.req.positions).subspan(static_cast<std::size_t>(piece.begin), n);
+      st.cache = &ctx->cache;
+      st.emit = !tail || piece.last(); // other shards forward every row at the end
+      batched_rows += n;
+    }
+    ++rounds;
+    max_batch = std::max<uint64_t>(max_batch, active.size());
+    std::vector<model::SeqOutcome> outs;
+    try {
+      outs = shard->forward(batch);
+    } catch (const std::exception& e) { // nothing of the caches was committed
+      for (auto& a : active) {
+        a.piece.step->promise.deliver(caf::make_error(ec::model_error, std::string("shard failed on this step: ") + e.what()));
+        scheduler->erase(a.piece.step);
+      }
+      active.clear();
+    }
+    for (std::size_t i = 0; i < active.size(); ++i) {
+      auto& [piece, ctx] = active[i];
+      auto& q = *piece.step;
+      auto& res = outs[i];
+      if (res.error) {
+        q.promise.deliver(to_caf(*res.error));
+        scheduler->erase(piece.step);
+        continue;
+      }
+      q.done = piece.end;
+      if (!tail)
+        q.emitted.insert(q.emitted.end(), res.out.hidden.data.begin(), res.out.hidden.data.end());
+      if (!piece.last())
+        continue; // more pieces in later rounds
+      ++steps;
+      store->committed(*ctx, q.req.step_id, q.req.past_len);
+      if (tail) {
+        model::Sampler sampler(
+          {q.req.sampling.temperature, q.req.sampling.top_k, q.req.sampling.top_p, 0, q.req.sampling.min_p});
+        sampler.set_state(q.req.sampling.rng_state);
+        step_reply r;
+        r.session = q.req.session;
+        r.epoch = q.req.epoch;
+        r.step_id = q.req.step_id;
+        r.kind = static_cast<uint8_t>(msg::reply_kind::token);
+        try {
+          r.token = sampler.sample(res.out.logits);
+        } catch (const model::Error& e) {
+          q.promise.deliver(to_caf(e));
+          scheduler->erase(piece.step);
+          continue;
+        }
+        r.rng_state = sampler.state();
+        ctx->replay_reply = r;
+        q.promise.deliver(std::move(r));
+      } else {
+        model::Activation a;
+        a.rows = q.rows;
+        a.cols = dim;
+        a.data = std::move(q.emitted);
+        ctx->replay_hidden = msg::tensor_blob::from(a);
+        auto next = next_hop(std::move(q.req), ctx->replay_hidden);
+        auto dest = next.route[next.hop_index].shard;
+        q.promise.delegate(dest, std::move(next));
+      }
+      scheduler->erase(piece.step);
+    }
+  }
+  if (!scheduler->empty() && !round_pending) {
+    round_pending = true;
+    self->send(self, atom::round_atom_v);
+  }
 }
 
 shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::shared_ptr<model::Shard> shard,
                                             StoreLimits limits, ShardHooks hooks, RequestLimits request_limits,
-                                            std::chrono::milliseconds lease_period) {
+                                            std::chrono::milliseconds lease_period, SchedulerLimits sched) {
   auto& st = self->state;
   st.hooks = std::move(hooks);
   st.request_limits = request_limits;
@@ -184,7 +332,9 @@ shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::sha
     st.request_limits.max_step_tokens = shard->config().max_seq_len;
   st.shard = shard;
   st.recipe = msg::cache_recipe::of(shard->config());
-  st.store = std::make_unique<SessionCacheStore>(limits, [shard] { return shard->new_cache(); });
+  st.pool = shard->new_pool(limits.max_bytes);
+  st.store = std::make_unique<SessionCacheStore>(limits, st.pool);
+  st.scheduler = std::make_unique<StepScheduler>(sched);
   st.lease_period = lease_period;
   // An owner that went down (its process died, or it ended without releasing):
   // drop its sessions now.
@@ -216,6 +366,21 @@ shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::sha
       self->state.store->renew(session, key);
     },
     [=](atom::stats_atom) { return self->state.stats(); },
+    [=](atom::round_atom) {
+      try {
+        self->state.round(self);
+      } catch (const std::exception& e) { // nothing escapes a handler: fail what was queued
+        auto& st = self->state;
+        st.round_pending = false;
+        while (!st.scheduler->empty()) {
+          auto pieces = st.scheduler->pick();
+          for (auto& p : pieces) {
+            p.step->promise.deliver(caf::make_error(ec::model_error, std::string("shard round failed: ") + e.what()));
+            st.scheduler->erase(p.step);
+          }
+        }
+      }
+    },
     [=](atom::tick_atom) {
       // One lease period: contexts nobody renewed for lease_missed periods are orphans.
       auto& st = self->state;
@@ -253,9 +418,10 @@ shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::sha
 }
 
 msg::shard_full_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits,
-                                  ShardHooks hooks, RequestLimits request_limits, std::chrono::milliseconds lease_period) {
+                                  ShardHooks hooks, RequestLimits request_limits, std::chrono::milliseconds lease_period,
+                                  SchedulerLimits sched) {
   return sys.spawn<caf::detached>(shard_actor, std::move(shard), limits, std::move(hooks), request_limits,
-                                  lease_period);
+                                  lease_period, sched);
 }
 
 } // namespace strata::actors

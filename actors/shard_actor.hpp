@@ -1,7 +1,17 @@
 #pragma once
-// The shard actor: owns one model::Shard (a layer range) and its
-// SessionCacheStore as private state. Spawn it detached: its handlers run the
-// model and must not starve the scheduler.
+// The shard actor: owns one model::Shard (a layer range), its block pool, its
+// SessionCacheStore and its StepScheduler as private state. Spawn it detached:
+// its rounds run the model and must not starve CAF's scheduler.
+//
+// Steps are not run as they arrive. A step is checked (recipe, hop, shape,
+// limits) and queued; the actor then sends itself (round_atom). Everything
+// that arrived before that message is in the queue when it is handled, and one
+// round runs what StepScheduler::pick() chooses as one batched forward pass:
+// cache lookups, misses, duplicates, epochs and ownership are decided per
+// sequence at that point, exactly as for a lone step. Each finished sequence is
+// answered (tail: the sampled token) or handed to its next hop; a long input
+// runs in pieces over several rounds. Steps that arrive during a round form
+// the next one. A full queue answers ec::overloaded.
 //
 // Interfaces (messages/messages.hpp): msg::shard_actor for sessions and the
 // supervisor (step, release, lease, stats) and msg::shard_injection_actor for
@@ -15,6 +25,8 @@
 // (lease_atom) renewed for `lease_missed` lease periods is dropped.
 
 #include "actors/cache_store.hpp"
+#include "actors/scheduler.hpp"
+#include "model/shard.hpp"
 
 #include <caf/all.hpp>
 
@@ -38,15 +50,20 @@ struct RequestLimits {
   std::size_t max_message_bytes = 64u << 20;      ///< tokens + positions + hidden state
 };
 
-/// The shard's own type: both interfaces plus its lease timer.
-using shard_impl_actor = msg::shard_full_actor::extend<caf::reacts_to<atom::tick_atom>>;
+/// The shard's own type: both interfaces plus its lease timer and its rounds.
+using shard_impl_actor =
+  msg::shard_full_actor::extend<caf::reacts_to<atom::tick_atom>, caf::reacts_to<atom::round_atom>>;
 
 struct shard_state {
   using self_ptr = shard_impl_actor::stateful_pointer<shard_state>;
   ShardHooks hooks;
   RequestLimits request_limits;
   std::shared_ptr<model::Shard> shard;
+  std::shared_ptr<model::BlockPool> pool;
   std::unique_ptr<SessionCacheStore> store;
+  std::unique_ptr<StepScheduler> scheduler;
+  bool round_pending = false; ///< a (round_atom) is in the mailbox
+  uint64_t rounds = 0, batched_rows = 0, max_batch = 0, overloaded = 0;
   msg::cache_recipe recipe;
   bool desync_next = false;
   bool dup_next = false;
@@ -57,22 +74,27 @@ struct shard_state {
   std::map<caf::actor_addr, std::set<std::string>> owned;
   static inline const char* name = "strata.shard";
 
+  /// Checks a step and queues it (or answers at once: errors, overloaded).
   caf::result<msg::step_reply> handle(self_ptr self, msg::step_request& req);
-  /// Monitors the sender of an opening step and files `session` under it.
-  void adopt(self_ptr self, const std::string& session);
+  /// Runs one round: the pieces the scheduler picks, as one batched forward.
+  void round(self_ptr self);
+  /// Monitors `owner` (the sender of an opening step) and files `session` under it.
+  void adopt(self_ptr self, const caf::strong_actor_ptr& owner, const std::string& session);
   /// `session` is no longer filed under any owner (released, expired, re-opened).
   void disown(const std::string& session);
   msg::shard_stats stats() const;
 };
 
 shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::shared_ptr<model::Shard> shard,
-                                                StoreLimits limits, ShardHooks hooks, RequestLimits request_limits,
-                                                std::chrono::milliseconds lease_period);
+                                            StoreLimits limits, ShardHooks hooks, RequestLimits request_limits,
+                                            std::chrono::milliseconds lease_period, SchedulerLimits sched);
 
 /// Spawns a detached shard actor for `shard`. `lease_period` is how often
-/// leases are swept (a session renews every lease_period / 2).
+/// leases are swept (a session renews every lease_period / 2). The block pool
+/// holds limits.max_bytes of cache.
 msg::shard_full_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits = {},
-                       ShardHooks hooks = {}, RequestLimits request_limits = {},
-                                  std::chrono::milliseconds lease_period = std::chrono::milliseconds(1000));
+                                  ShardHooks hooks = {}, RequestLimits request_limits = {},
+                                  std::chrono::milliseconds lease_period = std::chrono::milliseconds(1000),
+                                  SchedulerLimits sched = {});
 
 } // namespace strata::actors

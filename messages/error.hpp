@@ -28,6 +28,9 @@ enum class ec : uint8_t {
   /// A step, release or lease names a session id whose caches another owner
   /// holds (a different session key); nothing of the owner's was touched.
   session_conflict = 15,
+  /// The shard's queue is full (or its cache pool is held by steps in flight):
+  /// retry later, with backoff. Nothing was changed.
+  overloaded = 16,
   /// The shard's model rejected the input (token out of range, context overflow).
   model_error = 20,
   /// No complete route covers all layers within the wait bound.

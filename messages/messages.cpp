@@ -15,6 +15,7 @@ const char* to_string(ec code) {
     case ec::bad_shape: return "bad_shape";
     case ec::bad_request: return "bad_request";
     case ec::session_conflict: return "session_conflict";
+    case ec::overloaded: return "overloaded";
     case ec::model_error: return "model_error";
     case ec::no_route: return "no_route";
     case ec::step_timeout: return "step_timeout";

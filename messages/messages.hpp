@@ -44,6 +44,8 @@ using retry_atom = caf::atom_constant<caf::atom("retry")>;
 constexpr retry_atom retry_atom_v = retry_atom{};
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 constexpr tick_atom tick_atom_v = tick_atom{};
+using round_atom = caf::atom_constant<caf::atom("round")>;
+constexpr round_atom round_atom_v = round_atom{};
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 constexpr resume_atom resume_atom_v = resume_atom{};
 using crash_atom = caf::atom_constant<caf::atom("crash")>;
@@ -438,12 +440,22 @@ struct shard_stats {
   uint64_t duplicates = 0;
   uint64_t conflicts = 0; ///< steps/releases refused with session_conflict
   uint64_t orphans = 0;   ///< sessions dropped because their owner ended or its lease ran out
+  // The block pool (model/kv_cache.hpp) and the scheduler (actors/scheduler.hpp).
+  uint64_t pool_blocks = 0; ///< capacity in blocks
+  uint64_t pool_used = 0;   ///< blocks in use
+  uint64_t block_bytes = 0;
+  uint64_t queued = 0;      ///< steps waiting now
+  uint64_t rounds = 0;      ///< batched forward passes run
+  uint64_t batched_rows = 0; ///< input rows over all rounds (rows / rounds = mean batch)
+  uint64_t max_batch = 0;   ///< most sequences in one round
+  uint64_t overloaded = 0;  ///< steps refused because the queue was full
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
   return f(caf::meta::type_name("shard_stats"), x.first, x.last, x.cache_bytes, x.sessions, x.hits,
-           guard(x.misses), x.evictions, x.steps, x.duplicates, x.conflicts, x.orphans);
+           guard(x.misses), x.evictions, x.steps, x.duplicates, x.conflicts, x.orphans, x.pool_blocks, x.pool_used,
+           x.block_bytes, x.queued, x.rounds, x.batched_rows, x.max_batch, x.overloaded);
 }
 
 /// Streamed to a generation's client for every token, in order.

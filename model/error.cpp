@@ -15,6 +15,7 @@ const char* to_string(errc code) {
     case errc::context_overflow: return "context_overflow";
     case errc::bad_position: return "bad_position";
     case errc::bad_shape: return "bad_shape";
+    case errc::cache_full: return "cache_full";
     case errc::bad_text: return "bad_text";
   }
   return "unknown_error";

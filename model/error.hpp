@@ -22,6 +22,7 @@ enum class errc : uint8_t {
   context_overflow = 32,  ///< the sequence would exceed max_seq_len
   bad_position = 33,      ///< positions are not the next ones the cache expects
   bad_shape = 34,         ///< an activation has the wrong shape for this shard
+  cache_full = 35,        ///< the block pool has too few free blocks for the sequence
   bad_text = 40,          ///< text is not valid UTF-8
 };
 

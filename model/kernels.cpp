@@ -1,51 +1,129 @@
-// Why our own gemv: at one token per step, libtorch's per-call dispatch costs
-// more than the arithmetic on small models, and the BLAS shipped with Debian may
-// fall back to a generic kernel on CPUs it does not recognise.
+// Why our own kernel for few rows: at one token per step libtorch's per-call
+// dispatch costs more than the arithmetic on small models, BLAS libraries are
+// slow for 2-16 rows (measured: oneDNN took 2.6x as long for 8 rows as for 1,
+// where 8 rows read the weights no more than 1 row does), and a batch must not
+// change a row's rounding. Why oneDNN for many rows: Debian's OpenBLAS does not
+// recognise this CPU and falls back to its generic kernel (see docs/benchmarks.md).
 
 #include "model/kernels.hpp"
 
 #include <ATen/Parallel.h>
+#include <oneapi/dnnl/dnnl.h>
 
+#include <array>
+#include <chrono>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace strata::model::detail {
 
 namespace {
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void gemv_rows(const float* W, const float* x, float* y,
-                                                                             int64_t r0, int64_t r1, int64_t cols,
-                                                                             bool accumulate) {
+// A 64-byte vector of floats; the compiler maps it onto AVX-512, AVX2 or SSE.
+typedef float v16 __attribute__((vector_size(64)));
+
+inline __attribute__((always_inline)) v16 load16(const float* p) {
+  v16 v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// A fixed pairwise order, so every row reduces the same way.
+inline __attribute__((always_inline)) float hsum(v16 v) {
+  float a[16];
+  __builtin_memcpy(a, &v, sizeof a);
+  for (int w = 8; w > 0; w /= 2)
+    for (int i = 0; i < w; ++i)
+      a[i] += a[i + w];
+  return a[0];
+}
+
+// Y rows [m, m+MR) x weight rows [r, r+RR): RR*MR dot products over `cols`.
+template <int RR, int MR>
+inline __attribute__((always_inline)) void tile(const float* W, const float* X, float* Y, int64_t r, int64_t m,
+                                                int64_t rows, int64_t cols, bool accumulate) {
+  v16 acc[RR][MR];
+#pragma GCC unroll 4
+  for (int i = 0; i < RR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < MR; ++j)
+      acc[i][j] = v16{};
+  const float* w = W + r * cols;
+  const float* x = X + m * cols;
+  int64_t c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    v16 wv[RR];
+#pragma GCC unroll 4
+    for (int i = 0; i < RR; ++i)
+      wv[i] = load16(w + i * cols + c);
+#pragma GCC unroll 4
+    for (int j = 0; j < MR; ++j) {
+      const v16 xv = load16(x + j * cols + c);
+#pragma GCC unroll 4
+      for (int i = 0; i < RR; ++i)
+        acc[i][j] += wv[i] * xv;
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < RR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < MR; ++j) {
+      float s = hsum(acc[i][j]);
+      for (int64_t cc = c; cc < cols; ++cc)
+        s += w[i * cols + cc] * x[j * cols + cc];
+      float& y = Y[(m + j) * rows + r + i];
+      y = accumulate ? y + s : s;
+    }
+}
+
+// Weight rows [r0, r1) against all M rows of X: a block of 4 weight rows stays
+// in L1 while every group of up to 4 input rows passes over it.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rows_kernel(const float* W, const float* X,
+                                                                               float* Y, int64_t M, int64_t r0,
+                                                                               int64_t r1, int64_t rows, int64_t cols,
+                                                                               bool accumulate) {
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4) {
-    const float* w0 = W + r * cols;
-    const float* w1 = w0 + cols;
-    const float* w2 = w1 + cols;
-    const float* w3 = w2 + cols;
-    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-    for (int64_t c = 0; c < cols; ++c) {
-      s0 += w0[c] * x[c];
-      s1 += w1[c] * x[c];
-      s2 += w2[c] * x[c];
-      s3 += w3[c] * x[c];
-    }
-    if (accumulate) {
-      y[r] += s0, y[r + 1] += s1, y[r + 2] += s2, y[r + 3] += s3;
-    } else {
-      y[r] = s0, y[r + 1] = s1, y[r + 2] = s2, y[r + 3] = s3;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4)
+      tile<4, 4>(W, X, Y, r, m, rows, cols, accumulate);
+    switch (M - m) {
+      case 3: tile<4, 3>(W, X, Y, r, m, rows, cols, accumulate); break;
+      case 2: tile<4, 2>(W, X, Y, r, m, rows, cols, accumulate); break;
+      case 1: tile<4, 1>(W, X, Y, r, m, rows, cols, accumulate); break;
+      default: break;
     }
   }
-  for (; r < r1; ++r) {
-    const float* w = W + r * cols;
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < cols; ++c)
-      s += w[c] * x[c];
-    y[r] = accumulate ? y[r] + s : s;
-  }
+  for (; r < r1; ++r)
+    for (int64_t m = 0; m < M; ++m)
+      tile<1, 1>(W, X, Y, r, m, rows, cols, accumulate);
 }
 
 } // namespace
+
+void matmul_rows(const float* W, const float* X, float* Y, int64_t M, int64_t rows, int64_t cols, bool accumulate) {
+  if (M <= 0 || rows <= 0)
+    return;
+  // About 1M multiply-adds per task before splitting is worth a thread wake-up.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(cols * M, 1));
+  const int64_t blocks = (rows + 3) / 4;
+  if (blocks <= grain || at::get_num_threads() == 1) {
+    rows_kernel(W, X, Y, M, 0, rows, rows, cols, accumulate);
+    return;
+  }
+  at::parallel_for(0, blocks, grain, [&](int64_t b, int64_t e) {
+    rows_kernel(W, X, Y, M, b * 4, std::min(rows, e * 4), rows, cols, accumulate);
+  });
+}
+
+void matmul_gemm(const float* W, const float* X, float* Y, int64_t M, int64_t rows, int64_t cols, bool accumulate) {
+  if (M <= 0 || rows <= 0)
+    return;
+  const auto st = dnnl_sgemm('N', 'T', M, rows, cols, 1.0f, X, cols, W, cols, accumulate ? 1.0f : 0.0f, Y, rows);
+  if (st != dnnl_success) // only on invalid arguments, which the callers rule out
+    throw std::runtime_error("oneDNN sgemm failed with status " + std::to_string(static_cast<int>(st)));
+}
 
 namespace {
 
@@ -104,16 +182,39 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void attend(const f
   }
 }
 
-void gemv(const float* W, const float* x, float* y, int64_t rows, int64_t cols, bool accumulate) {
-  // About 1M multiply-adds per task before splitting is worth a thread wake-up.
-  const int64_t grain = std::max<int64_t>(4, ((int64_t{1} << 20) / std::max<int64_t>(cols, 1)) & ~int64_t{3});
-  if (rows <= grain || at::get_num_threads() == 1) {
-    gemv_rows(W, x, y, 0, rows, cols, accumulate);
-    return;
+namespace {
+
+// 8 independent multiply-add chains on the widest vectors: the FMA units' peak.
+__attribute__((target_clones("avx512f", "avx2", "default"))) double fma_loop(int64_t iters) {
+  v16 a[8], b = load16(std::array<float, 16>{1.000001f, 1.000001f, 1.000001f, 1.000001f, 1.000001f, 1.000001f,
+                                             1.000001f, 1.000001f, 1.000001f, 1.000001f, 1.000001f, 1.000001f,
+                                             1.000001f, 1.000001f, 1.000001f, 1.000001f}
+                                 .data());
+  for (int i = 0; i < 8; ++i)
+    a[i] = v16{} + static_cast<float>(i);
+  for (int64_t n = 0; n < iters; ++n)
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i)
+      a[i] = a[i] * b + b;
+  float s = 0.f;
+  for (int i = 0; i < 8; ++i)
+    s += hsum(a[i]);
+  return s;
+}
+
+} // namespace
+
+double fma_rate_per_thread(double seconds) {
+  volatile double sink = fma_loop(1000); // warm the clock up
+  int64_t iters = 1 << 20;
+  for (;;) {
+    const auto t0 = std::chrono::steady_clock::now();
+    sink = sink + fma_loop(iters);
+    const double d = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (d >= seconds)
+      return static_cast<double>(iters) * 8.0 * 16.0 / d;
+    iters *= 2;
   }
-  at::parallel_for(0, (rows + 3) / 4, grain / 4, [&](int64_t b, int64_t e) {
-    gemv_rows(W, x, y, b * 4, std::min(rows, e * 4), cols, accumulate);
-  });
 }
 
 } // namespace strata::model::detail

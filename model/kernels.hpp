@@ -1,14 +1,31 @@
 #pragma once
-// Internal to model/: the decode-path matrix-vector kernel. Torch-free.
+// Internal to model/: the matrix and attention kernels. Torch-free.
 
 #include <cstdint>
 
 namespace strata::model::detail {
 
-/// y = W x (or y += W x when `accumulate`), W row-major (rows, cols).
-/// Vectorized for AVX-512 / AVX2 / baseline, chosen at load time; rows are split
-/// across the intra-op threads when the matrix is large enough to pay for it.
-void gemv(const float* W, const float* x, float* y, int64_t rows, int64_t cols, bool accumulate);
+/// Y (M, rows) = X (M, cols) W^T, or Y += X W^T when `accumulate`; W is row-major
+/// (rows, cols) as in torch.nn.Linear, X and Y are row-major and contiguous.
+///
+/// Our own kernel for few rows (decode: one row per sequence): each weight row is
+/// read from memory once for all M rows. Row m of Y is computed in the same order
+/// whatever M is and whatever the other rows hold, so a sequence decoded in a
+/// batch gets bit-for-bit the numbers it gets alone. Vectorized for AVX-512 /
+/// AVX2 / baseline (chosen at load time); weight rows are split across the
+/// intra-op threads.
+void matmul_rows(const float* W, const float* X, float* Y, int64_t M, int64_t rows, int64_t cols, bool accumulate);
+
+/// The same product through oneDNN's sgemm (JIT kernels for this CPU, OpenMP
+/// threads shared with ATen): for many rows (prefill chunks).
+void matmul_gemm(const float* W, const float* X, float* Y, int64_t M, int64_t rows, int64_t cols, bool accumulate);
+
+/// Applies the thread count of set_num_threads() to the calling thread (OpenMP
+/// keeps it per thread); cheap when nothing changed.
+void apply_threads();
+
+/// Rows up to which matmul_rows is used for a group of rows.
+constexpr int64_t small_rows = 16;
 
 /// Where one attention head finds cached rows: row j of K lives at
 /// blocks[j / block_tokens] + k_offset + (j % block_tokens) * row_stride, V likewise.
@@ -23,5 +40,9 @@ struct CacheRows {
 /// One query head against cached rows 0..n-1: out = softmax(q.K^T * scale) V.
 /// `scores` has room for n floats.
 void attend(const float* q, const CacheRows& rows, int64_t n, int64_t head_dim, float scale, float* scores, float* out);
+
+/// A theoretical-peak probe: multiply-adds per second one thread sustains in
+/// registers (the widest vector unit this CPU has), for benchmarks.
+double fma_rate_per_thread(double seconds);
 
 } // namespace strata::model::detail

@@ -1,20 +1,23 @@
 #pragma once
 // Shard: a contiguous layer range [first, last] of a decoder-only transformer,
-// and KVCache: the per-session attention cache for one shard.
+// and its batched forward pass.
 //
 // This header is torch-free on purpose: everything outside model/ talks to the
 // model through plain vectors, so only model/*.cpp pays for ATen at compile time.
 //
-// The model never owns a cache: `forward(input, positions, cache)` is a function
-// of the weights, the input, the positions and the caller's cache. A Shard keeps
-// scratch buffers between calls, so one Shard serves one caller at a time (the
-// shard actor that owns it).
+// The model never owns a cache: `forward(batch)` is a function of the weights
+// and, per sequence, its input rows, positions and cache (a block table into a
+// BlockPool, see kv_cache.hpp). A Shard keeps scratch buffers between calls, so
+// one Shard serves one caller at a time (the shard actor that owns it).
 
 #include "model/config.hpp"
+#include "model/error.hpp"
+#include "model/kv_cache.hpp"
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,38 +39,24 @@ struct ShardOutput {
   bool has_logits() const { return !logits.empty(); }
 };
 
-class Shard;
+/// One sequence of a batched forward call: its input rows at `positions`
+/// (which must continue its cache: cache->seq_len(), +1, ...).
+struct SeqStep {
+  std::span<const int32_t> tokens; ///< head: token ids (one per row)
+  const float* hidden = nullptr;   ///< other shards: (rows, dim) hidden rows
+  int64_t rows = 0;                ///< rows of `hidden` (the head uses tokens.size())
+  std::span<const int64_t> positions;
+  KVCache* cache = nullptr;
+  /// false: only fill the cache (a prefill chunk before the last); the tail skips
+  /// its classifier and other shards return no hidden rows.
+  bool emit = true;
+};
 
-/// Per-session cache of keys and values for the layers of one shard. Its memory
-/// grows in fixed blocks of tokens, so appending never copies what is cached.
-/// The layout is private to model/.
-class KVCache {
-public:
-  KVCache();
-  ~KVCache();
-  KVCache(KVCache&&) noexcept;
-  KVCache& operator=(KVCache&&) noexcept;
-  KVCache(const KVCache&) = delete;
-  KVCache& operator=(const KVCache&) = delete;
-
-  /// Number of tokens whose keys and values are cached.
-  int64_t seq_len() const;
-  /// Bytes of memory held (allocated blocks, not only the used part).
-  std::size_t bytes() const;
-  /// Bytes this cache would hold with `tokens` tokens (for budgeting an append
-  /// before doing it).
-  std::size_t bytes_for(int64_t tokens) const;
-  /// Forget everything from token `n` on (n <= seq_len). Frees whole blocks.
-  void truncate(int64_t n);
-  /// Tokens per allocation block.
-  static constexpr int64_t block_tokens = 32;
-
-  struct Impl;
-
-private:
-  friend class Shard;
-  explicit KVCache(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+/// What one sequence of a batch got: an error (nothing of its cache changed) or
+/// its output.
+struct SeqOutcome {
+  std::optional<Error> error;
+  ShardOutput out;
 };
 
 /// Sets the threads used by tensor math (intra-op and BLAS). 0 keeps the default.
@@ -94,12 +83,26 @@ public:
   /// Bytes held by this shard's weights.
   std::size_t weight_bytes() const;
 
-  /// An empty cache shaped for this shard.
+  /// The geometry of this shard's cache blocks.
+  CacheShape cache_shape() const;
+  /// A block pool for this shard holding at most `budget_bytes` of cache.
+  std::shared_ptr<BlockPool> new_pool(std::size_t budget_bytes) const;
+  /// An empty cache in this shard's own unbounded pool (tools and tests; the
+  /// shard actor budgets its own pool).
   KVCache new_cache() const;
 
+  /// The batched forward pass. Every weight matrix is applied once to the rows
+  /// of all sequences; attention runs per sequence over its own blocks. Each
+  /// sequence is checked first (input, positions, context, free blocks): one
+  /// that fails gets its error and is left out; the others run. A sequence's
+  /// cache is committed only once all its rows ran (all-or-nothing per
+  /// sequence). A sequence gets bit-for-bit the same numbers in a batch as alone,
+  /// as long as it is fed in the same pieces.
+  std::vector<SeqOutcome> forward(std::span<const SeqStep> batch);
+
   /// Head only: runs token ids at `positions` (which must be cache.seq_len(),
-  /// +1, ... ) and appends them to `cache`. All-or-nothing: on error the cache
-  /// is unchanged.
+  /// +1, ... ) and appends them to `cache`. All-or-nothing: on error (thrown)
+  /// the cache is unchanged.
   ShardOutput forward(std::span<const int32_t> tokens, std::span<const int64_t> positions, KVCache& cache);
   /// Middle/tail: runs a hidden state (T, dim) from the previous shard.
   ShardOutput forward(const Activation& hidden, std::span<const int64_t> positions, KVCache& cache);

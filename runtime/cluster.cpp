@@ -402,6 +402,9 @@ int run_node(int argc, char** argv) {
     .option("ttl", "S", "seconds an idle session's cache is kept (default 600)")
     .option("max-prompt", "N", "most tokens one step may carry (default: the model's context)")
     .option("max-message-bytes", "N", "largest step message accepted (default 67108864)")
+    .option("max-batch-tokens", "N", "input rows one batched round may run (default 256)")
+    .option("prefill-chunk", "N", "rows per piece of a long prompt, so decodes keep flowing (default 128)")
+    .option("max-queue", "N", "steps waiting before new ones get 'overloaded' (default 512)")
     .option("route-wait-ms", "MS", "coordinator: how long a session waits for a complete route (default 10000, at most 60000)")
     .option("threads", "N", "threads for tensor math (default: all cores)")
     .option("insecure", "", "allow a non-loopback address without TLS (traffic is not authenticated)")
@@ -431,6 +434,7 @@ int run_node(int argc, char** argv) {
   model::LayerRange range;
   actors::StoreLimits limits;
   actors::RequestLimits request_limits;
+  actors::SchedulerLimits sched;
   if (!coordinator) {
     join = parse_endpoint(a.required("join"), "join");
     range = model::parse_layer_range(a.required("layers"));
@@ -443,6 +447,9 @@ int run_node(int argc, char** argv) {
     // No BASP frame may announce more than a step may carry, plus room for the
     // envelope (runtime/frame_guard): a lying header cannot make CAF allocate.
     frames::set_limit(request_limits.max_message_bytes + (uint64_t{1} << 20));
+    sched.max_batch_tokens = a.integer("max-batch-tokens", sched.max_batch_tokens, 1, 1 << 20);
+    sched.prefill_chunk = a.integer("prefill-chunk", sched.prefill_chunk, 1, 1 << 20);
+    sched.max_queue = static_cast<std::size_t>(a.integer("max-queue", static_cast<int64_t>(sched.max_queue), 1, 1 << 20));
   }
   const Liveness live = liveness_from(a);
   model::set_num_threads(static_cast<int>(a.integer("threads", 0, 0, 1024)));
@@ -466,14 +473,14 @@ int run_node(int argc, char** argv) {
     actors::ShardHooks hooks;
     hooks.crash = [] { std::_Exit(137); };
     hooks.freeze = [](int64_t ms) { freeze_process(ms); };
-    published = actors::spawn_shard(sys, shard, limits, hooks, request_limits);
-    respawn = [&sys, shard, limits, hooks, request_limits, first = std::make_shared<msg::shard_full_actor>(published)]() mutable {
+    published = actors::spawn_shard(sys, shard, limits, hooks, request_limits, std::chrono::milliseconds(1000), sched);
+    respawn = [&sys, shard, limits, hooks, request_limits, sched, first = std::make_shared<msg::shard_full_actor>(published)]() mutable {
       if (*first) { // the published actor serves the first incarnation
         auto a = std::move(*first);
         *first = msg::shard_full_actor{};
         return a;
       }
-      return actors::spawn_shard(sys, shard, limits, hooks, request_limits);
+      return actors::spawn_shard(sys, shard, limits, hooks, request_limits, std::chrono::milliseconds(1000), sched);
     };
   }
   auto publish = [&](const auto& handle) {

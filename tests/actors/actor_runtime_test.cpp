@@ -163,7 +163,7 @@ TEST_F(ActorRuntime, DuplicateNeverAdvancesACacheTwice) {
 TEST_F(ActorRuntime, SixteenConcurrentSessionsUnderATightBudget) {
   actors::ClusterOptions opts;
   // Room for only a few sessions' caches per shard: evictions are forced.
-  opts.limits.max_bytes = 6 * 3 * 2 * model::KVCache::block_tokens * 16 * sizeof(float);
+  opts.limits.max_bytes = 6 * 3 * 2 * model::BlockPool::block_tokens * 16 * sizeof(float);
   opts.session.max_retries = 64;
   LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-2,3-4"), opts);
   const int n = 16;

@@ -25,10 +25,10 @@ msg::session_key key_of(const std::string& session) {
 struct Fixture : ::testing::Test {
   std::shared_ptr<model::Shard> shard = model::Shard::load("builtin:tiny", {0, 4});
   clk::time_point now = clk::time_point{} + std::chrono::hours(1);
-  std::size_t block = 5 * 2 * model::KVCache::block_tokens * 16 * sizeof(float); // 5 layers, kv_dim 16
+  std::size_t block = 5 * 2 * model::BlockPool::block_tokens * 16 * sizeof(float); // 5 layers, kv_dim 16
 
   std::unique_ptr<SessionCacheStore> make(StoreLimits l) {
-    return std::make_unique<SessionCacheStore>(l, [this] { return shard->new_cache(); }, [this] { return now; });
+    return std::make_unique<SessionCacheStore>(l, shard->new_pool(l.max_bytes), [this] { return now; });
   }
   // Appends `n` tokens to a context through the real shard.
   void grow(SessionCacheStore& s, SessionCacheStore::Context& ctx, int64_t n, int64_t step) {
@@ -127,7 +127,7 @@ TEST_F(Fixture, ByteBudgetEvictsOthersAndRefusesAGiant) {
   EXPECT_EQ(s->find("a", key_of("a"), 1, 40, 2).miss, miss_reason::evicted_lru);
   // One session needing more than the whole budget: a budget error, no eviction loop.
   auto c = s->open("c", key_of("c"), 1);
-  auto err = s->reserve(*c.ctx, 4 * model::KVCache::block_tokens);
+  auto err = s->reserve(*c.ctx, 4 * model::BlockPool::block_tokens);
   EXPECT_EQ(err, ec::budget_exceeded);
   EXPECT_TRUE(s->contains("b")) << "others are not evicted for a request that can never fit";
   EXPECT_FALSE(s->contains("c"));

@@ -67,6 +67,7 @@ struct SessionPhases : ::testing::Test, test::Deterministic {
             [=](atom::release_atom, std::string&, msg::session_key& k) { l->releases.emplace_back(i, k); },
             [=](atom::lease_atom, std::string&, msg::session_key&) {},
             [=](caf::ok_atom, uint64_t k, msg::step_reply& rep) { l->steps.at(k).rp.deliver(std::move(rep)); },
+            [=](atom::cancel_atom, uint64_t k, caf::error& e) { l->steps.at(k).rp.deliver(std::move(e)); },
           };
         },
         0));
@@ -214,28 +215,78 @@ TEST_F(SessionPhases, PushWithoutACompleteRouteWhileSteppingGoesRouting) {
   EXPECT_EQ(log->steps.back().shard, 1);
 }
 
+// A step past its deadline is sent once more as it was (same id: a shard that
+// applied it answers it as a duplicate); a second deadline is a failure.
+void time_out_twice(SessionPhases& t) {
+  t.sched.advance_time(t.opts.step_timeout); // the step's deadline passes
+  t.sched.run();
+  ASSERT_EQ(t.phase(), session_phase::stepping) << "a slow step is resent, not given up";
+  ASSERT_EQ(t.log->steps.size(), 2u);
+  EXPECT_EQ(t.log->steps[1].req.step_id, t.log->steps[0].req.step_id);
+  EXPECT_EQ(t.log->steps[1].req.tokens, t.log->steps[0].req.tokens);
+  EXPECT_EQ(t.log->steps[1].req.mode, t.log->steps[0].req.mode);
+  t.sched.advance_time(2 * t.opts.step_timeout); // the resend's (doubled) deadline passes too
+  t.sched.run();
+  EXPECT_EQ(t.phase(), session_phase::backing_off);
+}
+
 TEST_F(SessionPhases, TimeoutBacksOffAndALateMissWhileBackingOffIsIgnored) {
   to_stepping();
-  sched.advance_time(opts.step_timeout); // the step's deadline passes
-  sched.run();
-  EXPECT_EQ(phase(), session_phase::backing_off);
+  time_out_twice(*this);
   answer_step(0, miss(log->steps[0].req)); // the late answer: a miss
   EXPECT_EQ(phase(), session_phase::backing_off) << "a miss for a step that timed out does not count";
-  EXPECT_EQ(log->steps.size(), 1u);
+  EXPECT_EQ(log->steps.size(), 2u);
   EXPECT_EQ(log->route_requests.size(), 1u);
   sched.advance_time(opts.backoff); // the backoff ends: ask for a route again
   sched.run();
   EXPECT_EQ(phase(), session_phase::routing);
   EXPECT_EQ(log->route_requests.size(), 2u);
   answer_route(route(10, 0));
+  ASSERT_EQ(log->steps.size(), 3u);
+  EXPECT_EQ(log->steps[2].req.mode, static_cast<uint8_t>(msg::step_mode::prefill));
+}
+
+TEST_F(SessionPhases, ASlowStepAnsweredAfterItsResendCountsOnce) {
+  to_stepping();
+  answer_step(0, token(log->steps[0].req, 5));
+  ASSERT_EQ(log->steps.size(), 2u); // a decode
+  sched.advance_time(opts.step_timeout);
+  sched.run();
+  ASSERT_EQ(log->steps.size(), 3u);
+  EXPECT_EQ(log->steps[2].req.step_id, log->steps[1].req.step_id);
+  EXPECT_EQ(log->steps[2].req.mode, static_cast<uint8_t>(msg::step_mode::decode)) << "no re-prefill";
+  answer_step(1, token(log->steps[1].req, 6)); // the first copy, late: superseded
+  EXPECT_EQ(log->tokens, (std::vector<int32_t>{5}));
+  answer_step(2, token(log->steps[2].req, 6)); // the shard's duplicate answer
+  EXPECT_EQ(log->tokens, (std::vector<int32_t>{5, 6}));
+  ASSERT_EQ(log->steps.size(), 4u);
+  EXPECT_EQ(log->steps[3].req.mode, static_cast<uint8_t>(msg::step_mode::decode));
+  EXPECT_EQ(log->route_requests.size(), 1u) << "no re-route";
+}
+
+TEST_F(SessionPhases, OverloadedWaitsThenStepsAgainOnTheSameRoute) {
+  to_stepping();
+  answer_step(0, token(log->steps[0].req, 5));
   ASSERT_EQ(log->steps.size(), 2u);
-  EXPECT_EQ(log->steps[1].req.mode, static_cast<uint8_t>(msg::step_mode::prefill));
+  caf::anon_send(shards_raw.at(0), atom::cancel_atom_v, uint64_t{1}, caf::make_error(ec::overloaded, "queue full"));
+  sched.run();
+  EXPECT_EQ(phase(), session_phase::backing_off);
+  EXPECT_EQ(log->steps.size(), 2u);
+  sched.advance_time(opts.backoff);
+  sched.run();
+  EXPECT_EQ(phase(), session_phase::stepping);
+  ASSERT_EQ(log->steps.size(), 3u);
+  EXPECT_EQ(log->steps[2].shard, 0);
+  EXPECT_EQ(log->steps[2].req.mode, static_cast<uint8_t>(msg::step_mode::decode)) << "nothing was lost: no re-prefill";
+  EXPECT_EQ(log->steps[2].req.past_len, log->steps[1].req.past_len);
+  EXPECT_EQ(log->route_requests.size(), 1u) << "no re-route";
+  answer_step(2, token(log->steps[2].req, 6));
+  EXPECT_EQ(log->tokens, (std::vector<int32_t>{5, 6}));
 }
 
 TEST_F(SessionPhases, RoutePushWhileBackingOffStepsAtOnce) {
   to_stepping();
-  sched.advance_time(opts.step_timeout);
-  sched.run();
+  time_out_twice(*this);
   ASSERT_EQ(phase(), session_phase::backing_off);
   caf::anon_send(session, route(11, 1));
   sched.run();
@@ -304,8 +355,7 @@ TEST_F(SessionPhases, CancelWhileStepping) {
 
 TEST_F(SessionPhases, CancelWhileBackingOff) {
   to_stepping();
-  sched.advance_time(opts.step_timeout);
-  sched.run();
+  time_out_twice(*this);
   ASSERT_EQ(phase(), session_phase::backing_off);
   expect_cancelled_and_released(0); // the failed route was dropped
 }

@@ -24,11 +24,11 @@ TEST(Builtin, CacheGrowsInBlocksWithoutCopying) {
   auto s = model::Shard::load("builtin:tiny", {0, 4});
   auto c = s->new_cache();
   EXPECT_EQ(c.bytes(), 0u);
-  const std::size_t block = 5 * 2 * model::KVCache::block_tokens * s->config().kv_dim() * sizeof(float);
+  const std::size_t block = 5 * 2 * model::BlockPool::block_tokens * s->config().kv_dim() * sizeof(float);
   std::vector<int32_t> one = {7};
   for (int64_t n = 1; n <= 70; ++n) {
     s->forward(one, model::consecutive_positions(n - 1, 1), c);
-    const auto blocks = static_cast<std::size_t>((n + model::KVCache::block_tokens - 1) / model::KVCache::block_tokens);
+    const auto blocks = static_cast<std::size_t>((n + model::BlockPool::block_tokens - 1) / model::BlockPool::block_tokens);
     ASSERT_EQ(c.bytes(), blocks * block) << n;
     ASSERT_EQ(c.seq_len(), n);
   }

@@ -1,0 +1,142 @@
+#pragma once
+// The KV cache of one shard: a pool of fixed-size blocks, and per sequence a
+// table of block ids into it (the layout vLLM calls paged attention).
+//
+// * BlockPool: one per shard, sized by the node's cache budget. A block holds the
+//   keys and values of `block_tokens` positions for every layer of the shard:
+//   (n_layers, 2 = k|v, block_tokens, kv_dim) floats. Blocks carry reference
+//   counts, so that a later prefix cache can share full blocks between sequences.
+//   Storage is allocated on a block's first use and reused after it is freed.
+// * KVCache: one sequence's block table and length. Move-only; dropping it hands
+//   its blocks back to the pool. Growing it takes blocks from the pool and fails
+//   (leaving it unchanged) when the pool has too few.
+//
+// Model math reads and writes a sequence through KVCache::view(); nothing
+// outside this file knows how a block is laid out beyond what the view says.
+// Torch-free. Not thread-safe: one shard actor owns a pool.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace strata::model {
+
+/// The geometry of one shard's cache.
+struct CacheShape {
+  int64_t n_layers = 0; ///< layers of the shard
+  int64_t kv_dim = 0;   ///< n_kv_heads * head_dim
+  bool operator==(const CacheShape& o) const { return n_layers == o.n_layers && kv_dim == o.kv_dim; }
+};
+
+class BlockPool {
+public:
+  /// Token positions per block.
+  static constexpr int64_t block_tokens = 32;
+  /// A pool of at most `capacity` blocks of `shape`; `owner` names the shard
+  /// that may run sequences of this pool (0: any shard of that shape).
+  BlockPool(CacheShape shape, int64_t capacity, uint64_t owner = 0);
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  /// Bytes of one block.
+  std::size_t block_bytes() const { return static_cast<std::size_t>(block_floats()) * sizeof(float); }
+  /// How many blocks a byte budget buys (at least 1).
+  static int64_t blocks_for_budget(CacheShape shape, std::size_t bytes);
+
+  const CacheShape& shape() const { return shape_; }
+  uint64_t owner() const { return owner_; }
+  int64_t capacity() const { return capacity_; }
+  /// Blocks referenced by at least one sequence.
+  int64_t in_use() const { return in_use_; }
+  int64_t available() const { return capacity_ - in_use_; }
+  /// Bytes of storage allocated so far (blocks in use plus freed ones kept for reuse).
+  std::size_t allocated_bytes() const;
+
+  /// A free block with reference count 1, or -1 when all `capacity` are in use.
+  int32_t allocate();
+  void retain(int32_t block);
+  /// Drops one reference; the block is free again at zero.
+  void release(int32_t block);
+  int32_t refcount(int32_t block) const { return refs_[static_cast<std::size_t>(block)]; }
+
+  float* data(int32_t block) { return storage_[static_cast<std::size_t>(block)].get(); }
+  const float* data(int32_t block) const { return storage_[static_cast<std::size_t>(block)].get(); }
+
+  /// Where position `slot` (0 .. block_tokens-1) of `layer` starts inside a block.
+  int64_t k_offset(int64_t layer, int64_t slot) const { return ((layer * 2) * block_tokens + slot) * shape_.kv_dim; }
+  int64_t v_offset(int64_t layer, int64_t slot) const {
+    return ((layer * 2 + 1) * block_tokens + slot) * shape_.kv_dim;
+  }
+
+private:
+  int64_t block_floats() const { return shape_.n_layers * 2 * block_tokens * shape_.kv_dim; }
+  CacheShape shape_;
+  int64_t capacity_;
+  uint64_t owner_;
+  int64_t in_use_ = 0;
+  std::vector<std::unique_ptr<float[]>> storage_; // by block id; null until first use
+  std::vector<int32_t> refs_;
+  std::vector<int32_t> free_; // ids with storage and no references
+};
+
+/// What attention needs to read one sequence's cache: block pointers in order.
+struct KVView {
+  const BlockPool* pool = nullptr;
+  std::vector<float*> blocks; ///< data of table[i]
+  int64_t seq_len = 0;
+  float* k(int64_t layer, int64_t pos) const {
+    return blocks[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
+           pool->k_offset(layer, pos % BlockPool::block_tokens);
+  }
+  float* v(int64_t layer, int64_t pos) const {
+    return blocks[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
+           pool->v_offset(layer, pos % BlockPool::block_tokens);
+  }
+};
+
+class KVCache {
+public:
+  KVCache() = default;
+  explicit KVCache(std::shared_ptr<BlockPool> pool);
+  ~KVCache();
+  KVCache(KVCache&& o) noexcept;
+  KVCache& operator=(KVCache&& o) noexcept;
+  KVCache(const KVCache&) = delete;
+  KVCache& operator=(const KVCache&) = delete;
+
+  /// Number of positions whose keys and values are cached (committed).
+  int64_t seq_len() const { return seq_len_; }
+  /// Blocks in this sequence's table.
+  int64_t blocks() const { return static_cast<int64_t>(table_.size()); }
+  const std::vector<int32_t>& table() const { return table_; }
+  /// Blocks a sequence of `tokens` positions needs in all.
+  static int64_t blocks_needed(int64_t tokens) {
+    return tokens <= 0 ? 0 : (tokens + BlockPool::block_tokens - 1) / BlockPool::block_tokens;
+  }
+  /// Extra blocks this cache must take from the pool to hold `tokens` positions.
+  int64_t blocks_missing(int64_t tokens) const;
+  /// Bytes of the blocks this sequence references.
+  std::size_t bytes() const;
+  /// Takes blocks from the pool until `tokens` positions fit. All-or-nothing:
+  /// false, and nothing taken, when the pool has too few free blocks.
+  bool reserve(int64_t tokens);
+  /// Forgets everything from position `n` on; whole blocks past it go back to the pool.
+  void truncate(int64_t n);
+  /// Marks positions [seq_len, n) as written (the forward pass calls this once
+  /// every layer has written them). n must fit in the reserved blocks.
+  void commit(int64_t n);
+
+  BlockPool* pool() const { return pool_.get(); }
+  const std::shared_ptr<BlockPool>& shared_pool() const { return pool_; }
+  /// Pointers to this sequence's blocks, for the forward pass.
+  KVView view() const;
+
+private:
+  void release_all();
+  std::shared_ptr<BlockPool> pool_;
+  std::vector<int32_t> table_;
+  int64_t seq_len_ = 0;
+};
+
+} // namespace strata::model

@@ -1,0 +1,280 @@
+// The block pool and the batched forward pass: a sequence decoded in a batch
+// with others gets bit-for-bit the logits it gets alone (through one shard and
+// through three), a prompt fed in pieces fills the same cache as one prefill, a
+// bad sequence fails alone, and the pool's blocks are counted and returned.
+
+#include "model/error.hpp"
+#include "model/kv_cache.hpp"
+#include "model/sampler.hpp"
+#include "model/shard.hpp"
+#include "tests/support.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace strata {
+namespace {
+
+using model::KVCache;
+using model::SeqStep;
+using model::Shard;
+
+std::string stories() {
+  return test::shared_path("models/stories260K.bin");
+}
+
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float d = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    d = std::max(d, std::abs(a[i] - b[i]));
+  return d;
+}
+
+// A pipeline of shards that runs a batch of sequences hop by hop.
+struct Pipeline {
+  std::vector<std::unique_ptr<Shard>> shards;
+  Pipeline(const std::string& model, const std::string& split) {
+    for (auto r : model::parse_layer_ranges(split))
+      shards.push_back(Shard::load(model, r));
+  }
+  std::vector<KVCache> caches() const {
+    std::vector<KVCache> c;
+    for (auto& s : shards)
+      c.push_back(s->new_cache());
+    return c;
+  }
+  // inputs[i] are the token ids of sequence i; caches[i][hop]. Returns logits.
+  std::vector<std::vector<float>> run(const std::vector<std::vector<int32_t>>& inputs,
+                                      std::vector<std::vector<KVCache>*> caches) {
+    const std::size_t n = inputs.size();
+    std::vector<std::vector<int64_t>> pos(n);
+    for (std::size_t i = 0; i < n; ++i)
+      pos[i] = model::consecutive_positions((*caches[i])[0].seq_len(), static_cast<int64_t>(inputs[i].size()));
+    std::vector<model::Activation> hidden(n);
+    std::vector<std::vector<float>> logits(n);
+    for (std::size_t h = 0; h < shards.size(); ++h) {
+      std::vector<SeqStep> batch(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (h == 0)
+          batch[i].tokens = inputs[i];
+        else {
+          batch[i].hidden = hidden[i].data.data();
+          batch[i].rows = hidden[i].rows;
+        }
+        batch[i].positions = pos[i];
+        batch[i].cache = &(*caches[i])[h];
+      }
+      auto outs = shards[h]->forward(batch);
+      for (std::size_t i = 0; i < n; ++i) {
+        EXPECT_FALSE(outs[i].error) << outs[i].error->what();
+        if (outs[i].out.has_logits())
+          logits[i] = std::move(outs[i].out.logits);
+        else
+          hidden[i] = std::move(outs[i].out.hidden);
+      }
+    }
+    return logits;
+  }
+};
+
+std::vector<std::vector<int32_t>> prompts(int32_t vocab) {
+  // Lengths around the small-row limit (16) and past it, so both kernels run.
+  std::vector<std::vector<int32_t>> p;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int32_t> ids{1};
+    const int len = 2 + 5 * i; // 3 .. 38 tokens
+    for (int j = 0; j < len; ++j)
+      ids.push_back(static_cast<int32_t>((7 + 13 * i + 31 * j) % (vocab - 3) + 3));
+    p.push_back(ids);
+  }
+  return p;
+}
+
+// Eight sequences joining at staggered rounds, decoded greedily together; each
+// step's logits must equal those of the same sequence run alone.
+void batched_equals_alone(const std::string& model, const std::string& split) {
+  Pipeline batched(model, split), alone(model, split);
+  const auto vocab = static_cast<int32_t>(batched.shards.back()->config().vocab_size);
+  const auto ps = prompts(vocab);
+  const std::size_t n = ps.size();
+  const int steps = 12;
+  // Alone: prefill, then greedy decode; record the logits of every step.
+  std::vector<std::vector<std::vector<float>>> ref(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    auto c = alone.caches();
+    auto lg = alone.run({ps[i]}, {&c})[0];
+    ref[i].push_back(lg);
+    for (int s = 1; s < steps; ++s) {
+      lg = alone.run({{argmax(lg)}}, {&c})[0];
+      ref[i].push_back(lg);
+    }
+  }
+  // Together: sequence i prefills in round i, decodes in every later round.
+  std::vector<std::vector<KVCache>> caches(n);
+  std::vector<int> done(n, 0);
+  std::vector<std::vector<float>> last(n);
+  std::size_t max_batch = 0;
+  for (int round = 0; round < static_cast<int>(n) + steps; ++round) {
+    std::vector<std::vector<int32_t>> inputs;
+    std::vector<std::vector<KVCache>*> cs;
+    std::vector<std::size_t> who;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (static_cast<int>(i) > round || done[i] == steps)
+        continue;
+      if (done[i] == 0) {
+        caches[i] = batched.caches();
+        inputs.push_back(ps[i]);
+      } else {
+        inputs.push_back({argmax(last[i])});
+      }
+      cs.push_back(&caches[i]);
+      who.push_back(i);
+    }
+    if (who.empty())
+      continue;
+    max_batch = std::max(max_batch, who.size());
+    auto lgs = batched.run(inputs, cs);
+    for (std::size_t k = 0; k < who.size(); ++k) {
+      const auto i = who[k];
+      const auto& want = ref[i][static_cast<std::size_t>(done[i])];
+      EXPECT_LE(max_diff(lgs[k], want), 1e-4f) << "sequence " << i << " step " << done[i];
+      EXPECT_EQ(lgs[k], want) << "sequence " << i << " step " << done[i] << ": not bit-for-bit";
+      EXPECT_EQ(argmax(lgs[k]), argmax(want));
+      last[i] = std::move(lgs[k]);
+      ++done[i];
+    }
+  }
+  EXPECT_EQ(max_batch, n) << "every sequence should have shared a batch with all the others";
+}
+
+TEST(Batch, StaggeredSequencesEqualAloneOneShard) {
+  batched_equals_alone("builtin:tiny", "0-4");
+}
+
+TEST(Batch, StaggeredSequencesEqualAloneThreeShards) {
+  batched_equals_alone("builtin:tiny", "0-1,2-3,4");
+}
+
+TEST(Batch, StaggeredSequencesEqualAloneStories) {
+  STRATA_REQUIRE_SHARED("models/stories260K.bin");
+  batched_equals_alone(stories(), "0-4");
+  batched_equals_alone(stories(), "0-1,2-3,4");
+}
+
+// A prompt fed in pieces (as the shard scheduler does for long prompts) fills
+// the same cache and gives the same logits as one prefill, within 1e-4.
+TEST(Batch, ChunkedPrefillEqualsOnePrefill) {
+  auto s = Shard::load("builtin:tiny");
+  std::vector<int32_t> p;
+  for (int j = 0; j < 100; ++j)
+    p.push_back(static_cast<int32_t>((11 + 37 * j) % 250 + 3));
+  auto whole = s->new_cache();
+  auto ref = s->forward(p, model::consecutive_positions(0, 100), whole).logits;
+  for (int64_t chunk : {7, 16, 32, 64}) {
+    auto c = s->new_cache();
+    std::vector<float> lg;
+    for (int64_t b = 0; b < 100; b += chunk) {
+      const int64_t e = std::min<int64_t>(100, b + chunk);
+      std::span<const int32_t> piece(p.data() + b, static_cast<std::size_t>(e - b));
+      lg = s->forward(piece, model::consecutive_positions(b, e - b), c).logits;
+    }
+    EXPECT_LE(max_diff(lg, ref), 1e-4f) << "chunk " << chunk;
+    ASSERT_EQ(c.seq_len(), whole.seq_len());
+    auto a = c.view(), w = whole.view();
+    const int64_t kv = s->config().kv_dim();
+    float d = 0;
+    for (int64_t l = 0; l < s->range().count(); ++l)
+      for (int64_t pos = 0; pos < 100; ++pos)
+        for (int64_t i = 0; i < kv; ++i) {
+          d = std::max(d, std::abs(a.k(l, pos)[i] - w.k(l, pos)[i]));
+          d = std::max(d, std::abs(a.v(l, pos)[i] - w.v(l, pos)[i]));
+        }
+    EXPECT_LE(d, 1e-4f) << "cache after chunks of " << chunk;
+    // And the next decode step agrees.
+    const int32_t next = argmax(lg);
+    auto l1 = s->forward(std::vector<int32_t>{next}, model::consecutive_positions(100, 1), c).logits;
+    auto w2 = s->new_cache();
+    s->forward(p, model::consecutive_positions(0, 100), w2);
+    auto l2 = s->forward(std::vector<int32_t>{next}, model::consecutive_positions(100, 1), w2).logits;
+    EXPECT_LE(max_diff(l1, l2), 1e-4f) << "decode after chunks of " << chunk;
+  }
+}
+
+// One bad sequence in a batch gets its own typed error and leaves its cache
+// untouched; the others run and equal their lone runs.
+TEST(Batch, ABadSequenceFailsAloneAndTheOthersRun) {
+  auto s = Shard::load("builtin:tiny");
+  std::vector<int32_t> good{1, 40, 50, 60}, bad{1, 9999}, late{1, 20};
+  auto cg = s->new_cache(), cb = s->new_cache(), cl = s->new_cache();
+  s->forward(std::vector<int32_t>{1, 5}, model::consecutive_positions(0, 2), cl);
+  auto pg = model::consecutive_positions(0, 4), pb = model::consecutive_positions(0, 2),
+       pl = model::consecutive_positions(5, 2); // does not continue cl (2 cached)
+  std::vector<SeqStep> batch(3);
+  batch[0].tokens = good, batch[0].positions = pg, batch[0].cache = &cg;
+  batch[1].tokens = bad, batch[1].positions = pb, batch[1].cache = &cb;
+  batch[2].tokens = late, batch[2].positions = pl, batch[2].cache = &cl;
+  auto outs = s->forward(batch);
+  ASSERT_FALSE(outs[0].error);
+  ASSERT_TRUE(outs[1].error);
+  EXPECT_EQ(outs[1].error->code(), model::errc::token_out_of_range);
+  EXPECT_NE(std::string(outs[1].error->what()).find("9999"), std::string::npos);
+  ASSERT_TRUE(outs[2].error);
+  EXPECT_EQ(outs[2].error->code(), model::errc::bad_position);
+  EXPECT_EQ(cb.seq_len(), 0);
+  EXPECT_EQ(cb.blocks(), 0) << "a refused sequence takes no blocks";
+  EXPECT_EQ(cl.seq_len(), 2);
+  auto alone = s->new_cache();
+  EXPECT_EQ(outs[0].out.logits, s->forward(good, pg, alone).logits);
+}
+
+TEST(BlockPool, CountsBlocksSharesThemAndTakesThemBack) {
+  auto s = Shard::load("builtin:tiny");
+  const auto shape = s->cache_shape();
+  EXPECT_EQ(shape.n_layers, 5);
+  EXPECT_EQ(shape.kv_dim, 16);
+  auto pool = s->new_pool(4 * 5 * 2 * model::BlockPool::block_tokens * 16 * sizeof(float));
+  EXPECT_EQ(pool->capacity(), 4);
+  {
+    KVCache a(pool), b(pool);
+    EXPECT_TRUE(a.reserve(40)); // 2 blocks
+    EXPECT_EQ(pool->in_use(), 2);
+    EXPECT_FALSE(b.reserve(100)) << "4 blocks do not fit in the 2 left";
+    EXPECT_EQ(b.blocks(), 0) << "all-or-nothing";
+    EXPECT_TRUE(b.reserve(64));
+    EXPECT_EQ(pool->available(), 0);
+    // A forward that needs a block the pool lacks fails, typed, and commits nothing.
+    std::vector<int32_t> t(70, 5);
+    try {
+      s->forward(t, model::consecutive_positions(0, 70), a);
+      ADD_FAILURE() << "expected cache_full";
+    } catch (const model::Error& e) {
+      EXPECT_EQ(e.code(), model::errc::cache_full) << e.what();
+    }
+    EXPECT_EQ(a.seq_len(), 0);
+    // Reference counts: a shared block is freed by its last holder only.
+    const int32_t shared = a.table().front();
+    pool->retain(shared);
+    EXPECT_EQ(pool->refcount(shared), 2);
+    a.truncate(0);
+    EXPECT_EQ(pool->in_use(), 3);
+    pool->release(shared);
+    EXPECT_EQ(pool->in_use(), 2);
+    b.truncate(33); // keeps 2 blocks
+    EXPECT_EQ(b.blocks(), 2);
+  }
+  EXPECT_EQ(pool->in_use(), 0) << "dropping a cache hands its blocks back";
+  EXPECT_LE(pool->allocated_bytes(), 4 * pool->block_bytes());
+  // A cache of another shard's pool is refused.
+  auto other = Shard::load("builtin:tiny", {0, 1});
+  auto foreign = other->new_cache();
+  EXPECT_MODEL_ERROR(s->forward(std::vector<int32_t>{1}, model::consecutive_positions(0, 1), foreign),
+                     model::errc::bad_argument, "not created by this shard");
+}
+
+} // namespace
+} // namespace strata
