@@ -119,10 +119,32 @@ struct Pass {
     }
   }
 
-  // Causal grouped-query attention of every row against its own sequence's cache.
+  // Causal grouped-query attention of every row against its own sequence's
+  // cache. A one-row piece (a decode step) is one item per head; a longer piece
+  // is cut into groups of up to 16 rows per head (attend_rows), counted from the
+  // piece's first row, so a row's arithmetic depends only on its own piece.
+  struct Item {
+    int32_t seq, head;
+    int64_t t0, m;
+  };
+  std::vector<Item> items;
+
+  void plan_attention() {
+    const int64_t nh = cfg().n_heads;
+    const bool grouped = cfg().head_dim <= 256;
+    items.clear();
+    for (std::size_t k = 0; k < plan.seqs.size(); ++k) {
+      const auto& q = plan.seqs[k];
+      const int64_t g = q.rows == 1 || !grouped ? 1 : detail::attend_group;
+      for (int64_t t0 = 0; t0 < q.rows; t0 += g)
+        for (int64_t h = 0; h < nh; ++h)
+          items.push_back(Item{static_cast<int32_t>(k), static_cast<int32_t>(h), t0, std::min(g, q.rows - t0)});
+    }
+  }
+
   void attention(int64_t l) {
     const auto& c = cfg();
-    const int64_t hd = c.head_dim, nh = c.n_heads, group = c.n_heads / c.n_kv_heads;
+    const int64_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
     const int64_t qkv_stride = c.q_dim() + 2 * c.kv_dim();
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const float* qkv = s.ws.qkv.data();
@@ -133,21 +155,38 @@ struct Pass {
     const BlockPool* pool = plan.seqs.front().view.pool;
     const int64_t k0 = pool->k_offset(l, 0), v0 = pool->v_offset(l, 0);
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, max_ctx * hd));
-    at::parallel_for(0, plan.rows * nh, grain, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> scores;
-      if (static_cast<int64_t>(scores.size()) < max_ctx)
-        scores.resize(static_cast<std::size_t>(max_ctx));
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t r = item / nh, h = item % nh, g = h / group;
-        const Seq& q = plan.seqs[static_cast<std::size_t>(plan.row_seq[static_cast<std::size_t>(r)])];
-        const int64_t t = r - q.row0;
+      const auto need = static_cast<std::size_t>(detail::attend_group * (max_ctx + 1));
+      if (scores.size() < need)
+        scores.resize(need);
+      for (int64_t it = begin; it < end; ++it) {
+        const Item& w = items[static_cast<std::size_t>(it)];
+        const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
+        const int64_t g = w.head / group;
         const detail::CacheRows rows{q.view.blocks.data(), BlockPool::block_tokens, c.kv_dim(), k0 + g * hd,
                                      v0 + g * hd};
-        // causal: row t sees positions 0 .. past + t
-        detail::attend(qkv + r * qkv_stride + h * hd, rows, q.past + t + 1, hd, scale, scores.data(),
-                       att + r * c.q_dim() + h * hd);
+        const int64_t r = q.row0 + w.t0;
+        const float* qp = qkv + r * qkv_stride + w.head * hd;
+        float* op = att + r * c.q_dim() + w.head * hd;
+        // causal: row t of the piece sees positions 0 .. past + t
+        if (w.m == 1 && q.rows == 1)
+          detail::attend(qp, rows, q.past + w.t0 + 1, hd, scale, scores.data(), op);
+        else
+          detail::attend_rows(qp, qkv_stride, w.m, rows, q.past + w.t0, hd, scale, scores.data(), op, c.q_dim());
       }
     });
+  }
+
+  // Row-wise work over all rows, split across threads when there is enough.
+  template <class F>
+  void rows_parallel(int64_t per_row, F&& f) {
+    const int64_t R = plan.rows;
+    if (R * per_row < (int64_t{1} << 16)) {
+      f(0, R);
+      return;
+    }
+    at::parallel_for(0, R, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(per_row, 1)), f);
   }
 
   void layers() {
@@ -163,39 +202,48 @@ struct Pass {
     grow(ws.att, R * Q);
     float* h13 = grow(ws.h13, R * 2 * H);
     float* hb = grow(ws.hb, R * H);
+    plan_attention();
     for (int64_t l = 0; l < s.range.count(); ++l) {
       const LayerWeights& lw = s.w.layers[static_cast<std::size_t>(l)];
       // Attention block.
-      for (int64_t r = 0; r < R; ++r)
-        rmsnorm(xb + r * D, x + r * D, lw.attn_norm.data_ptr<float>(), D, eps);
+      rows_parallel(D, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          rmsnorm(xb + r * D, x + r * D, lw.attn_norm.data_ptr<float>(), D, eps);
+      });
       linear(qkv, xb, lw.wqkv, false);
-      for (int64_t r = 0; r < R; ++r) {
-        const Seq& q = plan.seqs[static_cast<std::size_t>(plan.row_seq[static_cast<std::size_t>(r)])];
-        const int64_t pos = q.past + (r - q.row0);
-        float* row = qkv + r * qkv_stride;
-        if (lw.bqkv.defined()) {
-          const float* b = lw.bqkv.data_ptr<float>();
-          for (int64_t i = 0; i < qkv_stride; ++i)
-            row[i] += b[i];
+      rows_parallel(qkv_stride, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const Seq& q = plan.seqs[static_cast<std::size_t>(plan.row_seq[static_cast<std::size_t>(r)])];
+          const int64_t pos = q.past + (r - q.row0);
+          float* row = qkv + r * qkv_stride;
+          if (lw.bqkv.defined()) {
+            const float* b = lw.bqkv.data_ptr<float>();
+            for (int64_t i = 0; i < qkv_stride; ++i)
+              row[i] += b[i];
+          }
+          rope(row, c.n_heads, pos);
+          rope(row + Q, c.n_kv_heads, pos);
+          std::memcpy(q.view.k(l, pos), row + Q, static_cast<std::size_t>(KV) * sizeof(float));
+          std::memcpy(q.view.v(l, pos), row + Q + KV, static_cast<std::size_t>(KV) * sizeof(float));
         }
-        rope(row, c.n_heads, pos);
-        rope(row + Q, c.n_kv_heads, pos);
-        std::memcpy(q.view.k(l, pos), row + Q, static_cast<std::size_t>(KV) * sizeof(float));
-        std::memcpy(q.view.v(l, pos), row + Q + KV, static_cast<std::size_t>(KV) * sizeof(float));
-      }
+      });
       attention(l);
       linear(x, ws.att.data(), lw.wo, true);
       // Feed-forward block (SwiGLU).
-      for (int64_t r = 0; r < R; ++r)
-        rmsnorm(xb + r * D, x + r * D, lw.ffn_norm.data_ptr<float>(), D, eps);
+      rows_parallel(D, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          rmsnorm(xb + r * D, x + r * D, lw.ffn_norm.data_ptr<float>(), D, eps);
+      });
       linear(h13, xb, lw.w13, false);
-      for (int64_t r = 0; r < R; ++r) {
-        const float* g = h13 + r * 2 * H;
-        const float* u = g + H;
-        float* o = hb + r * H;
-        for (int64_t i = 0; i < H; ++i)
-          o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-      }
+      rows_parallel(4 * H, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* g = h13 + r * 2 * H;
+          const float* u = g + H;
+          float* o = hb + r * H;
+          for (int64_t i = 0; i < H; ++i)
+            o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+        }
+      });
       linear(x, hb, lw.w2, true);
     }
   }

@@ -22,6 +22,8 @@ namespace {
 
 // A 64-byte vector of floats; the compiler maps it onto AVX-512, AVX2 or SSE.
 typedef float v16 __attribute__((vector_size(64)));
+// The same, for memory that may not be 64-byte aligned.
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
 
 inline __attribute__((always_inline)) v16 load16(const float* p) {
   v16 v;
@@ -179,6 +181,115 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void attend(const f
     case 64: return attend_impl<64>(q, rows, n, hd, scale, scores, out);
     case 128: return attend_impl<128>(q, rows, n, hd, scale, scores, out);
     default: return attend_impl<0>(q, rows, n, hd, scale, scores, out);
+  }
+}
+
+namespace {
+
+template <int HD>
+inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int64_t q_stride, int64_t m,
+                                                            const CacheRows& rows, int64_t n0, int64_t hd_rt,
+                                                            float scale, float* scores_raw, float* out,
+                                                            int64_t out_stride) {
+  const int64_t hd = HD > 0 ? HD : hd_rt;
+  constexpr int64_t L = attend_group;
+  // Queries transposed: qt[i] holds element i of every row's query, one row a lane.
+  v16 qt[HD > 0 ? HD : 256];
+  for (int64_t i = 0; i < hd; ++i) {
+    float lane[L] = {};
+    for (int64_t t = 0; t < m; ++t)
+      lane[t] = q[t * q_stride + i];
+    qt[i] = load16(lane);
+  }
+  const int64_t n = n0 + m;
+  v16u* S = reinterpret_cast<v16u*>(scores_raw);
+  v16 lanes;
+  for (int t = 0; t < L; ++t)
+    lanes[t] = static_cast<float>(t);
+  v16 mx = v16{} - INFINITY;
+  for (int64_t j0 = 0, b = 0; j0 < n; j0 += rows.block_tokens, ++b) {
+    const float* k = rows.blocks[b] + rows.k_offset;
+    const int64_t cnt = std::min(rows.block_tokens, n - j0);
+    for (int64_t j = 0; j < cnt; ++j, k += rows.row_stride) {
+      v16 acc = v16{};
+      for (int64_t i = 0; i < hd; ++i)
+        acc += qt[i] * k[i];
+      acc *= scale;
+      const int64_t jj = j0 + j;
+      if (jj > n0) { // causal: lane t sees key jj only when jj <= n0 + t
+        const v16 first = v16{} + static_cast<float>(jj - n0);
+        acc = lanes >= first ? acc : v16{} - INFINITY;
+      }
+      S[jj] = acc;
+      mx = mx > acc ? mx : acc;
+    }
+  }
+  v16 sum = v16{};
+  for (int64_t j = 0; j < n; ++j) {
+    v16 e;
+    for (int t = 0; t < L; ++t)
+      e[t] = std::exp(S[j][t] - mx[t]);
+    S[j] = e;
+    sum += e;
+  }
+  const v16 inv = 1.0f / sum;
+  for (int64_t j = 0; j < n; ++j)
+    S[j] = S[j] * inv; // probabilities; 0 where a row may not look
+  if (hd % 16 == 0) {
+    // 16 output columns of all rows at a time: each value row is read once.
+    for (int64_t c = 0; c < hd; c += 16) {
+      v16 acc[L];
+#pragma GCC unroll 16
+      for (int t = 0; t < L; ++t)
+        acc[t] = v16{};
+      for (int64_t j0 = 0, b = 0; j0 < n; j0 += rows.block_tokens, ++b) {
+        const float* v = rows.blocks[b] + rows.v_offset + c;
+        const int64_t cnt = std::min(rows.block_tokens, n - j0);
+        for (int64_t j = 0; j < cnt; ++j, v += rows.row_stride) {
+          const v16 vj = load16(v);
+          const v16 p = S[j0 + j];
+#pragma GCC unroll 16
+          for (int t = 0; t < L; ++t)
+            acc[t] += p[t] * vj;
+        }
+      }
+      for (int64_t t = 0; t < m; ++t)
+        __builtin_memcpy(out + t * out_stride + c, &acc[t], sizeof(v16));
+    }
+    return;
+  }
+  for (int64_t t = 0; t < m; ++t) {
+    float* o = out + t * out_stride;
+    for (int64_t i = 0; i < hd; ++i)
+      o[i] = 0.f;
+    const int64_t nt = n0 + t + 1;
+    for (int64_t j0 = 0, b = 0; j0 < nt; j0 += rows.block_tokens, ++b) {
+      const float* v = rows.blocks[b] + rows.v_offset;
+      const int64_t cnt = std::min(rows.block_tokens, nt - j0);
+      for (int64_t j = 0; j < cnt; ++j, v += rows.row_stride) {
+        const float a = S[j0 + j][t];
+#pragma omp simd
+        for (int64_t i = 0; i < hd; ++i)
+          o[i] += a * v[i];
+      }
+    }
+  }
+}
+
+} // namespace
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void attend_rows(const float* q, int64_t q_stride,
+                                                                               int64_t m, const CacheRows& rows,
+                                                                               int64_t n0, int64_t hd, float scale,
+                                                                               float* scores, float* out,
+                                                                               int64_t out_stride) {
+  switch (hd) {
+    case 64: return attend_rows_impl<64>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case 128: return attend_rows_impl<128>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case 8: return attend_rows_impl<8>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case 16: return attend_rows_impl<16>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case 32: return attend_rows_impl<32>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    default: return attend_rows_impl<0>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
   }
 }
 

@@ -41,6 +41,16 @@ struct CacheRows {
 /// `scores` has room for n floats.
 void attend(const float* q, const CacheRows& rows, int64_t n, int64_t head_dim, float scale, float* scores, float* out);
 
+/// Up to 16 consecutive query rows of one head (rows of one piece of one
+/// sequence) against cached rows: row t (0 <= t < m) sees the first n0 + t + 1
+/// cached rows (causal). Query row t starts at q + t * q_stride, its output at
+/// out + t * out_stride. Each key is read once for all rows and no horizontal
+/// sums are needed (the rows' queries are transposed into vector lanes); a row's
+/// result does not depend on m. `scores` has room for 16 * (n0 + m) floats.
+void attend_rows(const float* q, int64_t q_stride, int64_t m, const CacheRows& rows, int64_t n0, int64_t head_dim,
+                 float scale, float* scores, float* out, int64_t out_stride);
+constexpr int64_t attend_group = 16;
+
 /// A theoretical-peak probe: multiply-adds per second one thread sustains in
 /// registers (the widest vector unit this CPU has), for benchmarks.
 double fma_rate_per_thread(double seconds);

@@ -171,6 +171,10 @@ ShardOutput Shard::forward(const Activation& hidden, std::span<const int64_t> po
   return forward_one(*this, step);
 }
 
+double fma_rate_per_thread(double seconds) {
+  return detail::fma_rate_per_thread(seconds);
+}
+
 ModelConfig read_config(const std::string& model) {
   return detail::open_source(model)->config();
 }

@@ -114,6 +114,10 @@ private:
   std::unique_ptr<Impl> impl_;
 };
 
+/// Multiply-adds per second one thread sustains on this CPU's widest FMA units
+/// (a register-only loop run for `seconds`): the basis of a peak-FLOP/s figure.
+double fma_rate_per_thread(double seconds);
+
 /// The configuration of `model` (same specs as Shard::load) without loading weights.
 ModelConfig read_config(const std::string& model);
 

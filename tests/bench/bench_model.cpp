@@ -158,10 +158,13 @@ void bench_qwen_shape(double bw1, double bw2, bool sweep) {
 } // namespace
 
 int cluster_bench_main(int argc, char** argv); // bench_cluster.cpp
+int batch_bench_main(int argc, char** argv);   // bench_batch.cpp
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::string what = argc > 1 ? argv[1] : "model";
+  if (what == "batch")
+    return batch_bench_main(argc, argv);
   if (what == "chaos" || what == "throughput")
     return cluster_bench_main(argc, argv);
   if (what != "model" && what != "stories" && what != "qwen") {
