@@ -163,20 +163,45 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
       .then([](const step_reply&) {}, [](caf::error&) {});
   }
 
+  if (auto it = expected.find(req.session); it != expected.end()) {
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - it->second).count();
+    return_ms = return_ms < 0 ? ms : 0.8 * return_ms + 0.2 * ms;
+    expected.erase(it);
+  }
   q.owner = self->current_sender();
   q.req = std::move(req);
   q.promise = self->make_response_promise<step_reply>();
   auto rp = q.promise;
   scheduler->push(std::move(q));
-  if (!round_pending) {
-    round_pending = true;
-    self->send(self, atom::round_atom_v);
-  }
+  schedule_round(self);
   return rp;
+}
+
+void shard_state::schedule_round(self_ptr self) {
+  if (round_pending) {
+    if (round_delayed && expected.empty()) { // everyone expected is here: no need to wait out the timer
+      round_delayed = false;
+      self->send(self, atom::round_atom_v, round_id);
+    }
+    return;
+  }
+  round_pending = true;
+  ++round_id;
+  // Waiting pays when the others come back within a fifth of a round.
+  if (!expected.empty() && return_ms >= 0 && return_ms < 0.2 * round_ms) {
+    const double wait = std::min(std::max(2 * return_ms, 0.2), 0.2 * round_ms);
+    self->delayed_send(self, std::chrono::microseconds(static_cast<int64_t>(wait * 1000)), atom::round_atom_v,
+                       round_id);
+    round_delayed = true;
+    return;
+  }
+  self->send(self, atom::round_atom_v, round_id);
 }
 
 void shard_state::round(self_ptr self) {
   round_pending = false;
+  round_delayed = false;
+  expected.clear();
   const auto range = shard->range();
   const bool head = range.first == 0;
   const bool tail = range.last == recipe.n_layers - 1;
@@ -259,8 +284,11 @@ void shard_state::round(self_ptr self) {
     ++rounds;
     max_batch = std::max<uint64_t>(max_batch, active.size());
     std::vector<model::SeqOutcome> outs;
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       outs = shard->forward(batch);
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      round_ms = round_ms == 0 ? ms : 0.8 * round_ms + 0.2 * ms;
     } catch (const std::exception& e) { // nothing of the caches was committed
       for (auto& a : active) {
         a.piece.step->promise.deliver(caf::make_error(ec::model_error, std::string("shard failed on this step: ") + e.what()));
@@ -284,6 +312,7 @@ void shard_state::round(self_ptr self) {
         continue; // more pieces in later rounds
       ++steps;
       store->committed(*ctx, q.req.step_id, q.req.past_len);
+      expected.emplace(q.req.session, std::chrono::steady_clock::now());
       if (tail) {
         model::Sampler sampler(
           {q.req.sampling.temperature, q.req.sampling.top_k, q.req.sampling.top_p, 0, q.req.sampling.min_p});
@@ -318,7 +347,7 @@ void shard_state::round(self_ptr self) {
   }
   if (!scheduler->empty() && !round_pending) {
     round_pending = true;
-    self->send(self, atom::round_atom_v);
+    self->send(self, atom::round_atom_v, ++round_id);
   }
 }
 
@@ -366,7 +395,9 @@ shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::sha
       self->state.store->renew(session, key);
     },
     [=](atom::stats_atom) { return self->state.stats(); },
-    [=](atom::round_atom) {
+    [=](atom::round_atom, uint64_t id) {
+      if (!self->state.round_pending || id != self->state.round_id)
+        return; // that round ran already (a timer and an early start both fire)
       try {
         self->state.round(self);
       } catch (const std::exception& e) { // nothing escapes a handler: fail what was queued

@@ -33,6 +33,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <unordered_map>
 #include <memory>
 
 namespace strata::actors {
@@ -52,7 +53,7 @@ struct RequestLimits {
 
 /// The shard's own type: both interfaces plus its lease timer and its rounds.
 using shard_impl_actor =
-  msg::shard_full_actor::extend<caf::reacts_to<atom::tick_atom>, caf::reacts_to<atom::round_atom>>;
+  msg::shard_full_actor::extend<caf::reacts_to<atom::tick_atom>, caf::reacts_to<atom::round_atom, uint64_t>>;
 
 struct shard_state {
   using self_ptr = shard_impl_actor::stateful_pointer<shard_state>;
@@ -62,7 +63,14 @@ struct shard_state {
   std::shared_ptr<model::BlockPool> pool;
   std::unique_ptr<SessionCacheStore> store;
   std::unique_ptr<StepScheduler> scheduler;
-  bool round_pending = false; ///< a (round_atom) is in the mailbox
+  bool round_pending = false; ///< a (round_atom, round_id) is on its way
+  bool round_delayed = false; ///< ... by a timer (waiting for expected sessions)
+  uint64_t round_id = 0;
+  /// Sessions this shard answered (or passed on) in the last round, with when:
+  /// their next steps are expected back.
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point> expected;
+  double return_ms = -1; ///< how long an answered session takes to come back (moving average; -1: unknown)
+  double round_ms = 0;   ///< how long a round's forward pass takes (moving average)
   uint64_t rounds = 0, batched_rows = 0, max_batch = 0, overloaded = 0;
   msg::cache_recipe recipe;
   bool desync_next = false;
@@ -78,6 +86,10 @@ struct shard_state {
   caf::result<msg::step_reply> handle(self_ptr self, msg::step_request& req);
   /// Runs one round: the pieces the scheduler picks, as one batched forward.
   void round(self_ptr self);
+  /// Arranges the next round: at once, or (when the sessions answered last round
+  /// come back quickly compared with a round) after a short wait for them, so
+  /// sessions of one shard stay in one batch instead of alternating rounds.
+  void schedule_round(self_ptr self);
   /// Monitors `owner` (the sender of an opening step) and files `session` under it.
   void adopt(self_ptr self, const caf::strong_actor_ptr& owner, const std::string& session);
   /// `session` is no longer filed under any owner (released, expired, re-opened).
