@@ -755,6 +755,14 @@ int run_status(int argc, char** argv) {
                              {"hits", st.hits},
                              {"orphans", st.orphans},
                              {"conflicts", st.conflicts},
+                             {"pool_blocks", st.pool_blocks},
+                             {"pool_used", st.pool_used},
+                             {"block_bytes", st.block_bytes},
+                             {"queued", st.queued},
+                             {"rounds", st.rounds},
+                             {"batched_rows", st.batched_rows},
+                             {"max_batch", st.max_batch},
+                             {"overloaded", st.overloaded},
                              {"misses", misses}});
     }
     std::printf("%s\n", j.dump(2).c_str());
@@ -769,6 +777,7 @@ int run_status(int argc, char** argv) {
   std::printf("route: %s\n", route.empty() ? "none complete (some layers have no node)" : route.c_str());
   // An aligned table: every column as wide as its widest cell.
   std::vector<std::vector<std::string>> table = {{"#", "node", "address", "layers", "alive", "inc", "role", "cache-bytes",
+                                                  "pool(used/blocks)", "rounds", "max-batch", "queued", "overloaded",
                                                   "sessions", "hits", "orphans", "conflicts",
                                                   "misses(unknown,ttl,lru,released,superseded,seq)"}};
   for (std::size_t i = 0; i < cs.shards.size(); ++i) {
@@ -783,7 +792,8 @@ int run_status(int argc, char** argv) {
     table.push_back({std::to_string(i), caf::to_string(s.shard.shard.node()), s.address.empty() ? "-" : s.address,
                      std::to_string(s.shard.first) + "-" + std::to_string(s.shard.last),
                      rows[i].answered ? std::string(alive) : "not answering", std::to_string(s.incarnation), role(i),
-                     n(st.cache_bytes), n(st.sessions), n(st.hits), n(st.orphans), n(st.conflicts),
+                     n(st.cache_bytes), n(st.pool_used) + "/" + n(st.pool_blocks), n(st.rounds), n(st.max_batch),
+                     n(st.queued), n(st.overloaded), n(st.sessions), n(st.hits), n(st.orphans), n(st.conflicts),
                      rows[i].answered ? misses : "-"});
   }
   std::vector<std::size_t> width(table[0].size(), 0);

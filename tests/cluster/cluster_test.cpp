@@ -361,6 +361,11 @@ TEST(Cluster, StatusShowsAddressesLivenessRolesAndTheLogSaysWhyNodesLeft) {
     EXPECT_LT(sh["silent_ms"].get<int64_t>(), 3000) << "heartbeats arrive every second";
     EXPECT_EQ(sh["incarnation"], 1);
     EXPECT_EQ(sh["role"], roles[i]);
+    // The block pool: sized by --cache-bytes (1 GiB by default), nothing held now.
+    EXPECT_GT(sh["pool_blocks"].get<uint64_t>(), 0u) << sh;
+    EXPECT_EQ(sh["pool_used"].get<uint64_t>(), 0u) << sh;
+    EXPECT_LE(sh["pool_blocks"].get<uint64_t>() * sh["block_bytes"].get<uint64_t>(), uint64_t{1} << 30) << sh;
+    EXPECT_EQ(sh["queued"].get<uint64_t>(), 0u) << sh;
   }
   // Deaths are logged with their reason: a killed node's connection is lost,
   // a frozen node stops its heartbeats.
