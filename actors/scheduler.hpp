@@ -20,6 +20,7 @@
 
 #include <caf/typed_response_promise.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <vector>
@@ -30,6 +31,9 @@ struct SchedulerLimits {
   int64_t max_batch_tokens = 256; ///< rows in one round (--max-batch-tokens)
   int64_t prefill_chunk = 128;    ///< rows per piece of a long input
   std::size_t max_queue = 512;    ///< steps waiting before new ones are refused
+  /// How long a round waits for sessions answered in the last round that are not
+  /// back yet (the rest of a batch arriving as a burst of messages); 0: never.
+  std::chrono::microseconds gather{2000};
 };
 
 /// A step waiting in (or running through) the shard's queue.

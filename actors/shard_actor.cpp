@@ -187,13 +187,22 @@ void shard_state::schedule_round(self_ptr self) {
   }
   round_pending = true;
   ++round_id;
-  // Waiting pays when the others come back within a fifth of a round.
-  if (!expected.empty() && return_ms >= 0 && return_ms < 0.2 * round_ms) {
-    const double wait = std::min(std::max(2 * return_ms, 0.2), 0.2 * round_ms);
-    self->delayed_send(self, std::chrono::microseconds(static_cast<int64_t>(wait * 1000)), atom::round_atom_v,
-                       round_id);
-    round_delayed = true;
-    return;
+  // Sessions answered last round are still out: wait a little for them, so a
+  // batch that left together is run together. When they come back within a
+  // fifth of a round (one shard), wait up to that; otherwise (a hop of a
+  // pipeline: the batch's steps arrive as a burst of messages) up to the gather
+  // window. Never more than a fifth of a round. A round starts early once all of
+  // them are here.
+  if (!expected.empty()) {
+    double wait_ms = std::min(static_cast<double>(scheduler->limits().gather.count()) / 1000.0, 0.2 * round_ms);
+    if (return_ms >= 0 && return_ms < 0.2 * round_ms)
+      wait_ms = std::min(std::max(2 * return_ms, 0.2), 0.2 * round_ms);
+    if (wait_ms > 0) {
+      self->delayed_send(self, std::chrono::microseconds(static_cast<int64_t>(wait_ms * 1000)), atom::round_atom_v,
+                         round_id);
+      round_delayed = true;
+      return;
+    }
   }
   self->send(self, atom::round_atom_v, round_id);
 }

@@ -31,14 +31,17 @@ inline __attribute__((always_inline)) v16 load16(const float* p) {
   return v;
 }
 
-// A fixed pairwise order, so every row reduces the same way.
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+// A fixed pairwise order, so every row reduces the same way: lanes i and i+8,
+// then i and i+4, i and i+2, i and i+1.
 inline __attribute__((always_inline)) float hsum(v16 v) {
-  float a[16];
-  __builtin_memcpy(a, &v, sizeof a);
-  for (int w = 8; w > 0; w /= 2)
-    for (int i = 0; i < w; ++i)
-      a[i] += a[i + w];
-  return a[0];
+  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  const float c0 = b[0] + b[2], c1 = b[1] + b[3];
+  return c0 + c1;
 }
 
 // Y rows [m, m+MR) x weight rows [r, r+RR): RR*MR dot products over `cols`.

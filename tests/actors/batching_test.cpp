@@ -224,5 +224,53 @@ TEST_F(Batching, SessionsRideOutOverloadedShards) {
   std::cout << "[ info ] steps refused as overloaded: " << refused << "\n";
 }
 
+// Six sessions decoding together; at token 6 of one of them a fault hits it:
+// its cache on hop 1 is evicted (only it misses and re-prefills; the others see
+// no miss), or hop 1 is killed and replaced (every session recovers). Every text
+// equals its lone run.
+void fault_in_a_batch(caf::actor_system& sys, actors::Injection::Kind kind) {
+  LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-1,2-3,4"));
+  const int n = 6, len = 24;
+  std::vector<std::vector<int32_t>> expected(n);
+  for (int i = 0; i < n; ++i)
+    expected[static_cast<std::size_t>(i)] = stateless_ids("builtin:tiny", prompt_of(i, 259), len);
+  std::vector<actors::Outcome> outs(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      auto req = request(prompt_of(i, 259), len, c.config());
+      if (i == 0)
+        outs[0] = c.generate(req, {actors::Injection{kind, 1, 6, msg::miss_reason::evicted_lru}});
+      else
+        outs[static_cast<std::size_t>(i)] = c.generate(req);
+    });
+  for (auto& t : threads)
+    t.join();
+  for (int i = 0; i < n; ++i) {
+    auto& o = outs[static_cast<std::size_t>(i)];
+    ASSERT_TRUE(o.ok()) << i << ": " << sys.render(o.error);
+    EXPECT_EQ(o.result.ids, expected[static_cast<std::size_t>(i)]) << "session " << i;
+    uint64_t misses = 0;
+    for (auto m : o.result.misses)
+      misses += m;
+    if (kind == actors::Injection::evict) {
+      if (i == 0)
+        EXPECT_GE(o.result.misses[static_cast<std::size_t>(msg::miss_reason::evicted_lru)], 1u);
+      else
+        EXPECT_EQ(misses + o.result.reprefills, 0u) << "session " << i << " was not the one hit";
+    }
+  }
+  if (kind == actors::Injection::kill)
+    EXPECT_GE(outs[0].result.reprefills + outs[0].result.retries + outs[0].result.route_changes, 1u);
+}
+
+TEST_F(Batching, AnEvictionHitsOneSequenceOfABatchAndTheOthersCarryOn) {
+  fault_in_a_batch(sys, actors::Injection::evict);
+}
+
+TEST_F(Batching, AKillDuringBatchedDecodingChangesNoToken) {
+  fault_in_a_batch(sys, actors::Injection::kill);
+}
+
 } // namespace
 } // namespace strata

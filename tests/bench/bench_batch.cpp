@@ -64,9 +64,24 @@ struct Load {
   double tok_s = 0;
   double itl_p50 = 0, itl_p99 = 0;
   int failed = 0;
+  std::string rows_per_round; // per hop: input rows / rounds during the run
 };
 
-Load concurrent(int n, const generate_fn& gen) {
+using stats_fn = std::function<std::vector<msg::shard_stats>()>;
+
+std::string rows_per_round(const std::vector<msg::shard_stats>& before, const std::vector<msg::shard_stats>& after) {
+  std::string out;
+  for (std::size_t i = 0; i < after.size() && i < before.size(); ++i) {
+    const double rounds = static_cast<double>(after[i].rounds - before[i].rounds);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f", rounds > 0 ? static_cast<double>(after[i].batched_rows - before[i].batched_rows) / rounds : 0.0);
+    out += (out.empty() ? "" : " / ") + std::string(buf);
+  }
+  return out;
+}
+
+Load concurrent(int n, const generate_fn& gen, const stats_fn& stats) {
+  const auto before = stats();
   std::vector<std::vector<double>> gaps(static_cast<std::size_t>(n));
   std::atomic<int64_t> tokens{0};
   std::atomic<int> failed{0};
@@ -96,6 +111,7 @@ Load concurrent(int n, const generate_fn& gen) {
   l.itl_p50 = pct(all, 0.5);
   l.itl_p99 = pct(all, 0.99);
   l.failed = failed;
+  l.rows_per_round = rows_per_round(before, stats());
   return l;
 }
 
@@ -134,8 +150,8 @@ struct Table {
 void print(const Table& t) {
   const double one = t.rows.front().second.tok_s, itl1 = t.rows.front().second.itl_p50;
   for (auto& [n, l] : t.rows)
-    std::printf("| %s | %d | %.2f | %.2fx | %.0f | %.0f | %.2fx | %d |\n", t.where.c_str(), n, l.tok_s, l.tok_s / one,
-                l.itl_p50, l.itl_p99, l.itl_p50 / itl1, l.failed);
+    std::printf("| %s | %d | %.2f | %.2fx | %.0f | %.0f | %.2fx | %s | %d |\n", t.where.c_str(), n, l.tok_s,
+                l.tok_s / one, l.itl_p50, l.itl_p99, l.itl_p50 / itl1, l.rows_per_round.c_str(), l.failed);
   std::fflush(stdout);
 }
 
@@ -221,8 +237,9 @@ int batch_bench_main(int argc, char** argv) {
     };
     gen(request(prompt_of(0), 4), {}); // warm-up
     Table t{"one process", {}};
+    stats_fn stats = [&] { return c.stats(); };
     for (int n : sizes)
-      t.rows.emplace_back(n, concurrent(n, gen));
+      t.rows.emplace_back(n, concurrent(n, gen, stats));
     tables.push_back(t);
     ttft.emplace_back("one process", ttft_512(gen));
   }
@@ -241,8 +258,15 @@ int batch_bench_main(int argc, char** argv) {
     };
     gen(request(prompt_of(0), 4), {}); // warm-up: connections
     Table t{"3 node processes", {}};
+    stats_fn stats = [&] {
+      msg::route_info all;
+      std::vector<msg::shard_stats> out;
+      for (auto& v : runtime::list_shards(sys, sup, all))
+        out.push_back(v.stats);
+      return out;
+    };
     for (int n : sizes)
-      t.rows.emplace_back(n, concurrent(n, gen));
+      t.rows.emplace_back(n, concurrent(n, gen, stats));
     tables.push_back(t);
     ttft.emplace_back("3 node processes", ttft_512(gen));
     // The same cluster through the HTTP front door.
@@ -257,7 +281,7 @@ int batch_bench_main(int argc, char** argv) {
   }
   if (!tables.empty()) {
     std::printf("## concurrent sessions\n\n| where | sessions | total tok/s | vs 1 session | p50 inter-token ms | p99 "
-                "inter-token ms | p50 vs 1 session | failed |\n|---|---|---|---|---|---|---|---|\n");
+                "inter-token ms | p50 vs 1 session | rows per round (per hop) | failed |\n|---|---|---|---|---|---|---|---|---|\n");
     for (auto& t : tables)
       print(t);
     if (tables.size() == 2) {
