@@ -72,6 +72,15 @@ step_reply miss_reply(const msg::step_request& req, const SessionCacheStore::Loo
   return miss;
 }
 
+// Node ids print as HOST-HASH#PID: the same hash is the same machine.
+bool same_host(const caf::node_id& a, const caf::node_id& b) {
+  if (a == b)
+    return true;
+  const auto x = caf::to_string(a), y = caf::to_string(b);
+  const auto i = x.find('#'), j = y.find('#');
+  return i != std::string::npos && j != std::string::npos && x.compare(0, i, y, 0, j) == 0;
+}
+
 // The request the next hop gets: this hop's output rows instead of the input.
 msg::step_request next_hop(msg::step_request req, msg::tensor_blob hidden) {
   req.tokens.clear();
@@ -163,6 +172,9 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
       .then([](const step_reply&) {}, [](caf::error&) {});
   }
 
+  colocated = req.route.size() > 1 && std::all_of(req.route.begin(), req.route.end(), [&](const msg::hop& h) {
+                return h.shard && same_host(h.shard.node(), self->node());
+              });
   if (auto it = expected.find(req.session); it != expected.end()) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - it->second).count();
     return_ms = return_ms < 0 ? ms : 0.8 * return_ms + 0.2 * ms;
@@ -188,15 +200,21 @@ void shard_state::schedule_round(self_ptr self) {
   round_pending = true;
   ++round_id;
   // Sessions answered last round are still out: wait a little for them, so a
-  // batch that left together is run together. When they come back within a
-  // fifth of a round (one shard), wait up to that; otherwise (a hop of a
-  // pipeline: the batch's steps arrive as a burst of messages) up to the gather
-  // window. Never more than a fifth of a round. A round starts early once all of
-  // them are here.
+  // batch that left together is run together. A round starts early once all of
+  // them are here. How long:
+  // * they come back within a fifth of a round (one shard): up to that;
+  // * every hop of their route runs on this machine (processes or actors that
+  //   share its cores): up to 1.5 times the time they take to come back, so the
+  //   batch moves through the pipeline in lockstep instead of splitting into
+  //   groups whose rounds compete for the same cores;
+  // * otherwise (a pipeline across machines, whose stages should overlap): up to
+  //   the gather window, for the burst of messages a batch arrives as.
   if (!expected.empty()) {
     double wait_ms = std::min(static_cast<double>(scheduler->limits().gather.count()) / 1000.0, 0.2 * round_ms);
     if (return_ms >= 0 && return_ms < 0.2 * round_ms)
       wait_ms = std::min(std::max(2 * return_ms, 0.2), 0.2 * round_ms);
+    else if (colocated && return_ms >= 0)
+      wait_ms = std::min(1.5 * return_ms, 5000.0);
     if (wait_ms > 0) {
       self->delayed_send(self, std::chrono::microseconds(static_cast<int64_t>(wait_ms * 1000)), atom::round_atom_v,
                          round_id);
@@ -354,10 +372,8 @@ void shard_state::round(self_ptr self) {
       scheduler->erase(piece.step);
     }
   }
-  if (!scheduler->empty() && !round_pending) {
-    round_pending = true;
-    self->send(self, atom::round_atom_v, ++round_id);
-  }
+  if (!scheduler->empty() && !round_pending)
+    schedule_round(self);
 }
 
 shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::shared_ptr<model::Shard> shard,

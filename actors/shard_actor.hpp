@@ -71,6 +71,7 @@ struct shard_state {
   std::unordered_map<std::string, std::chrono::steady_clock::time_point> expected;
   double return_ms = -1; ///< how long an answered session takes to come back (moving average; -1: unknown)
   double round_ms = 0;   ///< how long a round's forward pass takes (moving average)
+  bool colocated = false; ///< the newest step's route runs entirely on this machine
   uint64_t rounds = 0, batched_rows = 0, max_batch = 0, overloaded = 0;
   msg::cache_recipe recipe;
   bool desync_next = false;
