@@ -45,7 +45,7 @@ inline __attribute__((always_inline)) float hsum(v16 v) {
 }
 
 // Y rows [m, m+MR) x weight rows [r, r+RR): RR*MR dot products over `cols`.
-template <int RR, int MR>
+template <int RR, int MR, bool PREFETCH = false>
 inline __attribute__((always_inline)) void tile(const float* W, const float* X, float* Y, int64_t r, int64_t m,
                                                 int64_t rows, int64_t cols, bool accumulate) {
   v16 acc[RR][MR];
@@ -60,8 +60,11 @@ inline __attribute__((always_inline)) void tile(const float* W, const float* X, 
   for (; c + 16 <= cols; c += 16) {
     v16 wv[RR];
 #pragma GCC unroll 4
-    for (int i = 0; i < RR; ++i)
+    for (int i = 0; i < RR; ++i) {
       wv[i] = load16(w + i * cols + c);
+      if constexpr (PREFETCH) // the next block's rows, while this one computes
+        __builtin_prefetch(w + (RR + i) * cols + c, 0, 3);
+    }
 #pragma GCC unroll 4
     for (int j = 0; j < MR; ++j) {
       const v16 xv = load16(x + j * cols + c);
@@ -90,13 +93,21 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void rows_kernel(co
                                                                                bool accumulate) {
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4) {
+    // The first pass over this block of weight rows brings them from memory;
+    // it also asks for the next block's, so memory and arithmetic overlap.
+    const bool ahead = r + 8 <= r1;
     int64_t m = 0;
-    for (; m + 4 <= M; m += 4)
-      tile<4, 4>(W, X, Y, r, m, rows, cols, accumulate);
+    for (; m + 4 <= M; m += 4) {
+      if (m == 0 && ahead)
+        tile<4, 4, true>(W, X, Y, r, m, rows, cols, accumulate);
+      else
+        tile<4, 4>(W, X, Y, r, m, rows, cols, accumulate);
+    }
+    const bool first = m == 0 && ahead;
     switch (M - m) {
-      case 3: tile<4, 3>(W, X, Y, r, m, rows, cols, accumulate); break;
-      case 2: tile<4, 2>(W, X, Y, r, m, rows, cols, accumulate); break;
-      case 1: tile<4, 1>(W, X, Y, r, m, rows, cols, accumulate); break;
+      case 3: first ? tile<4, 3, true>(W, X, Y, r, m, rows, cols, accumulate) : tile<4, 3>(W, X, Y, r, m, rows, cols, accumulate); break;
+      case 2: first ? tile<4, 2, true>(W, X, Y, r, m, rows, cols, accumulate) : tile<4, 2>(W, X, Y, r, m, rows, cols, accumulate); break;
+      case 1: first ? tile<4, 1, true>(W, X, Y, r, m, rows, cols, accumulate) : tile<4, 1>(W, X, Y, r, m, rows, cols, accumulate); break;
       default: break;
     }
   }
