@@ -5,7 +5,7 @@
 #include "actors/cluster.hpp"
 #include "actors/shard_actor.hpp"
 #include "messages/session_id.hpp"
-#include "runtime/generator.hpp"
+#include "tests/actors/reference.hpp"
 #include "tests/support.hpp"
 
 #include <thread>
@@ -21,13 +21,7 @@ std::string stories() {
   return test::shared_path("models/stories260K.bin");
 }
 
-std::vector<int32_t> stateless_ids(const std::string& model, const std::vector<int32_t>& prompt, int64_t n) {
-  runtime::LocalPipeline pipe(model);
-  runtime::GenerateRequest req;
-  req.prompt_ids = prompt;
-  req.max_tokens = n;
-  return runtime::generate_stateless(pipe, req).ids;
-}
+using test::stateless_ids;
 
 // `what` names the test's session for humans; the id itself is minted.
 msg::generation_request request(const std::string& what, std::vector<int32_t> prompt, int64_t n,

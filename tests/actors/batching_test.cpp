@@ -6,7 +6,7 @@
 #include "actors/cluster.hpp"
 #include "actors/shard_actor.hpp"
 #include "messages/session_id.hpp"
-#include "runtime/generator.hpp"
+#include "tests/actors/reference.hpp"
 #include "tests/support.hpp"
 
 #include <atomic>
@@ -19,13 +19,7 @@ namespace {
 
 using actors::LocalCluster;
 
-std::vector<int32_t> stateless_ids(const std::string& model, const std::vector<int32_t>& prompt, int64_t n) {
-  runtime::LocalPipeline pipe(model);
-  runtime::GenerateRequest req;
-  req.prompt_ids = prompt;
-  req.max_tokens = n;
-  return runtime::generate_stateless(pipe, req).ids;
-}
+using test::stateless_ids;
 
 msg::generation_request request(std::vector<int32_t> prompt, int64_t n, const model::ModelConfig& cfg) {
   msg::generation_request r;

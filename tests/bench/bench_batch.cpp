@@ -10,6 +10,7 @@
 #include "messages/session_id.hpp"
 #include "model/shard.hpp"
 #include "runtime/cluster.hpp"
+#include "tests/bench/measure.hpp"
 #include "tests/bench/process_cluster.hpp"
 
 #include <nlohmann/json.hpp>
@@ -30,16 +31,8 @@ namespace {
 const std::string kModel = "builtin:qwen2-0.5b";
 constexpr int64_t kTokens = 32;
 
-double ms_between(clk::time_point a, clk::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-double pct(std::vector<double> v, double q) {
-  if (v.empty())
-    return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
-}
+using bench::ms_between;
+using bench::pct;
 
 std::vector<int32_t> prompt_of(int i, int64_t len = 8) {
   std::vector<int32_t> p;

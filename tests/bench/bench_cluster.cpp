@@ -5,6 +5,7 @@
 #include "model/sampler.hpp"
 #include "runtime/cluster.hpp"
 #include "runtime/generator.hpp"
+#include "tests/bench/measure.hpp"
 #include "tests/bench/process_cluster.hpp"
 
 #include <algorithm>
@@ -24,16 +25,8 @@ using bench::ProcessCluster;
 
 namespace {
 
-double ms_between(clk::time_point a, clk::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-double pct(std::vector<double> v, double q) {
-  if (v.empty())
-    return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
-}
+using bench::ms_between;
+using bench::pct;
 
 // ---------------------------------------------------------------- chaos
 
