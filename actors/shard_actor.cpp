@@ -189,6 +189,13 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
   return rp;
 }
 
+void shard_state::not_coming_back(self_ptr self, const std::string& session) {
+  if (expected.erase(session) != 0 && round_delayed && expected.empty()) {
+    round_delayed = false; // nobody left to wait for
+    self->send(self, atom::round_atom_v, round_id);
+  }
+}
+
 void shard_state::schedule_round(self_ptr self) {
   if (round_pending) {
     if (round_delayed && expected.empty()) { // everyone expected is here: no need to wait out the timer
@@ -397,8 +404,10 @@ shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::sha
     auto it = st.owned.find(dm.source);
     if (it == st.owned.end())
       return;
-    for (auto& session : it->second)
+    for (auto& session : it->second) {
       st.store->orphan(session);
+      st.not_coming_back(self, session);
+    }
     st.owned.erase(it);
   });
   if (limits.lease_missed > 0)
@@ -413,8 +422,10 @@ shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::sha
     },
     [=](atom::release_atom, const std::string& session, const msg::session_key& key) {
       auto& st = self->state;
-      if (!st.store->release(session, key)) // a refused one (another owner's id) is counted in conflicts
+      if (!st.store->release(session, key)) { // a refused one (another owner's id) is counted in conflicts
         st.disown(session);
+        st.not_coming_back(self, session);
+      }
     },
     [=](atom::lease_atom, const std::string& session, const msg::session_key& key) {
       self->state.store->renew(session, key);

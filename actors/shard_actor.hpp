@@ -91,6 +91,8 @@ struct shard_state {
   /// come back quickly compared with a round) after a short wait for them, so
   /// sessions of one shard stay in one batch instead of alternating rounds.
   void schedule_round(self_ptr self);
+  /// A session ended (released its caches): a round need not wait for it.
+  void not_coming_back(self_ptr self, const std::string& session);
   /// Monitors `owner` (the sender of an opening step) and files `session` under it.
   void adopt(self_ptr self, const caf::strong_actor_ptr& owner, const std::string& session);
   /// `session` is no longer filed under any owner (released, expired, re-opened).
