@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -153,6 +154,28 @@ json read_json_file(const fs::path& p) {
   }
 }
 
+// Adds the ids of `c`'s "eos_token_id" (an integer or a list; null or absent:
+// none) to `out`, skipping ids already there.
+void add_eos_ids(const json& c, const std::string& where, std::vector<int32_t>& out) {
+  if (!c.contains("eos_token_id") || c["eos_token_id"].is_null())
+    return;
+  const auto& e = c["eos_token_id"];
+  std::vector<int32_t> ids;
+  if (e.is_number_integer())
+    ids.push_back(e.get<int32_t>());
+  else if (e.is_array())
+    for (auto& x : e) {
+      if (!x.is_number_integer())
+        throw Error(errc::bad_config, where + ": eos_token_id list holds a non-integer");
+      ids.push_back(x.get<int32_t>());
+    }
+  else
+    throw Error(errc::bad_config, where + ": eos_token_id must be an integer or a list");
+  for (auto id : ids)
+    if (std::find(out.begin(), out.end(), id) == out.end())
+      out.push_back(id);
+}
+
 class HfSource final : public TensorSource {
 public:
   explicit HfSource(const std::string& dir) : dir_(dir) {
@@ -211,18 +234,16 @@ public:
     cfg_.tied_embeddings = get_bool("tie_word_embeddings", false);
     cfg_.attention_bias = cfg_.architecture == "qwen2" ? true : get_bool("attention_bias", false);
     cfg_.bos_id = static_cast<int32_t>(get_int("bos_token_id", -1));
-    if (c.contains("eos_token_id") && !c["eos_token_id"].is_null()) {
-      const auto& e = c["eos_token_id"];
-      if (e.is_number_integer())
-        cfg_.eos_ids.push_back(e.get<int32_t>());
-      else if (e.is_array())
-        for (auto& x : e) {
-          if (!x.is_number_integer())
-            throw Error(errc::bad_config, where + ": eos_token_id list holds a non-integer");
-          cfg_.eos_ids.push_back(x.get<int32_t>());
-        }
-      else
-        throw Error(errc::bad_config, where + ": eos_token_id must be an integer or a list");
+    add_eos_ids(c, where, cfg_.eos_ids);
+    // The stop ids a model ships for generation (e.g. Llama 3 Instruct's <|eot_id|>)
+    // live in generation_config.json: added to config.json's.
+    const auto gen_path = dir_ / "generation_config.json";
+    if (fs::exists(gen_path)) {
+      const json g = read_json_file(gen_path);
+      const std::string gen_where = "'" + gen_path.string() + "'";
+      if (!g.is_object())
+        throw Error(errc::bad_config, gen_where + ": not a JSON object");
+      add_eos_ids(g, gen_where, cfg_.eos_ids);
     }
     try {
       cfg_.validate();

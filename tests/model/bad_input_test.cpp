@@ -186,5 +186,20 @@ TEST(BadCall, UnknownBuiltinAndBadRange) {
                      "starting at layer 2");
 }
 
+// Stop ids as models ship them: generation_config.json's eos_token_id (an integer
+// or a list) joins config.json's, once each; a broken file is refused by name.
+TEST(HfConfig, GenerationConfigStopIdsJoinConfigJson) {
+  auto dir = tiny_hf("hf_genconfig");
+  EXPECT_EQ(model::read_config(dir.string()).eos_ids, (std::vector<int32_t>{2}));
+  test::write_file(dir / "generation_config.json", R"({"bos_token_id": 1, "eos_token_id": [7, 2, 9]})");
+  EXPECT_EQ(model::read_config(dir.string()).eos_ids, (std::vector<int32_t>{2, 7, 9}));
+  test::write_file(dir / "generation_config.json", R"({"eos_token_id": 5, "do_sample": true})");
+  EXPECT_EQ(model::read_config(dir.string()).eos_ids, (std::vector<int32_t>{2, 5}));
+  test::write_file(dir / "generation_config.json", R"({"eos_token_id": "</s>"})");
+  EXPECT_MODEL_ERROR(model::read_config(dir.string()), errc::bad_config, "generation_config.json");
+  test::write_file(dir / "generation_config.json", "{not json");
+  EXPECT_MODEL_ERROR(model::read_config(dir.string()), errc::bad_format, "generation_config.json");
+}
+
 } // namespace
 } // namespace strata
