@@ -20,11 +20,11 @@ int64_t StepScheduler::piece_end(const QueuedStep& s, int64_t begin) const {
   return std::min(s.rows, (begin / c + 1) * c);
 }
 
-std::vector<StepScheduler::Piece> StepScheduler::pick() const {
+std::vector<StepScheduler::Piece> StepScheduler::pick() {
   std::vector<Piece> round;
   std::set<std::string> sessions; // seen in queue order: only each session's oldest step may run
   std::vector<iterator> decodes, prefills;
-  for (auto it = const_cast<queue_type&>(queue_).begin(); it != queue_.end(); ++it) {
+  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
     if (!sessions.insert(it->req.session).second)
       continue;
     (it->req.mode == static_cast<uint8_t>(msg::step_mode::decode) && it->done == 0 ? decodes : prefills).push_back(it);

@@ -70,7 +70,7 @@ public:
   /// Appends a step (the caller checked full()).
   void push(QueuedStep step);
   /// The pieces of the next round (empty when nothing waits).
-  std::vector<Piece> pick() const;
+  std::vector<Piece> pick();
   /// Where the piece of `s` starting at row `begin` ends.
   int64_t piece_end(const QueuedStep& s, int64_t begin) const;
   /// Removes a step (answered, or failed).

@@ -139,7 +139,7 @@ void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::ste
   on_token(self, rep.token);
 }
 
-void send_step(session_self self, bool prefill);
+void send_step(session_self self);
 void go_overloaded(session_self self, const caf::error& why);
 
 void on_step_error(session_self self, caf::error& err) {
@@ -152,7 +152,7 @@ void on_step_error(session_self self, caf::error& err) {
     // the first copy and answers the second as a duplicate.
     ++st.result.retries;
     st.resent = true;
-    return send_step(self, st.inflight.mode == static_cast<uint8_t>(msg::step_mode::prefill));
+    return send_step(self);
   }
   if (err == ec::incompatible_recipe || err == ec::budget_exceeded || err == ec::model_error ||
       err == ec::bad_shape || err == ec::bad_request || err == ec::session_conflict)
@@ -230,12 +230,13 @@ void go_stepping(session_self self) {
   ++st.result.steps;
   st.inflight = std::move(r);
   st.resent = false;
-  send_step(self, prefill);
+  send_step(self);
 }
 
 // Sends st.inflight with a deadline that follows the observed step times.
-void send_step(session_self self, bool prefill) {
+void send_step(session_self self) {
   auto& st = self->state;
+  const bool prefill = st.inflight.mode == static_cast<uint8_t>(msg::step_mode::prefill);
   const double expect = prefill ? st.prefill_ms_per_token * static_cast<double>(st.inflight.tokens.size())
                                 : st.decode_ms;
   auto deadline = std::max(st.opts.step_timeout,
@@ -352,14 +353,10 @@ behavior backing_off(session_self self) {
       if (tag != st.awaited)
         return;
       if (st.retry_step && !st.route.hops.empty()) {
-        // The refused step was never applied: undo its count and send it anew.
-        --st.step_id;
-        --st.result.steps;
-        if (st.needs_prefill && st.result.reprefills > 0 && st.result.steps > 0) {
-          --st.result.reprefills;
-          st.result.recomputed_tokens -= st.seq.size();
-        }
-        go_stepping(self);
+        // The refused step was never applied: send it again as it was.
+        st.phase = session_phase::stepping;
+        st.resent = false;
+        send_step(self);
       } else {
         go_routing(self);
       }

@@ -172,9 +172,12 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
       .then([](const step_reply&) {}, [](caf::error&) {});
   }
 
-  colocated = req.route.size() > 1 && std::all_of(req.route.begin(), req.route.end(), [&](const msg::hop& h) {
-                return h.shard && same_host(h.shard.node(), self->node());
-              });
+  if (req.epoch != colocated_epoch) { // a route is fixed per epoch: look at its hops once
+    colocated_epoch = req.epoch;
+    colocated = req.route.size() > 1 && std::all_of(req.route.begin(), req.route.end(), [&](const msg::hop& h) {
+                  return h.shard && same_host(h.shard.node(), self->node());
+                });
+  }
   if (auto it = expected.find(req.session); it != expected.end()) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - it->second).count();
     return_ms = return_ms < 0 ? ms : 0.8 * return_ms + 0.2 * ms;
@@ -189,21 +192,21 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
   return rp;
 }
 
-void shard_state::not_coming_back(self_ptr self, const std::string& session) {
-  if (expected.erase(session) != 0 && round_delayed && expected.empty()) {
-    round_delayed = false; // nobody left to wait for
+void shard_state::start_early(self_ptr self) {
+  if (round_delayed && expected.empty()) { // nobody left to wait for: no need to wait out the timer
+    round_delayed = false;
     self->send(self, atom::round_atom_v, round_id);
   }
 }
 
+void shard_state::not_coming_back(self_ptr self, const std::string& session) {
+  if (expected.erase(session) != 0)
+    start_early(self);
+}
+
 void shard_state::schedule_round(self_ptr self) {
-  if (round_pending) {
-    if (round_delayed && expected.empty()) { // everyone expected is here: no need to wait out the timer
-      round_delayed = false;
-      self->send(self, atom::round_atom_v, round_id);
-    }
-    return;
-  }
+  if (round_pending)
+    return start_early(self);
   round_pending = true;
   ++round_id;
   // Sessions answered last round are still out: wait a little for them, so a

@@ -71,7 +71,8 @@ struct shard_state {
   std::unordered_map<std::string, std::chrono::steady_clock::time_point> expected;
   double return_ms = -1; ///< how long an answered session takes to come back (moving average; -1: unknown)
   double round_ms = 0;   ///< how long a round's forward pass takes (moving average)
-  bool colocated = false; ///< the newest step's route runs entirely on this machine
+  bool colocated = false; ///< the newest route runs entirely on this machine
+  int64_t colocated_epoch = -1; ///< the epoch `colocated` was computed for
   uint64_t rounds = 0, batched_rows = 0, max_batch = 0, overloaded = 0;
   msg::cache_recipe recipe;
   bool desync_next = false;
@@ -91,6 +92,8 @@ struct shard_state {
   /// come back quickly compared with a round) after a short wait for them, so
   /// sessions of one shard stay in one batch instead of alternating rounds.
   void schedule_round(self_ptr self);
+  /// A delayed round starts now when no expected session is still out.
+  void start_early(self_ptr self);
   /// A session ended (released its caches): a round need not wait for it.
   void not_coming_back(self_ptr self, const std::string& session);
   /// Monitors `owner` (the sender of an opening step) and files `session` under it.

@@ -58,6 +58,7 @@ struct Plan {
   std::vector<Seq> seqs;
   int64_t rows = 0;
   int64_t small_end = 0;
+  int64_t max_ctx = 0;          // the longest sequence after this call
   std::vector<int32_t> row_seq; // row -> index into seqs
 };
 
@@ -149,9 +150,7 @@ struct Pass {
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const float* qkv = s.ws.qkv.data();
     float* att = s.ws.att.data();
-    int64_t max_ctx = 0;
-    for (auto& q : plan.seqs)
-      max_ctx = std::max(max_ctx, q.past + q.rows);
+    const int64_t max_ctx = plan.max_ctx;
     const BlockPool* pool = plan.seqs.front().view.pool;
     const int64_t k0 = pool->k_offset(l, 0), v0 = pool->v_offset(l, 0);
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, max_ctx * hd));
@@ -322,6 +321,7 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
     if (q.rows <= detail::small_rows)
       plan.small_end = plan.rows + q.rows;
     plan.rows += q.rows;
+    plan.max_ctx = std::max(plan.max_ctx, q.past + q.rows);
     plan.row_seq.insert(plan.row_seq.end(), static_cast<std::size_t>(q.rows), static_cast<int32_t>(plan.seqs.size()));
     plan.seqs.push_back(std::move(q));
   }

@@ -121,7 +121,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void rows_kernel(co
 void matmul_rows(const float* W, const float* X, float* Y, int64_t M, int64_t rows, int64_t cols, bool accumulate) {
   if (M <= 0 || rows <= 0)
     return;
-  // About 1M multiply-adds per task before splitting is worth a thread wake-up.
+  // About 256K multiply-adds (4 weight rows each) per task before splitting is
+  // worth a thread wake-up.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(cols * M, 1));
   const int64_t blocks = (rows + 3) / 4;
   if (blocks <= grain || at::get_num_threads() == 1) {
