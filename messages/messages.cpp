@@ -86,7 +86,7 @@ cache_recipe cache_recipe::of(const model::ModelConfig& cfg) {
   cache_recipe r;
   r.architecture = cfg.architecture;
   r.model = cfg.identity;
-  r.dtype = "f32";
+  r.dtype = cfg.dtype;
   r.n_layers = cfg.n_layers;
   r.n_kv_heads = cfg.n_kv_heads;
   r.head_dim = cfg.head_dim;

@@ -15,6 +15,9 @@ model_facts model_facts::of(const model::ModelConfig& cfg) {
   f.max_seq_len = cfg.max_seq_len;
   f.bos_id = cfg.bos_id;
   f.eos_ids = cfg.eos_ids;
+  // Only builtin tokenizers travel by name (a GGUF file's own stays with the file).
+  if (cfg.identity.rfind("builtin:", 0) != 0)
+    return f;
   if (auto tok = model::default_tokenizer_for(cfg))
     f.tokenizer = "builtin:" + tok->kind();
   return f;

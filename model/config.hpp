@@ -31,6 +31,9 @@ struct ModelConfig {
   bool attention_bias = false;   ///< q/k/v projections carry a bias (Qwen2)
   int32_t bos_id = 1;            ///< -1 when the model has none
   std::vector<int32_t> eos_ids;  ///< generation stops on any of these
+  /// How the weights are kept in memory: "f32", "bf16", "q8_0", "q4_0", or
+  /// "gguf:" + the GGUF file's type (e.g. "gguf:q4_K_M"). Part of the cache recipe.
+  std::string dtype = "f32";
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
@@ -39,6 +42,20 @@ struct ModelConfig {
   void validate() const;
   /// One line, for logs and `--help` listings.
   std::string summary() const;
+};
+
+/// How a shard loads its weights.
+struct LoadOptions {
+  LoadOptions() = default; // not an aggregate: `{0, 4}` stays a LayerRange
+  /// "auto": what the file holds (llama2.c, Hugging Face and builtin weights are
+  /// widened to f32; GGUF tensors stay in their own types). "f32", "bf16",
+  /// "q8_0" or "q4_0": llama2.c / Hugging Face / builtin weights are converted at
+  /// load (a GGUF file takes only "auto"). Matrices whose columns are not a
+  /// multiple of 32 stay f16 under q8_0 / q4_0, and under q4_0 the classifier is
+  /// q8_0 (as llama.cpp's quantizer does).
+  std::string dtype = "auto";
+  /// A progress line (bytes, MB/s, ETA) on stderr while loading.
+  bool progress = false;
 };
 
 /// Inclusive range [first, last] of transformer layers.

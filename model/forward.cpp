@@ -88,14 +88,18 @@ struct Pass {
   const ModelConfig& cfg() const { return s.cfg; }
 
   // out (R, rows) = in (R, cols) W^T over the plan's groups; += when accumulate.
-  void linear(float* out, const float* in, const at::Tensor& w, bool accumulate) {
-    const int64_t rows = w.size(0), cols = w.size(1);
-    const float* W = w.data_ptr<float>();
-    if (plan.small_end > 0)
-      detail::matmul_rows(W, in, out, plan.small_end, rows, cols, accumulate);
-    for (auto& q : plan.seqs)
-      if (q.row0 >= plan.small_end)
-        detail::matmul_gemm(W, in + q.row0 * cols, out + q.row0 * rows, q.rows, rows, cols, accumulate);
+  // Each part of a stacked weight writes its own columns of `out`.
+  void linear(float* out, const float* in, const detail::Linear& w, bool accumulate) {
+    const int64_t ld = w.rows, cols = w.cols;
+    int64_t col0 = 0;
+    for (const auto& part : w.parts) {
+      if (plan.small_end > 0)
+        detail::matmul_rows(part, in, out + col0, ld, plan.small_end, accumulate);
+      for (auto& q : plan.seqs)
+        if (q.row0 >= plan.small_end)
+          detail::matmul_gemm(part, in + q.row0 * cols, out + q.row0 * ld + col0, ld, q.rows, accumulate);
+      col0 += part.rows;
+    }
   }
 
   void rope(float* vec, int64_t n_heads, int64_t pos) const {
@@ -331,10 +335,8 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
   for (auto& q : plan.seqs) {
     const SeqStep& st = batch[q.index];
     if (head) {
-      const float* emb = w.embedding.data_ptr<float>();
       for (int64_t t = 0; t < q.rows; ++t)
-        std::memcpy(x + (q.row0 + t) * D, emb + static_cast<int64_t>(st.tokens[static_cast<std::size_t>(t)]) * D,
-                    static_cast<std::size_t>(D) * sizeof(float));
+        dequantize(w.embedding.type, w.embedding.row(st.tokens[static_cast<std::size_t>(t)]), x + (q.row0 + t) * D, D);
     } else {
       std::memcpy(x + q.row0 * D, st.hidden, static_cast<std::size_t>(q.rows * D) * sizeof(float));
     }
@@ -358,7 +360,7 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
       for (int64_t k = 0; k < S; ++k)
         rmsnorm(xn + k * D, x + (emit[static_cast<std::size_t>(k)]->row0 + emit[static_cast<std::size_t>(k)]->rows - 1) * D,
                 w.final_norm.data_ptr<float>(), D, static_cast<float>(cfg.norm_eps));
-      detail::matmul_rows(w.classifier.data_ptr<float>(), xn, lg, S, cfg.vocab_size, D, false);
+      detail::matmul_rows(w.classifier, xn, lg, cfg.vocab_size, S, false);
       for (int64_t k = 0; k < S; ++k)
         out[emit[static_cast<std::size_t>(k)]->index].out.logits.assign(lg + k * cfg.vocab_size,
                                                                         lg + (k + 1) * cfg.vocab_size);

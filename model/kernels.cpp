@@ -13,8 +13,10 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace strata::model::detail {
 
@@ -44,17 +46,17 @@ inline __attribute__((always_inline)) float hsum(v16 v) {
   return c0 + c1;
 }
 
-// Y rows [m, m+MR) x weight rows [r, r+RR): RR*MR dot products over `cols`.
+// Y rows [m, m+MR) x the RR weight rows at w (stride cols): RR*MR dot products
+// over `cols`. y points at column 0 of this weight block in Y row 0.
 template <int RR, int MR, bool PREFETCH = false>
-inline __attribute__((always_inline)) void tile(const float* W, const float* X, float* Y, int64_t r, int64_t m,
-                                                int64_t rows, int64_t cols, bool accumulate) {
+inline __attribute__((always_inline)) void tile(const float* w, const float* X, float* y, int64_t ldy, int64_t m,
+                                                int64_t cols, bool accumulate) {
   v16 acc[RR][MR];
 #pragma GCC unroll 4
   for (int i = 0; i < RR; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < MR; ++j)
       acc[i][j] = v16{};
-  const float* w = W + r * cols;
   const float* x = X + m * cols;
   int64_t c = 0;
   for (; c + 16 <= cols; c += 16) {
@@ -80,66 +82,203 @@ inline __attribute__((always_inline)) void tile(const float* W, const float* X, 
       float s = hsum(acc[i][j]);
       for (int64_t cc = c; cc < cols; ++cc)
         s += w[i * cols + cc] * x[j * cols + cc];
-      float& y = Y[(m + j) * rows + r + i];
-      y = accumulate ? y + s : s;
+      float& out = y[(m + j) * ldy + i];
+      out = accumulate ? out + s : s;
     }
 }
 
-// Weight rows [r0, r1) against all M rows of X: a block of 4 weight rows stays
-// in L1 while every group of up to 4 input rows passes over it.
+// Four weight rows (at w, stride cols) against all M rows of X; `first` asks
+// the first pass to prefetch the next four rows.
+template <bool PREFETCH>
+inline __attribute__((always_inline)) void block4(const float* w, const float* X, float* y, int64_t ldy, int64_t M,
+                                                  int64_t cols, bool accumulate) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) {
+    if (m == 0)
+      tile<4, 4, PREFETCH>(w, X, y, ldy, m, cols, accumulate);
+    else
+      tile<4, 4>(w, X, y, ldy, m, cols, accumulate);
+  }
+  const bool first = m == 0;
+  switch (M - m) {
+    case 3: first ? tile<4, 3, PREFETCH>(w, X, y, ldy, m, cols, accumulate) : tile<4, 3>(w, X, y, ldy, m, cols, accumulate); break;
+    case 2: first ? tile<4, 2, PREFETCH>(w, X, y, ldy, m, cols, accumulate) : tile<4, 2>(w, X, y, ldy, m, cols, accumulate); break;
+    case 1: first ? tile<4, 1, PREFETCH>(w, X, y, ldy, m, cols, accumulate) : tile<4, 1>(w, X, y, ldy, m, cols, accumulate); break;
+    default: break;
+  }
+}
+
+// f32 weight rows [r0, r1) against all M rows of X: a block of 4 weight rows
+// stays in L1 while every group of up to 4 input rows passes over it.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void rows_kernel(const float* W, const float* X,
-                                                                               float* Y, int64_t M, int64_t r0,
-                                                                               int64_t r1, int64_t rows, int64_t cols,
+                                                                               float* Y, int64_t ldy, int64_t M,
+                                                                               int64_t r0, int64_t r1, int64_t cols,
                                                                                bool accumulate) {
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4) {
     // The first pass over this block of weight rows brings them from memory;
     // it also asks for the next block's, so memory and arithmetic overlap.
-    const bool ahead = r + 8 <= r1;
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) {
-      if (m == 0 && ahead)
-        tile<4, 4, true>(W, X, Y, r, m, rows, cols, accumulate);
-      else
-        tile<4, 4>(W, X, Y, r, m, rows, cols, accumulate);
-    }
-    const bool first = m == 0 && ahead;
-    switch (M - m) {
-      case 3: first ? tile<4, 3, true>(W, X, Y, r, m, rows, cols, accumulate) : tile<4, 3>(W, X, Y, r, m, rows, cols, accumulate); break;
-      case 2: first ? tile<4, 2, true>(W, X, Y, r, m, rows, cols, accumulate) : tile<4, 2>(W, X, Y, r, m, rows, cols, accumulate); break;
-      case 1: first ? tile<4, 1, true>(W, X, Y, r, m, rows, cols, accumulate) : tile<4, 1>(W, X, Y, r, m, rows, cols, accumulate); break;
-      default: break;
-    }
+    if (r + 8 <= r1)
+      block4<true>(W + r * cols, X, Y + r, ldy, M, cols, accumulate);
+    else
+      block4<false>(W + r * cols, X, Y + r, ldy, M, cols, accumulate);
   }
   for (; r < r1; ++r)
     for (int64_t m = 0; m < M; ++m)
-      tile<1, 1>(W, X, Y, r, m, rows, cols, accumulate);
+      tile<1, 1>(W + r * cols, X, Y + r, ldy, m, cols, accumulate);
+}
+
+// The same for another type: four rows at a time expanded to f32 in `buf`
+// (4 * cols floats), then the f32 tile.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rows_kernel_q(const WMatrix& W, const float* X,
+                                                                                 float* Y, int64_t ldy, int64_t M,
+                                                                                 int64_t r0, int64_t r1, float* buf,
+                                                                                 bool accumulate) {
+  const int64_t cols = W.cols;
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    dequantize(W.type, W.row(r), buf, 4 * cols);
+    block4<false>(buf, X, Y + r, ldy, M, cols, accumulate);
+  }
+  for (; r < r1; ++r) {
+    dequantize(W.type, W.row(r), buf, cols);
+    for (int64_t m = 0; m < M; ++m)
+      tile<1, 1>(buf, X, Y + r, ldy, m, cols, accumulate);
+  }
+}
+
+float* scratch(std::size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats)
+    buf.resize(floats);
+  return buf.data();
 }
 
 } // namespace
 
 void matmul_rows(const float* W, const float* X, float* Y, int64_t M, int64_t rows, int64_t cols, bool accumulate) {
+  WMatrix w;
+  w.data = reinterpret_cast<const uint8_t*>(W);
+  w.rows = rows;
+  w.cols = cols;
+  matmul_rows(w, X, Y, rows, M, accumulate);
+}
+
+// llama.cpp multiplies a weight with the activations rounded to the type it
+// pairs with it (f16 with f16, bf16 with bf16, q8_0 / q4_0 with 32-value int8
+// blocks, K types with 256-value int8 blocks). We round the same way, so our
+// logits stay within its tolerances; the products then run in f32.
+static const float* round_activations(WType t, const float* X, int64_t M, int64_t cols) {
+  if (t == WType::f32)
+    return X;
+  thread_local std::vector<float> buf;
+  const int64_t n = M * cols;
+  if (static_cast<int64_t>(buf.size()) < n)
+    buf.resize(static_cast<std::size_t>(n));
+  float* out = buf.data();
+  switch (t) {
+    case WType::bf16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t b;
+        std::memcpy(&b, X + i, 4);
+        if ((b & 0x7f800000u) != 0x7f800000u) // finite: round to nearest even
+          b += 0x7fffu + ((b >> 16) & 1u);
+        b &= 0xffff0000u;
+        std::memcpy(out + i, &b, 4);
+      }
+      break;
+    case WType::f16:
+      for (int64_t i = 0; i < n; ++i)
+        out[i] = static_cast<float>(static_cast<_Float16>(X[i]));
+      break;
+    case WType::q8_0:
+    case WType::q4_0:
+      for (int64_t i = 0; i < n; i += 32) {
+        float amax = 0.f;
+        for (int j = 0; j < 32; ++j)
+          amax = std::max(amax, std::fabs(X[i + j]));
+        const float d = static_cast<float>(static_cast<_Float16>(amax / 127.f)); // stored as f16
+        const float id = amax != 0.f ? 127.f / amax : 0.f;
+        for (int j = 0; j < 32; ++j)
+          out[i + j] = d * std::nearbyint(X[i + j] * id);
+      }
+      break;
+    case WType::q4_K:
+    case WType::q6_K:
+      for (int64_t i = 0; i < n; i += 256) {
+        float amax = 0.f, mx = 0.f;
+        for (int j = 0; j < 256; ++j)
+          if (std::fabs(X[i + j]) > amax) {
+            amax = std::fabs(X[i + j]);
+            mx = X[i + j];
+          }
+        const float iscale = amax != 0.f ? -127.f / mx : 0.f, d = amax != 0.f ? 1.f / iscale : 0.f;
+        for (int j = 0; j < 256; ++j)
+          out[i + j] = d * std::min(127.f, std::nearbyint(iscale * X[i + j]));
+      }
+      break;
+    case WType::f32:
+      break;
+  }
+  return out;
+}
+
+void matmul_rows(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate) {
+  const int64_t rows = W.rows, cols = W.cols;
   if (M <= 0 || rows <= 0)
     return;
+  X = round_activations(W.type, X, M, cols);
+  auto run = [&](int64_t r0, int64_t r1) {
+    if (W.type == WType::f32)
+      rows_kernel(W.f32(), X, Y, ldy, M, r0, r1, cols, accumulate);
+    else
+      rows_kernel_q(W, X, Y, ldy, M, r0, r1, scratch(static_cast<std::size_t>(4 * cols)), accumulate);
+  };
   // About 256K multiply-adds (4 weight rows each) per task before splitting is
   // worth a thread wake-up.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(cols * M, 1));
   const int64_t blocks = (rows + 3) / 4;
   if (blocks <= grain || at::get_num_threads() == 1) {
-    rows_kernel(W, X, Y, M, 0, rows, rows, cols, accumulate);
+    run(0, rows);
     return;
   }
-  at::parallel_for(0, blocks, grain, [&](int64_t b, int64_t e) {
-    rows_kernel(W, X, Y, M, b * 4, std::min(rows, e * 4), rows, cols, accumulate);
-  });
+  at::parallel_for(0, blocks, grain, [&](int64_t b, int64_t e) { run(b * 4, std::min(rows, e * 4)); });
 }
+
+namespace {
+
+void sgemm(const float* W, const float* X, float* Y, int64_t ldy, int64_t M, int64_t rows, int64_t cols,
+           bool accumulate) {
+  const auto st = dnnl_sgemm('N', 'T', M, rows, cols, 1.0f, X, cols, W, cols, accumulate ? 1.0f : 0.0f, Y, ldy);
+  if (st != dnnl_success) // only on invalid arguments, which the callers rule out
+    throw std::runtime_error("oneDNN sgemm failed with status " + std::to_string(static_cast<int>(st)));
+}
+
+} // namespace
 
 void matmul_gemm(const float* W, const float* X, float* Y, int64_t M, int64_t rows, int64_t cols, bool accumulate) {
   if (M <= 0 || rows <= 0)
     return;
-  const auto st = dnnl_sgemm('N', 'T', M, rows, cols, 1.0f, X, cols, W, cols, accumulate ? 1.0f : 0.0f, Y, rows);
-  if (st != dnnl_success) // only on invalid arguments, which the callers rule out
-    throw std::runtime_error("oneDNN sgemm failed with status " + std::to_string(static_cast<int>(st)));
+  sgemm(W, X, Y, rows, M, rows, cols, accumulate);
+}
+
+void matmul_gemm(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate) {
+  if (M <= 0 || W.rows <= 0)
+    return;
+  if (W.type == WType::f32)
+    return sgemm(W.f32(), X, Y, ldy, M, W.rows, W.cols, accumulate);
+  X = round_activations(W.type, X, M, W.cols);
+  // Slabs of about 4 MB of f32 weights: expanded by all threads, then one sgemm.
+  const int64_t cols = W.cols;
+  const int64_t slab = std::max<int64_t>(16, (int64_t{1} << 20) / cols);
+  float* buf = scratch(static_cast<std::size_t>(std::min(slab, W.rows) * cols));
+  for (int64_t r0 = 0; r0 < W.rows; r0 += slab) {
+    const int64_t n = std::min(slab, W.rows - r0);
+    at::parallel_for(0, n, 16, [&](int64_t a, int64_t b) {
+      dequantize(W.type, W.row(r0 + a), buf + a * cols, (b - a) * cols);
+    });
+    sgemm(buf, X, Y + r0, ldy, M, n, cols, accumulate);
+  }
 }
 
 namespace {

@@ -1,6 +1,8 @@
 #pragma once
 // Internal to model/: the matrix and attention kernels. Torch-free.
 
+#include "model/wmatrix.hpp"
+
 #include <cstdint>
 
 namespace strata::model::detail {
@@ -16,9 +18,18 @@ namespace strata::model::detail {
 /// intra-op threads.
 void matmul_rows(const float* W, const float* X, float* Y, int64_t M, int64_t rows, int64_t cols, bool accumulate);
 
+/// The same for a weight of any resident type: Y (M, W.rows) with row stride
+/// `ldy` (>= W.rows) = X (M, W.cols) W^T. Quantized weights are expanded to f32
+/// four rows at a time in L1 and go through the same tile as f32, so a row's
+/// numbers still do not depend on M.
+void matmul_rows(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate);
+
 /// The same product through oneDNN's sgemm (JIT kernels for this CPU, OpenMP
 /// threads shared with ATen): for many rows (prefill chunks).
 void matmul_gemm(const float* W, const float* X, float* Y, int64_t M, int64_t rows, int64_t cols, bool accumulate);
+/// The same for a weight of any resident type (ldy as above): other types are
+/// expanded to f32 a slab of rows at a time (threads share the work), then sgemm.
+void matmul_gemm(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate);
 
 /// Applies the thread count of set_num_threads() to the calling thread (OpenMP
 /// keeps it per thread); cheap when nothing changed.

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 
@@ -20,6 +21,12 @@ namespace strata::model::detail {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+bool is_gguf_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
 
 namespace {
 
@@ -316,6 +323,7 @@ private:
   }
 
   const SafetensorsFile& file_for(const std::string& hf) {
+    std::lock_guard<std::mutex> lock(files_mutex_); // layers load in parallel
     std::string fname = "model.safetensors";
     if (!weight_map_.empty()) {
       auto it = weight_map_.find(hf);
@@ -332,6 +340,7 @@ private:
   fs::path dir_;
   ModelConfig cfg_;
   std::map<std::string, std::string> weight_map_;
+  std::mutex files_mutex_;
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
 };
 
@@ -487,43 +496,9 @@ std::unique_ptr<TensorSource> open_source(const std::string& spec) {
   if (!fs::exists(spec, ec))
     throw Error(errc::io, "model '" + spec + "' does not exist (expected a llama2.c .bin file, a Hugging Face "
                           "directory or builtin:NAME)");
+  if (is_gguf_file(spec))
+    return open_gguf(spec);
   return open_llama2c(spec);
-}
-
-ShardWeights load_weights(TensorSource& src, LayerRange range) {
-  const ModelConfig& c = src.config();
-  if (range.first < 0 || range.last >= c.n_layers || range.last < range.first)
-    throw Error(errc::bad_argument, "layer range " + std::to_string(range.first) + "-" + std::to_string(range.last) +
-                                      " is outside the model's " + std::to_string(c.n_layers) + " layers");
-  const int64_t D = c.dim, H = c.hidden_dim, Q = c.q_dim(), KV = c.kv_dim(), V = c.vocab_size;
-  ShardWeights w;
-  if (range.first == 0)
-    w.embedding = src.load("embed", {V, D});
-  for (int64_t i = range.first; i <= range.last; ++i) {
-    const std::string p = "L" + std::to_string(i) + ".";
-    LayerWeights lw;
-    lw.attn_norm = src.load(p + "attn_norm", {D});
-    lw.wqkv = at::cat({src.load(p + "wq", {Q, D}), src.load(p + "wk", {KV, D}), src.load(p + "wv", {KV, D})}, 0);
-    if (c.attention_bias)
-      lw.bqkv = at::cat({src.load(p + "bq", {Q}), src.load(p + "bk", {KV}), src.load(p + "bv", {KV})}, 0);
-    lw.wo = src.load(p + "wo", {D, Q});
-    lw.ffn_norm = src.load(p + "ffn_norm", {D});
-    lw.w13 = at::cat({src.load(p + "w1", {H, D}), src.load(p + "w3", {H, D})}, 0);
-    lw.w2 = src.load(p + "w2", {D, H});
-    lw.wqkv_t = lw.wqkv.t();
-    lw.wo_t = lw.wo.t();
-    lw.w13_t = lw.w13.t();
-    lw.w2_t = lw.w2.t();
-    w.layers.push_back(std::move(lw));
-  }
-  if (range.last == c.n_layers - 1) {
-    w.final_norm = src.load("norm", {D});
-    if (c.tied_embeddings && w.embedding.defined())
-      w.classifier = w.embedding; // same storage
-    else
-      w.classifier = src.load("cls", {V, D});
-  }
-  return w;
 }
 
 } // namespace strata::model::detail

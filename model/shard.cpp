@@ -70,23 +70,24 @@ Shard::Shard(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
 }
 Shard::~Shard() = default;
 
-std::unique_ptr<Shard> Shard::load(const std::string& model, LayerRange range) {
+std::unique_ptr<Shard> Shard::load(const std::string& model, LayerRange range, const LoadOptions& options) {
   at::InferenceMode guard;
   auto src = detail::open_source(model);
   auto impl = std::make_unique<Impl>();
   impl->uid = next_shard_uid++;
   impl->cfg = src->config();
+  impl->cfg.dtype = detail::resolve_dtype(*src, options.dtype);
   impl->range = range;
-  impl->w = detail::load_weights(*src, range);
+  impl->w = detail::load_weights(*src, range, options);
   impl->build_rope();
   return std::unique_ptr<Shard>(new Shard(std::move(impl)));
 }
 
-std::unique_ptr<Shard> Shard::load(const std::string& model) {
+std::unique_ptr<Shard> Shard::load(const std::string& model, const LoadOptions& options) {
   auto src = detail::open_source(model);
   const int64_t n = src->config().n_layers;
   src.reset();
-  return load(model, LayerRange{0, n - 1});
+  return load(model, LayerRange{0, n - 1}, options);
 }
 
 const ModelConfig& Shard::config() const {
@@ -103,13 +104,14 @@ std::size_t Shard::weight_bytes() const {
     if (t.defined())
       n += static_cast<std::size_t>(t.numel()) * t.element_size();
   };
-  add(impl_->w.embedding);
+  n += impl_->w.embedding.bytes();
   for (auto& l : impl_->w.layers) {
-    add(l.attn_norm), add(l.wqkv), add(l.bqkv), add(l.wo), add(l.ffn_norm), add(l.w13), add(l.w2);
+    add(l.attn_norm), add(l.bqkv), add(l.ffn_norm);
+    n += l.wqkv.bytes() + l.wo.bytes() + l.w13.bytes() + l.w2.bytes();
   }
   add(impl_->w.final_norm);
-  if (!impl_->w.classifier.is_same(impl_->w.embedding))
-    add(impl_->w.classifier);
+  if (impl_->w.classifier.data != impl_->w.embedding.data)
+    n += impl_->w.classifier.bytes();
   return n;
 }
 

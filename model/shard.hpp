@@ -70,11 +70,11 @@ public:
   Shard& operator=(const Shard&) = delete;
 
   /// Loads layers `range` of `model`, which is a llama2.c `.bin` checkpoint, a
-  /// Hugging Face model directory, or `builtin:NAME`. Only what the range needs is
+  /// GGUF file, a Hugging Face model directory, or `builtin:NAME`. Only what the range needs is
   /// loaded: the embedding on the head, final norm + classifier on the tail.
-  static std::unique_ptr<Shard> load(const std::string& model, LayerRange range);
+  static std::unique_ptr<Shard> load(const std::string& model, LayerRange range, const LoadOptions& options = {});
   /// Loads the whole model as one shard.
-  static std::unique_ptr<Shard> load(const std::string& model);
+  static std::unique_ptr<Shard> load(const std::string& model, const LoadOptions& options = {});
 
   const ModelConfig& config() const;
   LayerRange range() const;

@@ -27,6 +27,11 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw Error(errc::io, "cannot open tokenizer '" + path + "'");
+  char magic[4] = {};
+  if (in.read(magic, 4) && std::string_view(magic, 4) == "GGUF")
+    return detail::make_gguf_tokenizer(path);
+  in.clear();
+  in.seekg(0);
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::size_t i = 0;
   while (i < data.size() && (data[i] == ' ' || data[i] == '\n' || data[i] == '\r' || data[i] == '\t'))
@@ -68,6 +73,9 @@ std::unique_ptr<Tokenizer> Tokenizer::bytes() {
 std::unique_ptr<Tokenizer> default_tokenizer_for(const ModelConfig& cfg) {
   if (cfg.identity == "builtin:tiny")
     return Tokenizer::bytes();
+  // A GGUF file carries its tokenizer (read from the shard's own copy).
+  if (cfg.dtype.rfind("gguf:", 0) == 0)
+    return Tokenizer::load(cfg.identity);
   return nullptr;
 }
 

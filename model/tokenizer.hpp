@@ -33,7 +33,8 @@ public:
   /// Concatenated bytes of `ids`.
   std::string decode(std::span<const int32_t> ids) const;
 
-  /// Loads a llama2.c `tokenizer.bin` or a Hugging Face `tokenizer.json` (by
+  /// Loads a llama2.c `tokenizer.bin`, a Hugging Face `tokenizer.json` or the
+  /// tokenizer in a GGUF file's metadata (by
   /// content), or "builtin:bytes". Throws Error naming the file when it is neither.
   static std::unique_ptr<Tokenizer> load(const std::string& path);
   /// The byte tokenizer of builtin models: 0 <unk>, 1 <s>, 2 </s>, 3 + byte.

@@ -3,6 +3,7 @@
 // holds them (ShardWeights). Includes ATen; never include it outside model/.
 
 #include "model/config.hpp"
+#include "model/wmatrix.hpp"
 
 #include <ATen/ATen.h>
 
@@ -26,34 +27,47 @@ public:
   /// A float32 contiguous copy of tensor `name`, checked against `shape`.
   /// Throws Error(missing_tensor / corrupt) naming the file and tensor.
   virtual at::Tensor load(const std::string& name, const std::vector<int64_t>& shape) = 0;
+  /// Matrix `name` (rows, cols) in the type the file stores it in where that is
+  /// a resident type (GGUF: in place in the mapped file); the default widens
+  /// through load() to f32. Must be safe to call from several threads at once.
+  virtual WMatrix load_matrix(const std::string& name, int64_t rows, int64_t cols);
+  /// Whether the file's own types are kept (GGUF): then --dtype may not convert.
+  virtual bool native_types() const { return false; }
 };
 
 std::unique_ptr<TensorSource> open_llama2c(const std::string& path);
 std::unique_ptr<TensorSource> open_hf_dir(const std::string& dir);
 std::unique_ptr<TensorSource> open_builtin(const std::string& name);
-/// Dispatches on the spec: "builtin:NAME", a directory (HF) or a file (llama2.c).
+std::unique_ptr<TensorSource> open_gguf(const std::string& path);
+/// Whether `path` starts with the GGUF magic.
+bool is_gguf_file(const std::string& path);
+/// Dispatches on the spec: "builtin:NAME", a directory (HF), a file starting
+/// with the GGUF magic, or another file (llama2.c).
 std::unique_ptr<TensorSource> open_source(const std::string& spec);
 
 struct LayerWeights {
   at::Tensor attn_norm; // (dim)
-  at::Tensor wqkv;      // (q_dim + 2*kv_dim, dim): q rows, then k, then v
+  Linear wqkv;          // (q_dim + 2*kv_dim, dim): q rows, then k, then v
   at::Tensor bqkv;      // (q_dim + 2*kv_dim) or undefined when the model has no bias
-  at::Tensor wo;        // (dim, q_dim)
+  Linear wo;            // (dim, q_dim)
   at::Tensor ffn_norm;  // (dim)
-  at::Tensor w13;       // (2*hidden, dim): gate rows, then up rows
-  at::Tensor w2;        // (dim, hidden)
-  // Transposed views for multi-token matmuls (no copy).
-  at::Tensor wqkv_t, wo_t, w13_t, w2_t;
+  Linear w13;           // (2*hidden, dim): gate rows, then up rows
+  Linear w2;            // (dim, hidden)
 };
 
 struct ShardWeights {
-  at::Tensor embedding;           // (vocab, dim), head only
+  WMatrix embedding;                // (vocab, dim), head only
   std::vector<LayerWeights> layers; // range.count() entries
-  at::Tensor final_norm;          // (dim), tail only
-  at::Tensor classifier;          // (vocab, dim), tail only; may share storage with embedding
+  at::Tensor final_norm;            // (dim), tail only
+  WMatrix classifier;               // (vocab, dim), tail only; may share memory with embedding
 };
 
-/// Loads what layers `range` need from `src`.
-ShardWeights load_weights(TensorSource& src, LayerRange range);
+/// Loads what layers `range` need from `src`, layers in parallel.
+ShardWeights load_weights(TensorSource& src, LayerRange range, const LoadOptions& options);
+
+/// The dtype name a model is served in (what recipes compare): "f32", "bf16",
+/// "q8_0", "q4_0", or for GGUF files "gguf:" + the file's type (e.g. gguf:q4_K_M).
+/// Throws Error(bad_argument) for an unknown `dtype` or one a GGUF file cannot take.
+std::string resolve_dtype(const TensorSource& src, const std::string& dtype);
 
 } // namespace strata::model::detail

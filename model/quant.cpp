@@ -1,0 +1,231 @@
+// Block layouts of the resident weight types (as GGUF / ggml define them),
+// dequantization and the reference quantizers used by --dtype. Written as plain
+// loops over one block at a time; the compiler vectorizes them per target.
+
+#include "model/quant.hpp"
+
+#include "model/error.hpp"
+#include "model/safetensors.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace strata::model {
+
+namespace {
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+inline void store_u16(uint8_t* p, uint16_t v) {
+  std::memcpy(p, &v, 2);
+}
+
+// The 6-bit scale and min of sub-block j (0..7) of a q4_K block.
+inline void scale_min_k4(int j, const uint8_t* q, int& sc, int& mn) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    mn = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void dequant_q8_0(const uint8_t* src, float* y,
+                                                                                int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, src += 34, y += 32) {
+    const float d = f16_to_f32(load_u16(src));
+    const auto* q = reinterpret_cast<const int8_t*>(src + 2);
+    for (int i = 0; i < 32; ++i)
+      y[i] = d * static_cast<float>(q[i]);
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void dequant_q4_0(const uint8_t* src, float* y,
+                                                                                int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, src += 18, y += 32) {
+    const float d = f16_to_f32(load_u16(src));
+    const uint8_t* q = src + 2;
+    for (int i = 0; i < 16; ++i) {
+      y[i] = d * static_cast<float>((q[i] & 0xF) - 8);
+      y[i + 16] = d * static_cast<float>((q[i] >> 4) - 8);
+    }
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void dequant_q4_K(const uint8_t* src, float* y,
+                                                                                int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, src += 144) {
+    const float d = f16_to_f32(load_u16(src));
+    const float dmin = f16_to_f32(load_u16(src + 2));
+    const uint8_t* scales = src + 4;
+    const uint8_t* q = src + 16;
+    for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
+      int sc, mn;
+      scale_min_k4(j, scales, sc, mn);
+      const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(mn);
+      scale_min_k4(j + 1, scales, sc, mn);
+      const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(mn);
+      for (int l = 0; l < 32; ++l)
+        y[l] = d1 * static_cast<float>(q[l] & 0xF) - m1;
+      for (int l = 0; l < 32; ++l)
+        y[l + 32] = d2 * static_cast<float>(q[l] >> 4) - m2;
+    }
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void dequant_q6_K(const uint8_t* src, float* y,
+                                                                                int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, src += 210) {
+    const uint8_t* ql = src;
+    const uint8_t* qh = src + 128;
+    const auto* sc = reinterpret_cast<const int8_t*>(src + 192);
+    const float d = f16_to_f32(load_u16(src + 208));
+    for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8, y += 128) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
+        y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+        y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+        y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+      }
+    }
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void dequant_bf16(const uint8_t* src, float* y,
+                                                                                int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(load_u16(src + 2 * i)) << 16;
+    std::memcpy(y + i, &bits, 4);
+  }
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void dequant_f16(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    _Float16 h;
+    std::memcpy(&h, src + 2 * i, 2);
+    y[i] = static_cast<float>(h);
+  }
+}
+
+} // namespace
+
+const char* to_string(WType t) {
+  switch (t) {
+    case WType::f32: return "f32";
+    case WType::f16: return "f16";
+    case WType::bf16: return "bf16";
+    case WType::q8_0: return "q8_0";
+    case WType::q4_0: return "q4_0";
+    case WType::q4_K: return "q4_K";
+    case WType::q6_K: return "q6_K";
+  }
+  return "?";
+}
+
+std::optional<WType> parse_wtype(const std::string& s) {
+  for (auto t : {WType::f32, WType::f16, WType::bf16, WType::q8_0, WType::q4_0, WType::q4_K, WType::q6_K}) {
+    std::string name = to_string(t), lower = name;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (s == name || s == lower)
+      return t;
+  }
+  return std::nullopt;
+}
+
+int64_t block_values(WType t) {
+  switch (t) {
+    case WType::f32: case WType::f16: case WType::bf16: return 1;
+    case WType::q8_0: case WType::q4_0: return 32;
+    case WType::q4_K: case WType::q6_K: return 256;
+  }
+  return 1;
+}
+
+std::size_t block_bytes(WType t) {
+  switch (t) {
+    case WType::f32: return 4;
+    case WType::f16: case WType::bf16: return 2;
+    case WType::q8_0: return 34;
+    case WType::q4_0: return 18;
+    case WType::q4_K: return 144;
+    case WType::q6_K: return 210;
+  }
+  return 4;
+}
+
+std::size_t row_bytes(WType t, int64_t cols) {
+  return static_cast<std::size_t>(cols / block_values(t)) * block_bytes(t);
+}
+
+void dequantize(WType t, const uint8_t* src, float* dst, int64_t n) {
+  const int64_t blocks = n / block_values(t);
+  switch (t) {
+    case WType::f32: std::memcpy(dst, src, static_cast<std::size_t>(n) * 4); return;
+    case WType::f16: return dequant_f16(src, dst, n);
+    case WType::bf16: return dequant_bf16(src, dst, n);
+    case WType::q8_0: return dequant_q8_0(src, dst, blocks);
+    case WType::q4_0: return dequant_q4_0(src, dst, blocks);
+    case WType::q4_K: return dequant_q4_K(src, dst, blocks);
+    case WType::q6_K: return dequant_q6_K(src, dst, blocks);
+  }
+}
+
+void quantize(WType t, const float* x, uint8_t* dst, int64_t n) {
+  switch (t) {
+    case WType::f32: std::memcpy(dst, x, static_cast<std::size_t>(n) * 4); return;
+    case WType::f16:
+      for (int64_t i = 0; i < n; ++i)
+        store_u16(dst + 2 * i, f32_to_f16(x[i]));
+      return;
+    case WType::bf16:
+      for (int64_t i = 0; i < n; ++i)
+        store_u16(dst + 2 * i, f32_to_bf16(x[i]));
+      return;
+    case WType::q8_0:
+      for (int64_t b = 0; b < n / 32; ++b, x += 32, dst += 34) {
+        float amax = 0.f;
+        for (int i = 0; i < 32; ++i)
+          amax = std::max(amax, std::fabs(x[i]));
+        const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+        store_u16(dst, f32_to_f16(d));
+        for (int i = 0; i < 32; ++i)
+          dst[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[i] * id)));
+      }
+      return;
+    case WType::q4_0:
+      for (int64_t b = 0; b < n / 32; ++b, x += 32, dst += 18) {
+        float amax = 0.f, mx = 0.f;
+        for (int i = 0; i < 32; ++i)
+          if (amax < std::fabs(x[i])) {
+            amax = std::fabs(x[i]);
+            mx = x[i];
+          }
+        const float d = mx / -8.f, id = d != 0.f ? 1.f / d : 0.f;
+        store_u16(dst, f32_to_f16(d));
+        for (int i = 0; i < 16; ++i) {
+          const auto lo = static_cast<uint8_t>(std::min(15, static_cast<int>(static_cast<int8_t>(x[i] * id + 8.5f))));
+          const auto hi =
+            static_cast<uint8_t>(std::min(15, static_cast<int>(static_cast<int8_t>(x[i + 16] * id + 8.5f))));
+          dst[2 + i] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+      }
+      return;
+    case WType::q4_K:
+    case WType::q6_K:
+      throw Error(errc::unsupported, std::string("quantizing to ") + to_string(t) +
+                                       " is not supported (load a GGUF file quantized by llama.cpp instead)");
+  }
+}
+
+} // namespace strata::model

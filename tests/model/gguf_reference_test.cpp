@@ -1,0 +1,182 @@
+// GGUF files made by llama.cpp's own converter and quantizer (../shared/models/gguf)
+// against llama.cpp's greedy ids and first-step logits, with the tolerances of
+// that folder's README; the same checkpoint through llama2.c, safetensors and
+// GGUF f32.
+
+#include "model/shard.hpp"
+#include "model/tokenizer.hpp"
+#include "runtime/generator.hpp"
+#include "tests/support.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace strata {
+namespace {
+
+// τ for a file, from its type (README "How to compare").
+double tolerance(const std::string& file) {
+  if (file.find("-f32") != std::string::npos)
+    return 0.0;
+  if (file.find("-f16") != std::string::npos || file.find("-bf16") != std::string::npos)
+    return 0.03;
+  if (file.find("-q8_0") != std::string::npos)
+    return 0.15;
+  return 0.35;
+}
+
+struct Greedy {
+  std::vector<int32_t> ids;
+  std::vector<float> first_logits;
+};
+
+// Greedy decoding the way the references were made: stop (without emitting it)
+// when the next token is BOS.
+Greedy greedy(model::Shard& shard, const std::vector<int32_t>& prompt, int64_t max_new) {
+  Greedy g;
+  auto cache = shard.new_cache();
+  auto out = shard.forward(prompt, model::consecutive_positions(0, static_cast<int64_t>(prompt.size())), cache);
+  g.first_logits = out.logits;
+  for (int64_t step = 0; step < max_new; ++step) {
+    const auto next = static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
+    if (next == 1)
+      break;
+    g.ids.push_back(next);
+    if (step + 1 == max_new)
+      break;
+    const std::vector<int32_t> one{next};
+    out = shard.forward(one, model::consecutive_positions(cache.seq_len(), 1), cache);
+  }
+  return g;
+}
+
+// `logit_bound`: the largest first-step logit error allowed beyond τ. The
+// README's τ holds for rand256 (dim 256). stories260K (dim 64) amplifies
+// llama.cpp's own f16 rounding of the KV cache and attention, which strata keeps
+// in f32: its f32 file already differs by 0.02, and emulating an f16 KV cache
+// made the bf16 file's first prompt agree exactly, so there only the ids rule
+// (exact up to the first margin below τ) is held to τ.
+void check_reference_file(const std::string& ref_name, double logit_bound) {
+  const auto ref = test::read_json(test::shared_path("models/gguf/" + ref_name));
+  ASSERT_GE(ref["files"].size(), 1u);
+  for (const auto& [file, cases] : ref["files"].items()) {
+    SCOPED_TRACE(file);
+    const double tau = tolerance(file);
+    auto shard = model::Shard::load(test::shared_path("models/gguf/" + file));
+    EXPECT_EQ(shard->config().dtype.rfind("gguf:", 0), 0u);
+    for (const auto& c : cases) {
+      const auto prompt = c["prompt_ids"].get<std::vector<int32_t>>();
+      const auto expected = c["generated_ids"].get<std::vector<int32_t>>();
+      const auto margins = c["step_margins"].get<std::vector<double>>();
+      const auto g = greedy(*shard, prompt, c["max_new_tokens"].get<int64_t>());
+      // f32 files: llama.cpp keeps its KV cache in f16, so logits differ in the
+      // third decimal; ids must still be equal.
+      double worst = 0;
+      for (const auto& top : c["first_step_top5"]) {
+        const auto id = top[0].get<int32_t>();
+        worst = std::max(worst, std::fabs(g.first_logits[static_cast<std::size_t>(id)] - top[1].get<double>()));
+      }
+      std::size_t agree = 0;
+      while (agree < std::min(expected.size(), g.ids.size()) && expected[agree] == g.ids[agree])
+        ++agree;
+      std::printf("%-24s prompt %zu: worst first-step logit error %.4f (tau %.2f), ids agree for %zu of %zu\n",
+                  file.c_str(), prompt.size(), worst, tau, agree, expected.size());
+      EXPECT_LE(worst, std::max(logit_bound, tau > 0 ? tau : 0.01));
+      // Ids must agree up to the first step whose reference margin is below τ.
+      std::size_t must = expected.size();
+      if (tau > 0)
+        for (std::size_t s = 0; s < margins.size(); ++s)
+          if (margins[s] < tau) {
+            must = s;
+            break;
+          }
+      must = std::min(must, expected.size());
+      ASSERT_GE(g.ids.size(), must) << "stopped early";
+      EXPECT_TRUE(std::equal(expected.begin(), expected.begin() + static_cast<std::ptrdiff_t>(must), g.ids.begin()))
+        << "ids differ within the first " << must << " steps (of " << expected.size() << ")";
+      if (tau == 0)
+        EXPECT_EQ(g.ids, expected);
+    }
+  }
+}
+
+TEST(GgufReference, Stories260KFilesMatchLlamaCpp) {
+  STRATA_REQUIRE_SHARED("models/gguf/stories260K.gguf-ref.json");
+  check_reference_file("stories260K.gguf-ref.json", 0.5);
+}
+
+TEST(GgufReference, Rand256FilesMatchLlamaCpp) {
+  STRATA_REQUIRE_SHARED("models/gguf/rand256.gguf-ref.json");
+  check_reference_file("rand256.gguf-ref.json", 0.0);
+}
+
+TEST(GgufReference, F32GgufEqualsLlama2cReference) {
+  STRATA_REQUIRE_SHARED("models/gguf/stories260K-f32.gguf");
+  const auto ref = test::read_json(test::shared_path("models/stories260K.greedy.json"));
+  auto shard = model::Shard::load(test::shared_path("models/gguf/stories260K-f32.gguf"));
+  // llama.cpp's converter gives the file a context of 128: the llama2.c cases
+  // that fit it.
+  int checked = 0;
+  for (const auto& c : ref["cases"]) {
+    const auto steps = c["steps"].get<int64_t>();
+    if (steps > shard->config().max_seq_len)
+      continue;
+    const auto prompt = c["prompt_ids"].get<std::vector<int32_t>>();
+    const auto g = greedy(*shard, prompt, steps - static_cast<int64_t>(prompt.size()) + 1);
+    EXPECT_EQ(g.ids, c["expected_generated_ids"].get<std::vector<int32_t>>());
+    ++checked;
+  }
+  EXPECT_GE(checked, 3);
+}
+
+// The same checkpoint as a llama2.c file and as GGUF f32 (converted by llama.cpp):
+// identical ids, and logits equal to float rounding.
+TEST(GgufReference, SameCheckpointThroughLlama2cAndGgufGivesSameIds) {
+  STRATA_REQUIRE_SHARED("models/gguf/rand256.bin");
+  auto bin = model::Shard::load(test::shared_path("models/gguf/rand256.bin"));
+  auto gguf = model::Shard::load(test::shared_path("models/gguf/rand256-f32.gguf"));
+  const std::vector<int32_t> prompt{1, 7, 42, 99, 300};
+  const auto a = greedy(*bin, prompt, 40);
+  const auto b = greedy(*gguf, prompt, 40);
+  EXPECT_EQ(a.ids, b.ids);
+  for (std::size_t i = 0; i < a.first_logits.size(); ++i)
+    ASSERT_NEAR(a.first_logits[i], b.first_logits[i], 1e-4) << "logit " << i;
+}
+
+TEST(GgufReference, ConfigAndTokenizerFromMetadata) {
+  STRATA_REQUIRE_SHARED("models/gguf/rand256-q4_k_m.gguf");
+  const auto path = test::shared_path("models/gguf/rand256-q4_k_m.gguf");
+  const auto cfg = model::read_config(path);
+  EXPECT_EQ(cfg.architecture, "llama");
+  EXPECT_EQ(cfg.dim, 256);
+  EXPECT_EQ(cfg.hidden_dim, 768);
+  EXPECT_EQ(cfg.n_layers, 2);
+  EXPECT_EQ(cfg.n_heads, 8);
+  EXPECT_EQ(cfg.n_kv_heads, 4);
+  EXPECT_EQ(cfg.vocab_size, 512);
+  EXPECT_FALSE(cfg.tied_embeddings);
+  EXPECT_EQ(cfg.rotary, model::RotaryLayout::interleaved);
+  EXPECT_EQ(cfg.dtype, "gguf:q4_K_M");
+  EXPECT_EQ(cfg.bos_id, 1);
+  // The file's vocabulary is the first 512 pieces of the Llama 2 tokenizer
+  // (mostly bytes and short pieces): text goes through it and back, and pieces
+  // decode as the Llama 2 tokenizer.bin decodes the same ids.
+  auto tok = model::Tokenizer::load(path);
+  EXPECT_EQ(tok->vocab_size(), 512);
+  EXPECT_EQ(tok->bos_id(), 1);
+  EXPECT_EQ(tok->kind(), "llama2c");
+  auto llama2 = model::Tokenizer::load(test::shared_path("models/llama2-tokenizer.bin"));
+  for (const char* text : {"in the", "on a\nthe", "Once upon a time, é!"}) {
+    const auto ids = tok->encode(text, true);
+    EXPECT_EQ(tok->decode(ids), text);
+    EXPECT_EQ(llama2->decode(ids), text);
+    for (auto id : ids)
+      EXPECT_LT(id, 512);
+  }
+  auto shard = model::Shard::load(path, {0, 0});
+  EXPECT_GT(shard->weight_bytes(), 0u);
+}
+
+} // namespace
+} // namespace strata
