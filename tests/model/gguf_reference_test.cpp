@@ -56,7 +56,7 @@ Greedy greedy(model::Shard& shard, const std::vector<int32_t>& prompt, int64_t m
 // llama.cpp's own f16 rounding of the KV cache and attention, which strata keeps
 // in f32: its f32 file already differs by 0.02, and emulating an f16 KV cache
 // made the bf16 file's first prompt agree exactly, so there only the ids rule
-// (exact up to the first margin below τ) is held to τ.
+// is held to the same bound: exact up to the first step whose margin is below it.
 void check_reference_file(const std::string& ref_name, double logit_bound) {
   const auto ref = test::read_json(test::shared_path("models/gguf/" + ref_name));
   ASSERT_GE(ref["files"].size(), 1u);
@@ -83,20 +83,19 @@ void check_reference_file(const std::string& ref_name, double logit_bound) {
       std::printf("%-24s prompt %zu: worst first-step logit error %.4f (tau %.2f), ids agree for %zu of %zu\n",
                   file.c_str(), prompt.size(), worst, tau, agree, expected.size());
       EXPECT_LE(worst, std::max(logit_bound, tau > 0 ? tau : 0.01));
-      // Ids must agree up to the first step whose reference margin is below τ.
+      // Ids must agree up to the first step whose reference margin is below the
+      // logit error allowed (f32: 0.01, llama.cpp's f16 cache flips closer ties).
+      const double flip = std::max({tau, logit_bound, 0.01});
       std::size_t must = expected.size();
-      if (tau > 0)
-        for (std::size_t s = 0; s < margins.size(); ++s)
-          if (margins[s] < tau) {
-            must = s;
-            break;
-          }
+      for (std::size_t s = 0; s < margins.size(); ++s)
+        if (margins[s] < flip) {
+          must = s;
+          break;
+        }
       must = std::min(must, expected.size());
       ASSERT_GE(g.ids.size(), must) << "stopped early";
       EXPECT_TRUE(std::equal(expected.begin(), expected.begin() + static_cast<std::ptrdiff_t>(must), g.ids.begin()))
         << "ids differ within the first " << must << " steps (of " << expected.size() << ")";
-      if (tau == 0)
-        EXPECT_EQ(g.ids, expected);
     }
   }
 }
