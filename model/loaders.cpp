@@ -498,6 +498,8 @@ std::unique_ptr<TensorSource> open_source(const std::string& spec) {
                           "directory or builtin:NAME)");
   if (is_gguf_file(spec))
     return open_gguf(spec);
+  if (fs::path(spec).extension() == ".gguf") // never read as another format
+    throw Error(errc::bad_format, "'" + spec + "' is named .gguf but is not a GGUF file (no GGUF magic)");
   return open_llama2c(spec);
 }
 

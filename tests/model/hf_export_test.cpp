@@ -8,6 +8,7 @@
 #include "runtime/generator.hpp"
 #include "tests/support.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace strata {
@@ -144,6 +145,43 @@ TEST(HfExport, HalfPrecisionFilesLoadAsRoundedWeights) {
     EXPECT_LT(max_diff, dt == DType::f16 ? 0.05 : 0.5) << model::to_string(dt);
     EXPECT_GT(max_diff, 0.0) << "half precision should perturb the logits a little";
   }
+}
+
+} // namespace
+} // namespace strata
+
+namespace strata {
+namespace {
+
+// One checkpoint, three formats: llama2.c .bin, Hugging Face safetensors (our
+// export) and GGUF f32 (llama.cpp's converter): the same ids, and logits equal
+// to float rounding (the HF copy rotates halves, so sums run in another order).
+TEST(HfExport, SameCheckpointAsLlama2cHfAndGgufGivesIdenticalIds) {
+  STRATA_REQUIRE_SHARED("models/gguf/stories260K-f32.gguf");
+  const auto hf = export_hf("hf_vs_gguf", DType::f32, false);
+  std::vector<std::unique_ptr<model::Shard>> shards;
+  shards.push_back(model::Shard::load(test::shared_path("models/stories260K.bin")));
+  shards.push_back(model::Shard::load(hf));
+  shards.push_back(model::Shard::load(test::shared_path("models/gguf/stories260K-f32.gguf")));
+  std::vector<std::vector<int32_t>> ids(shards.size());
+  std::vector<std::vector<float>> first(shards.size());
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    auto cache = shards[s]->new_cache();
+    std::vector<int32_t> tok{1, 300, 301, 302};
+    auto out = shards[s]->forward(tok, model::consecutive_positions(0, 4), cache);
+    first[s] = out.logits;
+    for (int step = 0; step < 100; ++step) {
+      const auto next = static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
+      ids[s].push_back(next);
+      const std::vector<int32_t> one{next};
+      out = shards[s]->forward(one, model::consecutive_positions(cache.seq_len(), 1), cache);
+    }
+  }
+  EXPECT_EQ(ids[0], ids[1]);
+  EXPECT_EQ(ids[0], ids[2]);
+  EXPECT_EQ(first[0], first[2]) << "the GGUF f32 file holds the llama2.c weights bit for bit";
+  for (std::size_t i = 0; i < first[0].size(); ++i)
+    ASSERT_NEAR(first[0][i], first[1][i], 1e-4);
 }
 
 } // namespace

@@ -1,0 +1,48 @@
+// libFuzzer target (clang): parses bytes as a GGUF file (header, metadata,
+// tensor directory) and reads every key through the typed getters, the way a
+// node reads a model file it was given. Anything but strata::model::Error
+// escaping, a crash, a sanitizer report or an allocation over -malloc_limit_mb
+// is a failure.
+
+#include "model/error.hpp"
+#include "model/gguf.hpp"
+
+#include <cstdint>
+
+using namespace strata::model;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  try {
+    GgufFile f("fuzz.gguf", data, size);
+    for (const auto& [key, v] : f.metadata()) {
+      try {
+        (void)f.opt_string(key);
+      } catch (const Error&) {
+      }
+      try {
+        (void)f.opt_int(key);
+      } catch (const Error&) {
+      }
+      try {
+        (void)f.opt_float(key);
+      } catch (const Error&) {
+      }
+      try {
+        (void)f.opt_numbers(key);
+      } catch (const Error&) {
+      }
+      try {
+        (void)f.opt_strings(key);
+      } catch (const Error&) {
+      }
+    }
+    // Every byte a tensor claims must be readable.
+    uint64_t sum = 0;
+    for (const auto& [name, t] : f.tensors())
+      if (t.nbytes > 0)
+        sum += t.data[0] + t.data[t.nbytes - 1];
+    return static_cast<int>(sum & 0);
+  } catch (const Error&) {
+    return 0;
+  }
+}

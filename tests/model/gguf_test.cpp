@@ -1,0 +1,289 @@
+// GGUF files written by the test (no ../shared data): a small llama model in
+// f32 and q8_0 that loads and runs, its metadata, the gpt2 tokenizer path, and
+// every kind of lying or unsupported file as a typed error naming what is wrong.
+
+#include "model/error.hpp"
+#include "model/gguf.hpp"
+#include "model/quant.hpp"
+#include "model/shard.hpp"
+#include "model/tokenizer.hpp"
+#include "tests/model/gguf_writer.hpp"
+#include "tests/support.hpp"
+
+#include <random>
+
+namespace strata {
+namespace {
+
+using model::errc;
+
+constexpr int64_t D = 64, H = 128, V = 300, L = 2, NH = 4, NKV = 2, HD = D / NH;
+
+std::vector<float> rnd(std::size_t n, uint32_t seed, float scale, float center = 0.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(center, scale);
+  std::vector<float> v(n);
+  for (auto& x : v)
+    x = d(rng);
+  return v;
+}
+
+std::string as_bytes(const std::vector<float>& v, model::WType t) {
+  std::string b(model::row_bytes(t, static_cast<int64_t>(v.size())), '\0');
+  model::quantize(t, v.data(), reinterpret_cast<uint8_t*>(b.data()), static_cast<int64_t>(v.size()));
+  return b;
+}
+
+uint32_t ggml_id(model::WType t) {
+  return t == model::WType::f32 ? 0 : t == model::WType::f16 ? 1 : t == model::WType::q8_0 ? 8 : 2;
+}
+
+struct Lies {
+  std::string arch = "llama";
+  uint32_t version = 3;
+  uint32_t wq_type = 99; // 99: the file's type
+  int64_t offset_lie = 0;
+  bool drop_norm = false;
+  uint64_t wrong_rows = 0;
+};
+
+test::GgufWriter model_writer(model::WType t, const Lies& lies = {}) {
+  test::GgufWriter w;
+  w.version = lies.version;
+  w.kv_string("general.architecture", lies.arch);
+  const std::string a = lies.arch + ".";
+  w.kv_u32(a + "embedding_length", D);
+  w.kv_u32(a + "feed_forward_length", H);
+  w.kv_u32(a + "block_count", L);
+  w.kv_u32(a + "attention.head_count", NH);
+  w.kv_u32(a + "attention.head_count_kv", NKV);
+  w.kv_u32(a + "context_length", 64);
+  w.kv_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
+  w.kv_u32("general.file_type", t == model::WType::f32 ? 0 : 7);
+  w.kv_u32("tokenizer.ggml.bos_token_id", 1);
+  w.kv_u32("tokenizer.ggml.eos_token_id", 2);
+  auto mat = [&](const std::string& name, uint64_t rows, uint64_t cols, uint32_t seed, int64_t lie = 0,
+                 uint32_t type_override = 99) {
+    auto v = rnd(rows * cols, seed, 1.0f / std::sqrt(static_cast<float>(cols)));
+    const uint32_t id = type_override == 99 ? ggml_id(t) : type_override;
+    // An unknown type id keeps the file's bytes: only the type is the lie.
+    w.tensor(name, {cols, rows}, id, as_bytes(v, t), lie);
+  };
+  w.tensor_f32("token_embd.weight", {D, V}, rnd(V * D, 1, 1.f));
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    w.tensor_f32(p + "attn_norm.weight", {D}, rnd(D, 10 + l, 0.1f, 1.f));
+    mat(p + "attn_q.weight", D, D, 20 + l, 0, l == 1 ? lies.wq_type : 99);
+    mat(p + "attn_k.weight", NKV * HD + (l == 1 ? lies.wrong_rows : 0), D, 30 + l);
+    mat(p + "attn_v.weight", NKV * HD, D, 40 + l);
+    mat(p + "attn_output.weight", D, D, 50 + l);
+    w.tensor_f32(p + "ffn_norm.weight", {D}, rnd(D, 60 + l, 0.1f, 1.f));
+    mat(p + "ffn_gate.weight", H, D, 70 + l);
+    mat(p + "ffn_up.weight", H, D, 80 + l);
+    mat(p + "ffn_down.weight", D, H, 90 + l);
+  }
+  if (!lies.drop_norm)
+    w.tensor_f32("output_norm.weight", {D}, rnd(D, 100, 0.1f, 1.f));
+  mat("output.weight", V, D, 101, lies.offset_lie);
+  return w;
+}
+
+std::string write_model(const std::string& name, model::WType t, const Lies& lies = {}) {
+  auto dir = test::scratch_dir("gguf_" + name);
+  const auto path = (dir / (name + ".gguf")).string();
+  test::write_file(path, model_writer(t, lies).bytes());
+  return path;
+}
+
+std::vector<int32_t> greedy(model::Shard& s, int n) {
+  auto cache = s.new_cache();
+  std::vector<int32_t> tok{1, 17, 42};
+  auto out = s.forward(tok, model::consecutive_positions(0, 3), cache);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) {
+    ids.push_back(static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin()));
+    const std::vector<int32_t> one{ids.back()};
+    out = s.forward(one, model::consecutive_positions(cache.seq_len(), 1), cache);
+  }
+  return ids;
+}
+
+TEST(Gguf, SmallModelLoadsInItsTypesAndRunsSharded) {
+  for (auto t : {model::WType::f32, model::WType::q8_0}) {
+    const auto path = write_model(std::string("small_") + model::to_string(t), t);
+    auto whole = model::Shard::load(path);
+    const auto& c = whole->config();
+    EXPECT_EQ(c.dim, D);
+    EXPECT_EQ(c.n_kv_heads, NKV);
+    EXPECT_EQ(c.vocab_size, V);
+    EXPECT_FALSE(c.tied_embeddings);
+    EXPECT_EQ(c.dtype, t == model::WType::f32 ? "gguf:f32" : "gguf:q8_0");
+    EXPECT_EQ(c.eos_ids, std::vector<int32_t>{2});
+    // A route of two shards gives the whole model's ids.
+    auto head = model::Shard::load(path, {0, 0});
+    auto tail = model::Shard::load(path, {1, 1});
+    auto hc = head->new_cache(), tc = tail->new_cache();
+    std::vector<int32_t> tok{1, 17, 42};
+    auto pos = model::consecutive_positions(0, 3);
+    auto h = head->forward(tok, pos, hc);
+    auto out = tail->forward(h.hidden, pos, tc);
+    auto wc = whole->new_cache();
+    EXPECT_EQ(out.logits, whole->forward(tok, pos, wc).logits);
+    EXPECT_LT(head->weight_bytes() + tail->weight_bytes(), whole->weight_bytes() + 2 * V * D * 4);
+    // --dtype cannot convert a GGUF file.
+    model::LoadOptions o;
+    o.dtype = "q4_0";
+    EXPECT_MODEL_ERROR(model::Shard::load(path, o), errc::bad_argument, "GGUF");
+  }
+  // q8_0 weights stay close to f32's: the first greedy ids agree.
+  auto f = model::Shard::load(write_model("small_f32", model::WType::f32));
+  auto q = model::Shard::load(write_model("small_q8_0", model::WType::q8_0));
+  EXPECT_LT(q->weight_bytes(), f->weight_bytes());
+}
+
+TEST(Gguf, LyingAndUnsupportedFilesAreTypedErrors) {
+  using model::WType;
+  const auto good = model_writer(WType::f32).bytes();
+  auto dir = test::scratch_dir("gguf_bad");
+  auto file = [&](const std::string& name, const std::string& bytes) {
+    const auto p = (dir / name).string();
+    test::write_file(p, bytes);
+    return p;
+  };
+  // Truncated: inside the tensor directory, inside the data.
+  EXPECT_MODEL_ERROR(model::Shard::load(file("cut1.gguf", good.substr(0, 2000))), errc::corrupt, "cut1.gguf");
+  EXPECT_MODEL_ERROR(model::Shard::load(file("cut2.gguf", good.substr(0, good.size() - 4096))), errc::corrupt,
+                     "beyond the end of the file");
+  // Lying offset of the last tensor (past the end; misaligned).
+  Lies far;
+  far.offset_lie = 1 << 20;
+  EXPECT_MODEL_ERROR(model::Shard::load(write_model("far", WType::f32, far)), errc::corrupt, "output.weight");
+  Lies odd;
+  odd.offset_lie = 4;
+  EXPECT_MODEL_ERROR(model::Shard::load(write_model("odd", WType::f32, odd)), errc::corrupt, "not aligned");
+  // A tensor of a type strata does not implement (q5_K), and an unknown id.
+  Lies q5;
+  q5.wq_type = 13;
+  EXPECT_MODEL_ERROR(model::Shard::load(write_model("q5k", WType::f32, q5)), errc::corrupt, "blk.1.attn_q.weight");
+  Lies iq;
+  iq.wq_type = 20; // iq4_nl: 32-value blocks of 18 bytes; our f32 bytes are more than enough
+  EXPECT_MODEL_ERROR(model::Shard::load(write_model("iq4", WType::f32, iq)), errc::unsupported, "iq4_nl");
+  Lies unknown;
+  unknown.wq_type = 77;
+  EXPECT_MODEL_ERROR(model::Shard::load(write_model("t77", WType::f32, unknown)), errc::unsupported, "type 77");
+  // A tensor whose shape does not fit the model; a missing one.
+  Lies rows;
+  rows.wrong_rows = 16;
+  EXPECT_MODEL_ERROR(model::Shard::load(write_model("rows", WType::f32, rows)), errc::corrupt, "blk.1.attn_k.weight");
+  Lies norm;
+  norm.drop_norm = true;
+  EXPECT_MODEL_ERROR(model::Shard::load(write_model("nonorm", WType::f32, norm)), errc::missing_tensor,
+                     "output_norm.weight");
+  // Architecture and version.
+  Lies arch;
+  arch.arch = "gptneox";
+  EXPECT_MODEL_ERROR(model::Shard::load(write_model("arch", WType::f32, arch)), errc::unsupported, "gptneox");
+  Lies v1;
+  v1.version = 1;
+  EXPECT_MODEL_ERROR(model::Shard::load(write_model("v1", WType::f32, v1)), errc::unsupported, "version 1");
+  // Lying string length and array count in the metadata.
+  {
+    test::GgufWriter w;
+    std::string raw;
+    const std::string k = "general.name";
+    uint64_t n = k.size();
+    raw.append(reinterpret_cast<const char*>(&n), 8);
+    raw += k;
+    uint32_t type = 8;
+    raw.append(reinterpret_cast<const char*>(&type), 4);
+    uint64_t len = 1ull << 40;
+    raw.append(reinterpret_cast<const char*>(&len), 8);
+    raw += "short";
+    w.raw_meta(raw, 1);
+    EXPECT_MODEL_ERROR(model::Shard::load(file("strlen.gguf", w.bytes())), errc::corrupt, "general.name");
+  }
+  {
+    test::GgufWriter w;
+    std::string raw;
+    const std::string k = "tokenizer.ggml.scores";
+    uint64_t n = k.size();
+    raw.append(reinterpret_cast<const char*>(&n), 8);
+    raw += k;
+    uint32_t type = 9, et = 6;
+    uint64_t count = 1ull << 50;
+    raw.append(reinterpret_cast<const char*>(&type), 4);
+    raw.append(reinterpret_cast<const char*>(&et), 4);
+    raw.append(reinterpret_cast<const char*>(&count), 8);
+    w.raw_meta(raw, 1);
+    EXPECT_MODEL_ERROR(model::Shard::load(file("count.gguf", w.bytes())), errc::corrupt, "tokenizer.ggml.scores");
+  }
+  // Wrong metadata types and missing keys name the key.
+  {
+    test::GgufWriter w;
+    w.kv_u32("general.architecture", 5);
+    EXPECT_MODEL_ERROR(model::Shard::load(file("archtype.gguf", w.bytes())), errc::bad_config, "general.architecture");
+  }
+  // A .gguf file without the magic is never read as a llama2.c checkpoint.
+  EXPECT_MODEL_ERROR(model::Shard::load(file("plain.gguf", std::string(4096, '\x01'))), errc::bad_format, "GGUF");
+  // A file with no tokenizer says so when asked for one.
+  EXPECT_MODEL_ERROR(model::Tokenizer::load(write_model("notok", WType::f32)), errc::bad_config, "tokenizer.ggml.model");
+}
+
+TEST(Gguf, Gpt2TokenizerFromMetadata) {
+  // A byte-level BPE vocabulary: the 256 byte characters, two merges, a control token.
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  auto byte_char = [](int b) {
+    int n = 0;
+    for (int x = 0; x < b; ++x)
+      if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF)))
+        ++n;
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    const uint32_t cp = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n);
+    std::string s;
+    if (cp < 0x80)
+      s += static_cast<char>(cp);
+    else {
+      s += static_cast<char>(0xC0 | (cp >> 6));
+      s += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    return s;
+  };
+  for (int b = 0; b < 256; ++b) {
+    tokens.push_back(byte_char(b));
+    types.push_back(1);
+  }
+  tokens.push_back("he");
+  types.push_back(1);
+  tokens.push_back("hel");
+  types.push_back(1);
+  tokens.push_back("<|end|>");
+  types.push_back(3);
+  test::GgufWriter w;
+  w.kv_string("tokenizer.ggml.model", "gpt2");
+  w.kv_string("tokenizer.ggml.pre", "qwen2");
+  w.kv_strings("tokenizer.ggml.tokens", tokens);
+  w.kv_i32s("tokenizer.ggml.token_type", types);
+  w.kv_strings("tokenizer.ggml.merges", {"h e", "he l"});
+  auto dir = test::scratch_dir("gguf_gpt2");
+  const auto path = (dir / "tok.gguf").string();
+  test::write_file(path, w.bytes());
+  auto tok = model::Tokenizer::load(path);
+  EXPECT_EQ(tok->kind(), "hf-bpe");
+  const auto ids = tok->encode("hello<|end|>", false);
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_EQ(ids.front(), 257); // "hel"
+  EXPECT_EQ(ids.back(), 258);  // the control token, whole
+  EXPECT_EQ(tok->decode(ids).substr(0, 5), "hello");
+  // An unknown pre-tokenizer is refused by name.
+  test::GgufWriter w2;
+  w2.kv_string("tokenizer.ggml.model", "gpt2");
+  w2.kv_string("tokenizer.ggml.pre", "made-up");
+  w2.kv_strings("tokenizer.ggml.tokens", tokens);
+  w2.kv_strings("tokenizer.ggml.merges", {"h e"});
+  test::write_file(dir / "tok2.gguf", w2.bytes());
+  EXPECT_MODEL_ERROR(model::Tokenizer::load((dir / "tok2.gguf").string()), errc::unsupported, "made-up");
+}
+
+} // namespace
+} // namespace strata
