@@ -95,7 +95,7 @@ LocalCluster::~LocalCluster() {
 }
 
 msg::shard_full_actor LocalCluster::spawn_and_register(std::size_t i) {
-  std::shared_ptr<model::Shard> shard = model::Shard::load(model_, ranges_[i]);
+  std::shared_ptr<model::Shard> shard = model::Shard::load(model_, ranges_[i], opts_.load);
   config_ = shard->config();
   auto a = spawn_shard(sys_, shard, opts_.limits, {}, {}, opts_.lease_period, opts_.scheduler);
   caf::scoped_actor self{sys_};

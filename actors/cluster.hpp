@@ -30,6 +30,7 @@ struct ClusterOptions {
   std::chrono::milliseconds lease_period{1000}; ///< shards sweep leases this often
   SupervisorOptions supervisor;
   SessionOptions session;
+  model::LoadOptions load; ///< how shards load their weights (--dtype)
 };
 
 /// One failure to inject during a generation: `kind` at the moment `at_token`

@@ -38,7 +38,7 @@ constexpr const char* top_usage =
 
 int cmd_generate(int argc, char** argv) {
   Args a;
-  a.option("model", "PATH|builtin:NAME", "llama2.c .bin, Hugging Face directory, or builtin:tiny / builtin:qwen2-0.5b")
+  a.option("model", "PATH|builtin:NAME", "llama2.c .bin, GGUF file, Hugging Face directory, or builtin:tiny / builtin:qwen2-0.5b")
     .option("cluster", "HOST:PORT", "generate on a running cluster (its coordinator)")
     .option("tokenizer", "PATH", "tokenizer.bin or tokenizer.json (builtin models bring their own)")
     .option("prompt", "TEXT", "prompt text (needs a tokenizer)")
@@ -50,6 +50,7 @@ int cmd_generate(int argc, char** argv) {
     .option("min-p", "P", "drop tokens less likely than P times the most likely one, in [0, 1] (default 0)")
     .option("seed", "S", "random seed for sampling (default 0)")
     .option("threads", "N", "threads for tensor math (default: all cores)")
+    .option("dtype", "auto|f32|bf16|q8_0|q4_0", "how weights are kept in memory (default auto: GGUF types as stored, others f32)")
     .option("output", "text|ids", "print text (default) or the generated ids")
     .option("shards", "A-B,C-D,...", "run through in-process shard actors with these layer ranges")
     .option("inject", "SPEC[,SPEC]", "failures at decode steps: evict:I@S kill:I@S epoch@S desync:I@S dup:I@S"
@@ -119,7 +120,7 @@ int cmd_generate(int argc, char** argv) {
 
   std::unique_ptr<LocalPipeline> pipe;
   if (!actors_mode)
-    pipe = std::make_unique<LocalPipeline>(model_spec);
+    pipe = std::make_unique<LocalPipeline>(model_spec, load_options_from(a));
   std::vector<model::LayerRange> ranges = {model::LayerRange{0, cfg.n_layers - 1}};
   if (a.has("shards")) {
     ranges = model::parse_layer_ranges(a.str("shards"));
@@ -172,7 +173,9 @@ int cmd_generate(int argc, char** argv) {
     if (!on_cluster) {
       acfg = std::make_unique<actors::actor_config>();
       lsys = std::make_unique<caf::actor_system>(*acfg);
-      local = std::make_unique<actors::LocalCluster>(*lsys, model_spec, ranges);
+      actors::ClusterOptions copts;
+      copts.load = load_options_from(a);
+      local = std::make_unique<actors::LocalCluster>(*lsys, model_spec, ranges, copts);
     }
     caf::actor_system& sys = on_cluster ? *csys : *lsys;
     const auto inject = actors::parse_injections(a.str("inject"), n_hops, on_cluster);

@@ -364,6 +364,13 @@ void add_network_options(Args& a) {
   log::add_options(a);
 }
 
+model::LoadOptions load_options_from(const Args& a) {
+  model::LoadOptions o;
+  o.dtype = a.has("dtype") ? a.str("dtype") : "auto";
+  o.progress = true; // drawn only when stderr is a terminal
+  return o;
+}
+
 Liveness liveness_from(const Args& a) {
   Liveness l;
   l.heartbeat = std::chrono::milliseconds(a.integer("heartbeat-ms", 200, 10, 60000));
@@ -395,7 +402,7 @@ int run_node(int argc, char** argv) {
   a.option("listen", "HOST:PORT", "address to listen on (port 0: any free port)")
     .option("coordinator", "", "host the route supervisor (no model needed)")
     .option("join", "HOST:PORT", "the coordinator to register with (shard nodes)")
-    .option("model", "PATH|builtin:NAME", "model to serve (shard nodes)")
+    .option("model", "PATH|builtin:NAME", "model to serve (shard nodes): llama2.c .bin, GGUF file, HF directory or builtin")
     .option("layers", "A-B", "layer range to serve (shard nodes)")
     .option("cache-bytes", "N", "KV cache byte budget (default 1 GiB)")
     .option("max-sessions", "N", "most sessions cached at once (default 64)")
@@ -407,6 +414,7 @@ int run_node(int argc, char** argv) {
     .option("max-queue", "N", "steps waiting before new ones get 'overloaded' (default 512)")
     .option("route-wait-ms", "MS", "coordinator: how long a session waits for a complete route (default 10000, at most 60000)")
     .option("threads", "N", "threads for tensor math (default: all cores)")
+    .option("dtype", "auto|f32|bf16|q8_0|q4_0", "how weights are kept in memory (default auto: GGUF types as stored, others f32); nodes of a cluster must agree")
     .option("insecure", "", "allow a non-loopback address without TLS (traffic is not authenticated)")
     .option("advertise", "HOST:PORT", "the address other processes reach this node at (default: --listen)");
   add_network_options(a);
@@ -455,7 +463,7 @@ int run_node(int argc, char** argv) {
   model::set_num_threads(static_cast<int>(a.integer("threads", 0, 0, 1024)));
   std::shared_ptr<model::Shard> shard;
   if (!coordinator)
-    shard = model::Shard::load(a.required("model"), range);
+    shard = model::Shard::load(a.required("model"), range, load_options_from(a));
 
   const sigset_t stop_signals = block_stop_signals();
   cluster_config cfg{live, tls};

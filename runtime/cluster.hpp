@@ -43,6 +43,8 @@ struct Tls {
 /// Adds --heartbeat-ms, --dead-after-ms, --tls-cert, --tls-key, --tls-ca.
 void add_network_options(Args& a);
 Liveness liveness_from(const Args& a);
+/// --dtype as LoadOptions (with a progress line while loading).
+model::LoadOptions load_options_from(const Args& a);
 /// Throws UsageError unless all three files are given and readable (or none).
 Tls tls_from(const Args& a);
 

@@ -45,16 +45,17 @@ bool GenerationRules::is_stop(int32_t id) const {
   return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
 }
 
-LocalPipeline::LocalPipeline(const std::string& model, const std::vector<model::LayerRange>& ranges) {
+LocalPipeline::LocalPipeline(const std::string& model, const std::vector<model::LayerRange>& ranges,
+                             const model::LoadOptions& load) {
   for (auto& r : ranges)
-    shards_.push_back(model::Shard::load(model, r));
+    shards_.push_back(model::Shard::load(model, r, load));
   if (shards_.empty())
     throw Error(errc::bad_argument, "a pipeline needs at least one shard");
   model::check_route_covers(ranges, shards_.front()->config().n_layers);
 }
 
-LocalPipeline::LocalPipeline(const std::string& model) {
-  shards_.push_back(model::Shard::load(model));
+LocalPipeline::LocalPipeline(const std::string& model, const model::LoadOptions& load) {
+  shards_.push_back(model::Shard::load(model, load));
 }
 
 std::vector<model::KVCache> LocalPipeline::new_caches() const {

@@ -45,9 +45,10 @@ struct GenerationRules {
 /// process. Each call goes through every shard with that shard's cache.
 class LocalPipeline {
 public:
-  LocalPipeline(const std::string& model, const std::vector<model::LayerRange>& ranges);
+  LocalPipeline(const std::string& model, const std::vector<model::LayerRange>& ranges,
+                const model::LoadOptions& load = {});
   /// One shard covering the whole model.
-  explicit LocalPipeline(const std::string& model);
+  explicit LocalPipeline(const std::string& model, const model::LoadOptions& load = {});
 
   const model::ModelConfig& config() const { return shards_.front()->config(); }
   std::size_t size() const { return shards_.size(); }

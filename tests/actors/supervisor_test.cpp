@@ -151,5 +151,21 @@ TEST_F(SupervisorTest, IncompatibleRecipeAndBadRangeAreRefused) {
   EXPECT_EQ(log->replies[2].get_as<caf::error>(0), ec::bad_request);
 }
 
+// Nodes that keep the same model in other weight types (--dtype) would give
+// other tokens: one cluster serves one dtype.
+TEST_F(SupervisorTest, ShardsWithAnotherWeightTypeAreRefused) {
+  auto a = fake_shard(), b = fake_shard();
+  ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{2}, recipe, facts, std::string{});
+  auto q8 = recipe;
+  q8.dtype = "q8_0";
+  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{4}, q8, facts, std::string{});
+  ASSERT_EQ(log->replies.size(), 2u);
+  const auto err = log->replies[1].get_as<caf::error>(0);
+  EXPECT_EQ(err, ec::incompatible_recipe);
+  const auto text = sys.render(err);
+  EXPECT_NE(text.find("weights q8_0"), std::string::npos) << text;
+  EXPECT_NE(text.find("weights f32"), std::string::npos) << text;
+}
+
 } // namespace
 } // namespace strata

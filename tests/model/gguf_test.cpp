@@ -287,3 +287,42 @@ TEST(Gguf, Gpt2TokenizerFromMetadata) {
 
 } // namespace
 } // namespace strata
+
+namespace strata {
+namespace {
+
+// --dtype converts llama2.c / HF / builtin weights at load: memory shrinks by
+// the type's size, the recipe names it, and the model still says the same
+// first tokens (builtin:tiny: 64 columns become q8_0 / q4_0 blocks, the 176
+// columns of w2 stay f16).
+TEST(Dtype, ConversionAtLoadShrinksWeightsAndKeepsTheTokens) {
+  auto f32 = model::Shard::load("builtin:tiny");
+  EXPECT_EQ(f32->config().dtype, "f32");
+  const auto ref = greedy(*f32, 4);
+  double prev = static_cast<double>(f32->weight_bytes());
+  for (const char* dt : {"bf16", "q8_0", "q4_0"}) {
+    model::LoadOptions o;
+    o.dtype = dt;
+    auto s = model::Shard::load("builtin:tiny", o);
+    EXPECT_EQ(s->config().dtype, dt);
+    EXPECT_LT(static_cast<double>(s->weight_bytes()), prev) << dt;
+    prev = static_cast<double>(s->weight_bytes());
+    const auto ids = greedy(*s, 4);
+    EXPECT_EQ(ids[0], ref[0]) << dt;
+    // A shard of a converted model equals the whole converted model.
+    auto head = model::Shard::load("builtin:tiny", {0, 1}, o);
+    auto tail = model::Shard::load("builtin:tiny", {2, 4}, o);
+    auto hc = head->new_cache(), tc = tail->new_cache(), wc = s->new_cache();
+    std::vector<int32_t> tok{1, 50, 60};
+    auto pos = model::consecutive_positions(0, 3);
+    auto h = head->forward(tok, pos, hc);
+    EXPECT_EQ(tail->forward(h.hidden, pos, tc).logits, s->forward(tok, pos, wc).logits) << dt;
+  }
+  EXPECT_LT(prev, static_cast<double>(f32->weight_bytes()) / 4);
+  model::LoadOptions bad;
+  bad.dtype = "q5_K";
+  EXPECT_MODEL_ERROR(model::Shard::load("builtin:tiny", bad), errc::bad_argument, "q5_K");
+}
+
+} // namespace
+} // namespace strata
