@@ -13,6 +13,7 @@
 #include <string>
 #include <sys/resource.h>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 using namespace strata;
@@ -155,6 +156,84 @@ void bench_qwen_shape(double bw1, double bw2, bool sweep) {
   }
 }
 
+// Resident set of this process in bytes (/proc/self/statm).
+double rss_bytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  long pages = 0, resident = 0;
+  if (f) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2)
+      resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+// Decode and prefill of builtin:qwen2-0.5b per resident weight type. The four
+// shards are loaded side by side and measured interleaved (round-robin, 5
+// rounds), so the VM's noise hits every type alike; ratios are to f32.
+void bench_dtypes(double bw1, double bw2) {
+  struct Row {
+    std::string dtype;
+    std::unique_ptr<model::Shard> shard;
+    double rss = 0, load_s = 0;
+    std::vector<double> step[2];
+    double prefill_s[2] = {0, 0};
+  };
+  std::vector<Row> rows;
+  for (const char* dt : {"f32", "bf16", "q8_0", "q4_0"}) {
+    Row r;
+    r.dtype = dt;
+    model::LoadOptions o;
+    o.dtype = dt;
+    const double rss0 = rss_bytes();
+    auto t0 = clk::now();
+    r.shard = model::Shard::load("builtin:qwen2-0.5b", o);
+    r.load_s = seconds_since(t0);
+    r.rss = rss_bytes() - rss0;
+    rows.push_back(std::move(r));
+  }
+  const auto& c = rows.front().shard->config();
+  const double params = static_cast<double>(c.n_layers) *
+                          static_cast<double>((c.q_dim() + 2 * c.kv_dim()) * c.dim + c.dim * c.q_dim() + 3 * c.hidden_dim * c.dim) +
+                        static_cast<double>(c.vocab_size * c.dim);
+  for (int ti = 0; ti < 2; ++ti) {
+    model::set_num_threads(ti + 1);
+    for (int round = 0; round < 5; ++round)
+      for (auto& r : rows) {
+        auto cache = r.shard->new_cache();
+        std::vector<int32_t> prompt(128);
+        for (int i = 0; i < 128; ++i)
+          prompt[static_cast<std::size_t>(i)] = (i * 7919 + 13) % static_cast<int32_t>(c.vocab_size);
+        auto p0 = clk::now();
+        auto out = r.shard->forward(prompt, model::consecutive_positions(0, 128), cache);
+        const double ps = seconds_since(p0);
+        if (round > 0 && (r.prefill_s[ti] == 0 || ps < r.prefill_s[ti]))
+          r.prefill_s[ti] = ps;
+        for (int i = 0; i < 6; ++i) {
+          int32_t next = static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
+          auto s0 = clk::now();
+          out = r.shard->forward(std::span<const int32_t>(&next, 1), model::consecutive_positions(cache.seq_len(), 1), cache);
+          if (i > 0)
+            r.step[ti].push_back(seconds_since(s0));
+        }
+      }
+  }
+  std::printf("\n## builtin:qwen2-0.5b per weight type (--dtype), interleaved, median of 25 decode steps after a 128-token prompt\n\n");
+  std::printf("| dtype | weights GB | RSS growth GB | load s | threads | decode tok/s | x f32 | bytes/token MB | %% of roofline | prefill GFLOP/s |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int ti = 0; ti < 2; ++ti) {
+    const double f32_tps = 1.0 / median(rows.front().step[ti]);
+    for (auto& r : rows) {
+      const double tps = 1.0 / median(r.step[ti]);
+      const double bytes = static_cast<double>(r.shard->weight_bytes());
+      const double roof = (ti == 0 ? bw1 : bw2) * 1e9 / bytes;
+      std::printf("| %s | %.2f | %.2f | %.1f | %d | %.2f | %.2f | %.0f | %.0f %% | %.1f |\n", r.dtype.c_str(), bytes / 1e9,
+                  r.rss / 1e9, r.load_s, ti + 1, tps, tps / f32_tps, bytes / 1e6, 100.0 * tps / roof,
+                  2.0 * params * 128 / r.prefill_s[ti] / 1e9);
+    }
+  }
+}
+
 } // namespace
 
 int cluster_bench_main(int argc, char** argv); // bench_cluster.cpp
@@ -167,6 +246,13 @@ int main(int argc, char** argv) {
     return batch_bench_main(argc, argv);
   if (what == "chaos" || what == "throughput")
     return cluster_bench_main(argc, argv);
+  if (what == "dtypes") {
+    std::printf("# strata_bench dtypes (%u hardware threads)\n", std::thread::hardware_concurrency());
+    const double bw1 = measure_bandwidth(1), bw2 = measure_bandwidth(2);
+    std::printf("\nmeasured read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", bw1, bw2);
+    bench_dtypes(bw1, bw2);
+    return 0;
+  }
   if (what != "model" && what != "stories" && what != "qwen") {
     std::fprintf(stderr, "usage: strata_bench model|stories|qwen|chaos [N [SEED]]|throughput [path/to/stories260K.bin]\n");
     return 2;
