@@ -6,6 +6,7 @@
 // recognise this CPU and falls back to its generic kernel (see docs/benchmarks.md).
 
 #include "model/kernels.hpp"
+#include "model/kernels_q.hpp"
 
 #include <ATen/Parallel.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -227,6 +228,17 @@ void matmul_rows(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_
   const int64_t rows = W.rows, cols = W.cols;
   if (M <= 0 || rows <= 0)
     return;
+  if (fused_available(W.type)) {
+    // Activations quantized once here; the weights stay packed (kernels_q.cpp).
+    thread_local QuantActs acts;
+    quantize_acts(W.type, X, M, cols, acts);
+    const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(cols * M, 1));
+    if (rows <= grain || at::get_num_threads() == 1)
+      return fused_rows(W, acts, Y, ldy, 0, rows, accumulate);
+    const QuantActs& a = acts;
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) { fused_rows(W, a, Y, ldy, r0, r1, accumulate); });
+    return;
+  }
   X = round_activations(W.type, X, M, cols);
   auto run = [&](int64_t r0, int64_t r1) {
     if (W.type == WType::f32)

@@ -5,6 +5,7 @@
 
 #include "model/error.hpp"
 #include "model/kernels.hpp"
+#include "model/kernels_q.hpp"
 #include "model/quant.hpp"
 #include "model/safetensors.hpp"
 #include "model/wmatrix.hpp"
@@ -169,7 +170,21 @@ std::vector<uint8_t> random_blocks(WType t, int64_t rows, int64_t cols, uint32_t
   return b;
 }
 
-TEST(Quant, TypedKernelsMatchTheScalarPath) {
+class TypedKernels : public ::testing::TestWithParam<detail::FusedIsa> {
+protected:
+  void SetUp() override { detail::set_fused_isa(GetParam()); }
+  void TearDown() override { detail::set_fused_isa(detail::FusedIsa::best); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Isa, TypedKernels,
+                         ::testing::Values(detail::FusedIsa::best, detail::FusedIsa::avx2, detail::FusedIsa::expand),
+                         [](const auto& info) {
+                           return std::string(info.param == detail::FusedIsa::best   ? "Best"
+                                              : info.param == detail::FusedIsa::avx2 ? "Avx2"
+                                                                                     : "Expand");
+                         });
+
+TEST_P(TypedKernels, MatchTheScalarPath) {
   struct Case {
     WType t;
     std::vector<int64_t> cols;

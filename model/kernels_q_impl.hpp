@@ -1,0 +1,216 @@
+#pragma once
+// Internal to kernels_q_*.cpp: the fused few-row kernels as templates, compiled
+// once per instruction set (each including file sets its own GCC target first).
+// VNNI = true uses AVX-512 VNNI's vpdpbusd on 256-bit vectors; false, AVX2's
+// maddubs + madd.
+
+#include "model/kernels_q.hpp"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+namespace strata::model::detail::KQ_NS {
+
+inline float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// ------------------------------------------------------------ int8 dot of 32 bytes
+
+// Sum over 4-byte groups of u8 x s8 products into 8 int32 lanes, added to acc.
+template <bool VNNI>
+inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+  if constexpr (VNNI) {
+    return _mm256_dpbusd_epi32(acc, u, s);
+  } else {
+    const __m256i p16 = _mm256_maddubs_epi16(u, s); // pairs fit int16 for our value ranges
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+  }
+}
+
+inline float hsum8(__m256 v) {
+  const __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
+}
+
+inline int32_t hsum8i(__m256i v) {
+  const __m128i a = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  const __m128i b = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4e));
+  return _mm_cvtsi128_si32(_mm_add_epi32(b, _mm_shuffle_epi32(b, 0xb1)));
+}
+
+// The 32 signed weights of a q8_0 / q4_0 block.
+template <WType T>
+inline __m256i block_weights(const uint8_t* blk) {
+  if constexpr (T == WType::q8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  } else {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i m = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(x, m), hi = _mm_and_si128(_mm_srli_epi16(x, 4), m);
+    return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+  }
+}
+
+template <WType T, bool VNNI>
+inline void rows_q8(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy,
+                                                   int64_t r0, int64_t r1, bool accumulate) {
+  constexpr std::size_t BB = T == WType::q8_0 ? 34 : 18;
+  const int64_t nb = W.cols / 32;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = W.row(r);
+    for (int64_t m = 0; m < A.rows; ++m) {
+      const int8_t* a = A.q.data() + m * A.cols;
+      const float* da = A.d.data() + m * nb;
+      __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+      int64_t b = 0;
+      for (; b + 2 <= nb; b += 2) {
+        const uint8_t* blk = row + b * BB;
+        const __m256i w0 = block_weights<T>(blk), w1 = block_weights<T>(blk + BB);
+        const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * b));
+        const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * b + 32));
+        const __m256i p0 = dot_u8s8<VNNI>(_mm256_setzero_si256(), _mm256_sign_epi8(w0, w0), _mm256_sign_epi8(a0, w0));
+        const __m256i p1 = dot_u8s8<VNNI>(_mm256_setzero_si256(), _mm256_sign_epi8(w1, w1), _mm256_sign_epi8(a1, w1));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk) * da[b]), _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk + BB) * da[b + 1]), _mm256_cvtepi32_ps(p1), acc1);
+      }
+      for (; b < nb; ++b) {
+        const uint8_t* blk = row + b * BB;
+        const __m256i w0 = block_weights<T>(blk);
+        const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * b));
+        const __m256i p0 = dot_u8s8<VNNI>(_mm256_setzero_si256(), _mm256_sign_epi8(w0, w0), _mm256_sign_epi8(a0, w0));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk) * da[b]), _mm256_cvtepi32_ps(p0), acc0);
+      }
+      const float s = hsum8(_mm256_add_ps(acc0, acc1));
+      float& y = Y[m * ldy + r];
+      y = accumulate ? y + s : s;
+    }
+  }
+}
+
+// q4_K: 8 sub-blocks of 32 with 6-bit scales and mins.
+inline void scales_mins_k4(const uint8_t* q, int32_t* sc, int32_t* mn) {
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      sc[j] = q[j] & 63;
+      mn[j] = q[j + 4] & 63;
+    } else {
+      sc[j] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+      mn[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+  }
+}
+
+template <bool VNNI>
+inline void rows_q4_K(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy,
+                                                     int64_t r0, int64_t r1, bool accumulate) {
+  const int64_t nb = W.cols / 256;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = W.row(r);
+    for (int64_t m = 0; m < A.rows; ++m) {
+      const int8_t* a = A.q.data() + m * A.cols;
+      const float* da = A.d.data() + m * nb;
+      const int32_t* sums = A.sums.data() + m * nb * 16;
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = row + b * 144;
+        int32_t sc[8], mn[8];
+        scales_mins_k4(blk + 4, sc, mn);
+        const uint8_t* qs = blk + 16;
+        const int8_t* ab = a + 256 * b;
+        __m256i tot = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+          const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          const __m256i plo = dot_u8s8<VNNI>(_mm256_setzero_si256(), lo,
+                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 64 * c)));
+          const __m256i phi = dot_u8s8<VNNI>(_mm256_setzero_si256(), hi,
+                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 64 * c + 32)));
+          tot = _mm256_add_epi32(tot, _mm256_mullo_epi32(plo, _mm256_set1_epi32(sc[2 * c])));
+          tot = _mm256_add_epi32(tot, _mm256_mullo_epi32(phi, _mm256_set1_epi32(sc[2 * c + 1])));
+        }
+        int32_t msum = 0; // sub-block j of 32 = 16-sums 2j and 2j+1
+        for (int j = 0; j < 8; ++j)
+          msum += mn[j] * (sums[b * 16 + 2 * j] + sums[b * 16 + 2 * j + 1]);
+        const float d = half_to_float(blk) * da[b], dmin = half_to_float(blk + 2) * da[b];
+        acc += d * static_cast<float>(hsum8i(tot)) - dmin * static_cast<float>(msum);
+      }
+      float& y = Y[m * ldy + r];
+      y = accumulate ? y + acc : acc;
+    }
+  }
+}
+
+// q6_K: values (6-bit) - 32, int8 scales per 16.
+template <bool VNNI>
+inline void rows_q6_K(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy,
+                                                     int64_t r0, int64_t r1, bool accumulate) {
+  const int64_t nb = W.cols / 256;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+  const __m256i lanes_lo = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = W.row(r);
+    for (int64_t m = 0; m < A.rows; ++m) {
+      const int8_t* a = A.q.data() + m * A.cols;
+      const float* da = A.d.data() + m * nb;
+      const int32_t* sums = A.sums.data() + m * nb * 16;
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = row + b * 210;
+        const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+        const __m256i sc_lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
+        const __m256i sc_hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8)));
+        __m256i tot = _mm256_setzero_si256();
+        for (int n = 0; n < 2; ++n) {
+          const uint8_t* ql = blk + 64 * n;
+          const uint8_t* qh = blk + 128 + 32 * n;
+          const int8_t* ab = a + 256 * b + 128 * n;
+          const __m256i scs = n == 0 ? sc_lo : sc_hi; // scales 8n .. 8n+7
+          const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+          const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+          const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+          const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4)),
+          };
+          for (int k = 0; k < 4; ++k) {
+            const __m256i p = dot_u8s8<VNNI>(_mm256_setzero_si256(), q[k],
+                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 32 * k)));
+            // lanes 0-3: values 0-15 of this group of 32 (scale 2k), lanes 4-7: scale 2k + 1
+            const __m256i s = _mm256_permutevar8x32_epi32(scs, _mm256_add_epi32(lanes_lo, _mm256_set1_epi32(2 * k)));
+            tot = _mm256_add_epi32(tot, _mm256_mullo_epi32(p, s));
+          }
+        }
+        int32_t corr = 0; // the -32 offset: 32 * sum of scale x activation sums per 16
+        for (int g = 0; g < 16; ++g)
+          corr += sc[g] * sums[b * 16 + g];
+        acc += half_to_float(blk + 208) * da[b] * static_cast<float>(hsum8i(tot) - 32 * corr);
+      }
+      float& y = Y[m * ldy + r];
+      y = accumulate ? y + acc : acc;
+    }
+  }
+}
+
+
+template <bool VNNI>
+void rows_impl(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
+  switch (W.type) {
+    case WType::q8_0: return rows_q8<WType::q8_0, VNNI>(W, A, Y, ldy, r0, r1, acc);
+    case WType::q4_0: return rows_q8<WType::q4_0, VNNI>(W, A, Y, ldy, r0, r1, acc);
+    case WType::q4_K: return rows_q4_K<VNNI>(W, A, Y, ldy, r0, r1, acc);
+    case WType::q6_K: return rows_q6_K<VNNI>(W, A, Y, ldy, r0, r1, acc);
+    default: return;
+  }
+}
+
+} // namespace strata::model::detail::KQ_NS
