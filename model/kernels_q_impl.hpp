@@ -56,40 +56,58 @@ inline __m256i block_weights(const uint8_t* blk) {
   }
 }
 
-template <WType T, bool VNNI>
-inline void rows_q8(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy,
-                                                   int64_t r0, int64_t r1, bool accumulate) {
+// One block's signed product of weights w and activations a (32 each), as
+// 8 int32 lanes: |w| . (a * sign(w)), so that the unsigned x signed dot applies.
+template <bool VNNI>
+inline __m256i block_dot(__m256i w, __m256i a) {
+  return dot_u8s8<VNNI>(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+
+// R weight rows (r .. r+R-1) against every activation row: the R rows stream
+// from memory side by side (R independent streams keep enough loads in
+// flight), each activation block is loaded once for all R, and the next R rows
+// are prefetched while these compute. Each (row, activation row) pair is
+// reduced in the same order whatever R and M are.
+template <WType T, bool VNNI, int R>
+inline void rows_q8_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                          bool accumulate) {
   constexpr std::size_t BB = T == WType::q8_0 ? 34 : 18;
   const int64_t nb = W.cols / 32;
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = W.row(r);
-    for (int64_t m = 0; m < A.rows; ++m) {
-      const int8_t* a = A.q.data() + m * A.cols;
-      const float* da = A.d.data() + m * nb;
-      __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-      int64_t b = 0;
-      for (; b + 2 <= nb; b += 2) {
-        const uint8_t* blk = row + b * BB;
-        const __m256i w0 = block_weights<T>(blk), w1 = block_weights<T>(blk + BB);
-        const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * b));
-        const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * b + 32));
-        const __m256i p0 = dot_u8s8<VNNI>(_mm256_setzero_si256(), _mm256_sign_epi8(w0, w0), _mm256_sign_epi8(a0, w0));
-        const __m256i p1 = dot_u8s8<VNNI>(_mm256_setzero_si256(), _mm256_sign_epi8(w1, w1), _mm256_sign_epi8(a1, w1));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk) * da[b]), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk + BB) * da[b + 1]), _mm256_cvtepi32_ps(p1), acc1);
+  const std::size_t rb = W.row_bytes();
+  const uint8_t* row0 = W.row(r);
+  const bool ahead = r + 2 * R <= r_end;
+  for (int64_t m = 0; m < A.rows; ++m) {
+    const int8_t* a = A.q.data() + m * A.cols;
+    const float* da = A.d.data() + m * nb;
+    __m256 acc[R];
+    for (int i = 0; i < R; ++i)
+      acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * b));
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + b * BB;
+        if (m == 0 && ahead && (b & 1) == 0)
+          _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
+        const __m256i p = block_dot<VNNI>(block_weights<T>(blk), av);
+        acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk) * da[b]), _mm256_cvtepi32_ps(p), acc[i]);
       }
-      for (; b < nb; ++b) {
-        const uint8_t* blk = row + b * BB;
-        const __m256i w0 = block_weights<T>(blk);
-        const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * b));
-        const __m256i p0 = dot_u8s8<VNNI>(_mm256_setzero_si256(), _mm256_sign_epi8(w0, w0), _mm256_sign_epi8(a0, w0));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk) * da[b]), _mm256_cvtepi32_ps(p0), acc0);
-      }
-      const float s = hsum8(_mm256_add_ps(acc0, acc1));
-      float& y = Y[m * ldy + r];
+    }
+    for (int i = 0; i < R; ++i) {
+      const float s = hsum8(acc[i]);
+      float& y = Y[m * ldy + r + i];
       y = accumulate ? y + s : s;
     }
   }
+}
+
+template <WType T, bool VNNI>
+inline void rows_q8(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1,
+                    bool accumulate) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4)
+    rows_q8_block<T, VNNI, 4>(W, A, Y, ldy, r, r1, accumulate);
+  for (; r < r1; ++r)
+    rows_q8_block<T, VNNI, 1>(W, A, Y, ldy, r, r1, accumulate);
 }
 
 // q4_K: 8 sub-blocks of 32 with 6-bit scales and mins.

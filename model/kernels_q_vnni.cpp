@@ -17,34 +17,56 @@ void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy
   vnni::rows_impl<true>(W, A, Y, ldy, r0, r1, acc);
 }
 
-// bf16 x bf16 pairs into f32 lanes (vdpbf16ps); a tail of cols % 32 in scalar.
-void fused_rows_bf16(const WMatrix& W, const QuantActs& A, float* Y,
-                                                                      int64_t ldy, int64_t r0, int64_t r1, bool accumulate) {
+namespace {
+
+// bf16 x bf16 pairs into f32 lanes (vdpbf16ps), R weight rows side by side with
+// the next R prefetched (as the int8 kernels); a tail of cols % 32 in scalar.
+template <int R>
+void bf16_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                bool accumulate) {
   const int64_t cols = W.cols, main = cols / 32 * 32;
-  for (int64_t r = r0; r < r1; ++r) {
-    const auto* w = reinterpret_cast<const uint16_t*>(W.row(r));
-    for (int64_t m = 0; m < A.rows; ++m) {
-      const uint16_t* a = A.bf.data() + m * cols;
-      __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-      int64_t c = 0;
-      for (; c + 64 <= main; c += 64) {
-        acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_loadu_si512(w + c), (__m512bh)_mm512_loadu_si512(a + c));
-        acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)_mm512_loadu_si512(w + c + 32), (__m512bh)_mm512_loadu_si512(a + c + 32));
+  const std::size_t rb = W.row_bytes();
+  const auto* w0 = reinterpret_cast<const uint16_t*>(W.row(r));
+  const bool ahead = r + 2 * R <= r_end;
+  for (int64_t m = 0; m < A.rows; ++m) {
+    const uint16_t* a = A.bf.data() + m * cols;
+    __m512 acc[R];
+    for (int i = 0; i < R; ++i)
+      acc[i] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < main; c += 32) {
+      const __m512bh av = (__m512bh)_mm512_loadu_si512(a + c);
+      for (int i = 0; i < R; ++i) {
+        const uint16_t* w = reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(w0) + i * rb);
+        if (m == 0 && ahead)
+          _mm_prefetch(reinterpret_cast<const char*>(w + c) + R * rb, _MM_HINT_T0);
+        acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_loadu_si512(w + c), av);
       }
-      for (; c < main; c += 32)
-        acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_loadu_si512(w + c), (__m512bh)_mm512_loadu_si512(a + c));
-      float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-      for (; c < cols; ++c) {
+    }
+    for (int i = 0; i < R; ++i) {
+      const uint16_t* w = reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(w0) + i * rb);
+      float s = _mm512_reduce_add_ps(acc[i]);
+      for (int64_t c = main; c < cols; ++c) {
         const uint32_t wb = static_cast<uint32_t>(w[c]) << 16, ab = static_cast<uint32_t>(a[c]) << 16;
         float wf, af;
         std::memcpy(&wf, &wb, 4);
         std::memcpy(&af, &ab, 4);
         s += wf * af;
       }
-      float& y = Y[m * ldy + r];
+      float& y = Y[m * ldy + r + i];
       y = accumulate ? y + s : s;
     }
   }
+}
+
+} // namespace
+
+void fused_rows_bf16(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1,
+                     bool accumulate) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4)
+    bf16_block<4>(W, A, Y, ldy, r, r1, accumulate);
+  for (; r < r1; ++r)
+    bf16_block<1>(W, A, Y, ldy, r, r1, accumulate);
 }
 
 } // namespace strata::model::detail
