@@ -114,14 +114,24 @@ void quantize_acts(WType t, const float* X, int64_t M, int64_t cols, QuantActs& 
   out.q.resize(static_cast<std::size_t>(M * cols));
   if (t == WType::q8_0 || t == WType::q4_0) {
     out.d.resize(static_cast<std::size_t>(M * (cols / 32)));
+    out.sums32.resize(static_cast<std::size_t>(M * (cols / 32)));
     for (int64_t m = 0; m < M; ++m)
       quant_q8_0(X + m * cols, cols, out.q.data() + m * cols, out.d.data() + m * (cols / 32));
+    for (std::size_t i = 0; i < out.sums32.size(); ++i) {
+      int32_t s = 0;
+      for (int j = 0; j < 32; ++j)
+        s += out.q[32 * i + static_cast<std::size_t>(j)];
+      out.sums32[i] = static_cast<int16_t>(s);
+    }
   } else {
     out.d.resize(static_cast<std::size_t>(M * (cols / 256)));
     out.sums.resize(static_cast<std::size_t>(M * (cols / 16)));
+    out.sums32.resize(static_cast<std::size_t>(M * (cols / 32)));
     for (int64_t m = 0; m < M; ++m)
       quant_q8_K(X + m * cols, cols, out.q.data() + m * cols, out.d.data() + m * (cols / 256),
                  out.sums.data() + m * (cols / 16));
+    for (std::size_t i = 0; i < out.sums32.size(); ++i)
+      out.sums32[i] = static_cast<int16_t>(out.sums[2 * i] + out.sums[2 * i + 1]);
   }
 }
 

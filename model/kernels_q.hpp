@@ -21,6 +21,7 @@ struct QuantActs {
   std::vector<uint16_t> bf;   ///< (rows, cols) bf16 bits (bf16)
   std::vector<float> d;       ///< one scale per block (32 or 256 values)
   std::vector<int32_t> sums;  ///< K types: the sum of every 16 values
+  std::vector<int16_t> sums32; ///< the sum of every 32 values (|sum| <= 4064)
 };
 
 /// Which kernels run (tests compare them on one machine): best = what the CPU

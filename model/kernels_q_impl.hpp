@@ -43,7 +43,7 @@ inline int32_t hsum8i(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(b, _mm_shuffle_epi32(b, 0xb1)));
 }
 
-// The 32 signed weights of a q8_0 / q4_0 block.
+// The 32 weights of a q8_0 block (signed) or a q4_0 block (unsigned nibbles).
 template <WType T>
 inline __m256i block_weights(const uint8_t* blk) {
   if constexpr (T == WType::q8_0) {
@@ -52,7 +52,7 @@ inline __m256i block_weights(const uint8_t* blk) {
     const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
     const __m128i m = _mm_set1_epi8(0x0F);
     const __m128i lo = _mm_and_si128(x, m), hi = _mm_and_si128(_mm_srli_epi16(x, 4), m);
-    return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+    return _mm256_set_m128i(hi, lo); // unsigned 0..15: the -8 is applied through the activation sums
   }
 }
 
@@ -79,6 +79,7 @@ inline void rows_q8_block(const WMatrix& W, const QuantActs& A, float* Y, int64_
   for (int64_t m = 0; m < A.rows; ++m) {
     const int8_t* a = A.q.data() + m * A.cols;
     const float* da = A.d.data() + m * nb;
+    const int16_t* sa = A.sums32.data() + m * nb;
     __m256 acc[R];
     for (int i = 0; i < R; ++i)
       acc[i] = _mm256_setzero_ps();
@@ -88,7 +89,12 @@ inline void rows_q8_block(const WMatrix& W, const QuantActs& A, float* Y, int64_
         const uint8_t* blk = row0 + i * rb + b * BB;
         if (m == 0 && ahead && (b & 1) == 0)
           _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
-        const __m256i p = block_dot<VNNI>(block_weights<T>(blk), av);
+        __m256i p;
+        if constexpr (T == WType::q8_0) {
+          p = block_dot<VNNI>(block_weights<T>(blk), av);
+        } else { // sum (q - 8) a = sum q a - 8 sum a: unsigned q needs no sign trick
+          p = dot_u8s8<VNNI>(_mm256_setr_epi32(-8 * sa[b], 0, 0, 0, 0, 0, 0, 0), block_weights<T>(blk), av);
+        }
         acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk) * da[b]), _mm256_cvtepi32_ps(p), acc[i]);
       }
     }
@@ -111,57 +117,98 @@ inline void rows_q8(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy,
 }
 
 // q4_K: 8 sub-blocks of 32 with 6-bit scales and mins.
-inline void scales_mins_k4(const uint8_t* q, int32_t* sc, int32_t* mn) {
-  for (int j = 0; j < 8; ++j) {
-    if (j < 4) {
-      sc[j] = q[j] & 63;
-      mn[j] = q[j + 4] & 63;
-    } else {
-      sc[j] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-      mn[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+// The twelve packed bytes as eight 6-bit scales (bytes 0-7 of the result) and
+// eight 6-bit mins (bytes 8-15), with 32-bit word operations.
+inline void scales_mins_k4(const uint8_t* q, uint8_t out[16]) {
+  uint32_t u[4];
+  std::memcpy(u, q, 12);
+  constexpr uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+  u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4); // mins 4-7
+  const uint32_t mins03 = u[1] & m6;
+  u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4); // scales 4-7
+  u[2] = mins03;
+  u[0] &= m6; // scales 0-3
+  std::memcpy(out, u, 16);
+}
+
+// u8 x s8 pairs summed to int16 (maddubs), then int16 pairs times an int16
+// scale summed into int32 lanes of acc (VNNI: vpdpwssd; AVX2: madd + add).
+template <bool VNNI>
+inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i s, __m256i scale16) {
+  const __m256i p16 = _mm256_maddubs_epi16(u, s); // q4 <= 15: pairs fit int16
+  if constexpr (VNNI)
+    return _mm256_dpwssd_epi32(acc, p16, scale16);
+  else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scale16));
+}
+
+// R q4_K rows side by side: each activation block of 32 is loaded once for all
+// R; the scale of each sub-block multiplies inside the int16 pair sums.
+template <bool VNNI, int R>
+inline void rows_q4_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                            bool accumulate) {
+  const int64_t nb = W.cols / 256;
+  const std::size_t rb = W.row_bytes();
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const uint8_t* row0 = W.row(r);
+  const bool ahead = r + 2 * R <= r_end;
+  for (int64_t m = 0; m < A.rows; ++m) {
+    const int8_t* a = A.q.data() + m * A.cols;
+    const float* da = A.d.data() + m * nb;
+    const int16_t* sums32 = A.sums32.data() + m * nb * 8;
+    float acc[R] = {};
+    for (int64_t b = 0; b < nb; ++b) {
+      const int8_t* ab = a + 256 * b;
+      const __m128i asum = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sums32 + 8 * b));
+      __m256i av[8];
+      for (int j = 0; j < 8; ++j)
+        av[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 32 * j));
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + b * 144;
+        if (m == 0 && ahead)
+          for (int l = 0; l < 144; l += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
+        alignas(16) uint8_t sm[16];
+        scales_mins_k4(blk + 4, sm);
+        // 8 scales as int16, the same in both 128-bit halves; sub-block j's scale
+        // is broadcast from it with one byte shuffle.
+        const __m256i sc16 =
+          _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm))));
+        const uint8_t* qs = blk + 16;
+        __m256i tot = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+          const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          const __m256i s_lo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c) | ((4 * c + 1) << 8))));
+          const __m256i s_hi =
+            _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c + 2) | ((4 * c + 3) << 8))));
+          tot = dot_scaled<VNNI>(tot, lo, av[2 * c], s_lo);
+          tot = dot_scaled<VNNI>(tot, hi, av[2 * c + 1], s_hi);
+        }
+        // Mins times the activation sums of each sub-block of 32.
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8)));
+        const __m128i mm = _mm_madd_epi16(mins, asum);
+        const __m128i m2 = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
+        const int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(m2, _mm_shuffle_epi32(m2, 0xb1)));
+        const float d = half_to_float(blk) * da[b], dmin = half_to_float(blk + 2) * da[b];
+        acc[i] += d * static_cast<float>(hsum8i(tot)) - dmin * static_cast<float>(msum);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      float& y = Y[m * ldy + r + i];
+      y = accumulate ? y + acc[i] : acc[i];
     }
   }
 }
 
 template <bool VNNI>
-inline void rows_q4_K(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy,
-                                                     int64_t r0, int64_t r1, bool accumulate) {
-  const int64_t nb = W.cols / 256;
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = W.row(r);
-    for (int64_t m = 0; m < A.rows; ++m) {
-      const int8_t* a = A.q.data() + m * A.cols;
-      const float* da = A.d.data() + m * nb;
-      const int32_t* sums = A.sums.data() + m * nb * 16;
-      float acc = 0.f;
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = row + b * 144;
-        int32_t sc[8], mn[8];
-        scales_mins_k4(blk + 4, sc, mn);
-        const uint8_t* qs = blk + 16;
-        const int8_t* ab = a + 256 * b;
-        __m256i tot = _mm256_setzero_si256();
-        for (int c = 0; c < 4; ++c) {
-          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
-          const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-          const __m256i plo = dot_u8s8<VNNI>(_mm256_setzero_si256(), lo,
-                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 64 * c)));
-          const __m256i phi = dot_u8s8<VNNI>(_mm256_setzero_si256(), hi,
-                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 64 * c + 32)));
-          tot = _mm256_add_epi32(tot, _mm256_mullo_epi32(plo, _mm256_set1_epi32(sc[2 * c])));
-          tot = _mm256_add_epi32(tot, _mm256_mullo_epi32(phi, _mm256_set1_epi32(sc[2 * c + 1])));
-        }
-        int32_t msum = 0; // sub-block j of 32 = 16-sums 2j and 2j+1
-        for (int j = 0; j < 8; ++j)
-          msum += mn[j] * (sums[b * 16 + 2 * j] + sums[b * 16 + 2 * j + 1]);
-        const float d = half_to_float(blk) * da[b], dmin = half_to_float(blk + 2) * da[b];
-        acc += d * static_cast<float>(hsum8i(tot)) - dmin * static_cast<float>(msum);
-      }
-      float& y = Y[m * ldy + r];
-      y = accumulate ? y + acc : acc;
-    }
-  }
+inline void rows_q4_K(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1,
+                      bool accumulate) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4)
+    rows_q4_K_block<VNNI, 4>(W, A, Y, ldy, r, r1, accumulate);
+  for (; r < r1; ++r)
+    rows_q4_K_block<VNNI, 1>(W, A, Y, ldy, r, r1, accumulate);
 }
 
 // q6_K: values (6-bit) - 32, int8 scales per 16.

@@ -2,6 +2,9 @@
 // builtin against the DRAM roofline, and cached vs stateless step times.
 // A benchmark, not a test: it prints a table and asserts nothing.
 
+#include "model/kernels.hpp"
+#include "model/quant.hpp"
+#include "model/safetensors.hpp"
 #include "model/shard.hpp"
 #include "runtime/generator.hpp"
 
@@ -10,6 +13,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
+#include <random>
+#include <cstring>
 #include <string>
 #include <sys/resource.h>
 #include <thread>
@@ -234,6 +239,76 @@ void bench_dtypes(double bw1, double bw2) {
   }
 }
 
+// The product kernel alone, per type, on one ffn_down-shaped matrix of the
+// Qwen2.5-0.5B shape (896 x 4864: its 4864 columns are a multiple of the K
+// types' 256, unlike the 896-column matrices), one activation row. Random
+// blocks with tame scales; reps interleaved across types.
+void bench_kernels() {
+  const int64_t rows = 896, cols = 4864;
+  struct K {
+    model::WType t;
+    std::vector<uint8_t> bytes;
+    model::detail::WMatrix w;
+    std::vector<double> s[2];
+  };
+  std::vector<K> ks;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  for (auto t : {model::WType::f32, model::WType::bf16, model::WType::q8_0, model::WType::q4_0, model::WType::q4_K,
+                 model::WType::q6_K}) {
+    K k;
+    k.t = t;
+    k.bytes.resize(model::row_bytes(t, cols) * rows);
+    if (t == model::WType::f32 || t == model::WType::bf16 || t == model::WType::q8_0 || t == model::WType::q4_0) {
+      std::vector<float> v(static_cast<std::size_t>(rows * cols));
+      for (auto& x : v)
+        x = nd(rng);
+      model::quantize(t, v.data(), k.bytes.data(), rows * cols);
+    } else { // random quants, f16 scales of a sensible size
+      for (auto& b : k.bytes)
+        b = static_cast<uint8_t>(rng());
+      const std::size_t bb = model::block_bytes(t);
+      for (std::size_t at = 0; at < k.bytes.size(); at += bb) {
+        const uint16_t d = model::f32_to_f16(0.001f);
+        if (t == model::WType::q4_K) {
+          std::memcpy(&k.bytes[at], &d, 2);
+          std::memcpy(&k.bytes[at + 2], &d, 2);
+        } else {
+          std::memcpy(&k.bytes[at + 208], &d, 2);
+        }
+      }
+    }
+    k.w.type = t;
+    k.w.rows = rows;
+    k.w.cols = cols;
+    k.w.data = k.bytes.data();
+    ks.push_back(std::move(k));
+  }
+  std::vector<float> x(static_cast<std::size_t>(cols)), y(static_cast<std::size_t>(rows));
+  for (auto& v : x)
+    v = nd(rng) * 20;
+  for (int ti = 0; ti < 2; ++ti) {
+    model::set_num_threads(ti + 1);
+    for (int rep = 0; rep < 60; ++rep)
+      for (auto& k : ks) {
+        auto t0 = clk::now();
+        model::detail::matmul_rows(k.w, x.data(), y.data(), rows, 1, false);
+        if (rep >= 10)
+          k.s[ti].push_back(seconds_since(t0));
+      }
+  }
+  std::printf("\n## The product kernel alone: 896 x 4864 matrix, one row, median of 50 interleaved reps\n\n");
+  std::printf("| type | MB | threads | us | GB/s | x f32 |\n|---|---|---|---|---|---|\n");
+  for (int ti = 0; ti < 2; ++ti) {
+    const double f32 = median(ks.front().s[ti]);
+    for (auto& k : ks) {
+      const double s = median(k.s[ti]);
+      std::printf("| %s | %.2f | %d | %.0f | %.1f | %.2f |\n", model::to_string(k.t), static_cast<double>(k.bytes.size()) / 1e6,
+                  ti + 1, s * 1e6, static_cast<double>(k.bytes.size()) / s / 1e9, f32 / s);
+    }
+  }
+}
+
 } // namespace
 
 int cluster_bench_main(int argc, char** argv); // bench_cluster.cpp
@@ -246,11 +321,16 @@ int main(int argc, char** argv) {
     return batch_bench_main(argc, argv);
   if (what == "chaos" || what == "throughput")
     return cluster_bench_main(argc, argv);
+  if (what == "kernels") {
+    bench_kernels();
+    return 0;
+  }
   if (what == "dtypes") {
     std::printf("# strata_bench dtypes (%u hardware threads)\n", std::thread::hardware_concurrency());
     const double bw1 = measure_bandwidth(1), bw2 = measure_bandwidth(2);
     std::printf("\nmeasured read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", bw1, bw2);
     bench_dtypes(bw1, bw2);
+    bench_kernels();
     return 0;
   }
   if (what != "model" && what != "stories" && what != "qwen") {
