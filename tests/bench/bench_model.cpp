@@ -1,5 +1,6 @@
 // strata_bench model: decode speed of stories260K, of a Qwen2.5-0.5B-shaped
-// builtin against the DRAM roofline, and cached vs stateless step times.
+// builtin against the DRAM roofline, cached vs stateless step times, and decode /
+// prefill / memory per weight type (also alone: strata_bench dtypes).
 // A benchmark, not a test: it prints a table and asserts nothing.
 
 #include "model/kernels.hpp"
@@ -346,5 +347,9 @@ int main(int argc, char** argv) {
   const double bw1 = measure_bandwidth(1), bw2 = measure_bandwidth(2);
   std::printf("\nmeasured read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", bw1, bw2);
   bench_qwen_shape(bw1, bw2, what == "model");
+  if (what == "model") { // the per-type tables too (scripts/bench dtypes runs only those)
+    bench_dtypes(bw1, bw2);
+    bench_kernels();
+  }
   return 0;
 }

@@ -119,6 +119,35 @@ TEST(Cli, GenerateMatchesStoriesReference) {
   EXPECT_EQ(r.out, expect + "\n");
 }
 
+// One .gguf file is a whole model: llama.cpp's greedy ids from the command
+// line, sharded through actors with failures injected, a text prompt through
+// the file's own tokenizer, and --dtype refused for it.
+TEST(Cli, GgufFileGeneratesLlamaCppIds) {
+  STRATA_REQUIRE_SHARED("models/gguf/rand256-f32.gguf");
+  const auto ref = test::read_json(test::shared_path("models/gguf/rand256.gguf-ref.json"));
+  const auto& c = ref["files"]["rand256-f32.gguf"][0];
+  std::string prompt, expect;
+  for (auto& v : c["prompt_ids"])
+    prompt += (prompt.empty() ? "" : ",") + std::to_string(v.get<int>());
+  for (auto& v : c["generated_ids"])
+    expect += (expect.empty() ? "" : " ") + std::to_string(v.get<int>());
+  const std::string model = test::shared_path("models/gguf/rand256-f32.gguf");
+  const std::string base = "generate --model " + model + " --prompt-ids " + prompt + " --max-tokens " +
+                           std::to_string(c["generated_ids"].size()) + " --output ids";
+  auto r = strata(base);
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out, expect + "\n");
+  auto sharded = strata(base + " --shards 0,1 --inject evict:1@5,kill:0@10", true);
+  EXPECT_EQ(sharded.code, 0) << sharded.out;
+  EXPECT_NE(sharded.out.find(expect + "\n"), std::string::npos) << sharded.out;
+  auto text = strata("generate --model " + model + " --prompt 'Once upon a time' --max-tokens 8", true);
+  EXPECT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("Once upon a time"), std::string::npos) << text.out;
+  auto q8 = strata("generate --model " + model + " --prompt-ids 1 --dtype q8_0", true);
+  EXPECT_EQ(q8.code, 2) << q8.out;
+  EXPECT_NE(q8.out.find("GGUF"), std::string::npos) << q8.out;
+}
+
 TEST(Cli, ShardActorsAndInjectedFailuresPrintTheSame) {
   const std::string base = "generate --model builtin:tiny --prompt 'Once upon a time' --max-tokens 40 --output ids";
   auto plain = strata(base);
