@@ -211,31 +211,39 @@ inline void rows_q4_K(const WMatrix& W, const QuantActs& A, float* Y, int64_t ld
     rows_q4_K_block<VNNI, 1>(W, A, Y, ldy, r, r1, accumulate);
 }
 
-// q6_K: values (6-bit) - 32, int8 scales per 16.
-template <bool VNNI>
-inline void rows_q6_K(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy,
-                                                     int64_t r0, int64_t r1, bool accumulate) {
+// q6_K: values (6-bit) - 32 with an int8 scale per 16. R rows side by side as
+// q4_K; u8 x s8 pair sums (maddubs: 63 x 127 x 2 fits int16), then each half of
+// 16 times its scale in the int16 pair sums (vpdpwssd); the -32 offset through
+// the activation sums of every 16.
+template <bool VNNI, int R>
+inline void rows_q6_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                            bool accumulate) {
   const int64_t nb = W.cols / 256;
+  const std::size_t rb = W.row_bytes();
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-  const __m256i lanes_lo = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = W.row(r);
-    for (int64_t m = 0; m < A.rows; ++m) {
-      const int8_t* a = A.q.data() + m * A.cols;
-      const float* da = A.d.data() + m * nb;
-      const int32_t* sums = A.sums.data() + m * nb * 16;
-      float acc = 0.f;
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = row + b * 210;
+  const uint8_t* row0 = W.row(r);
+  const bool ahead = r + 2 * R <= r_end;
+  for (int64_t m = 0; m < A.rows; ++m) {
+    const int8_t* a = A.q.data() + m * A.cols;
+    const float* da = A.d.data() + m * nb;
+    const int32_t* sums = A.sums.data() + m * nb * 16;
+    float acc[R] = {};
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i av[8];
+      for (int j = 0; j < 8; ++j)
+        av[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 256 * b + 32 * j));
+      const __m256i s16a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 16 * b));
+      const __m256i s16b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 16 * b + 8));
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + b * 210;
+        if (m == 0 && ahead)
+          for (int l = 0; l < 210; l += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
         const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
-        const __m256i sc_lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
-        const __m256i sc_hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8)));
         __m256i tot = _mm256_setzero_si256();
         for (int n = 0; n < 2; ++n) {
           const uint8_t* ql = blk + 64 * n;
           const uint8_t* qh = blk + 128 + 32 * n;
-          const int8_t* ab = a + 256 * b + 128 * n;
-          const __m256i scs = n == 0 ? sc_lo : sc_hi; // scales 8n .. 8n+7
           const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
           const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
           const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
@@ -248,24 +256,35 @@ inline void rows_q6_K(const WMatrix& W, const QuantActs& A, float* Y, int64_t ld
                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4)),
           };
           for (int k = 0; k < 4; ++k) {
-            const __m256i p = dot_u8s8<VNNI>(_mm256_setzero_si256(), q[k],
-                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 32 * k)));
-            // lanes 0-3: values 0-15 of this group of 32 (scale 2k), lanes 4-7: scale 2k + 1
-            const __m256i s = _mm256_permutevar8x32_epi32(scs, _mm256_add_epi32(lanes_lo, _mm256_set1_epi32(2 * k)));
-            tot = _mm256_add_epi32(tot, _mm256_mullo_epi32(p, s));
+            const int g = 8 * n + 2 * k; // values 0-15 of this group: scale g, 16-31: g + 1
+            const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+            tot = dot_scaled<VNNI>(tot, q[k], av[4 * n + k], s);
           }
         }
-        int32_t corr = 0; // the -32 offset: 32 * sum of scale x activation sums per 16
-        for (int g = 0; g < 16; ++g)
-          corr += sc[g] * sums[b * 16 + g];
-        acc += half_to_float(blk + 208) * da[b] * static_cast<float>(hsum8i(tot) - 32 * corr);
+        // The -32 offset: 32 * sum over groups of 16 of scale x activation sum.
+        const __m256i sc_a = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
+        const __m256i sc_b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8)));
+        const int32_t corr =
+          hsum8i(_mm256_add_epi32(_mm256_mullo_epi32(sc_a, s16a), _mm256_mullo_epi32(sc_b, s16b)));
+        acc[i] += half_to_float(blk + 208) * da[b] * static_cast<float>(hsum8i(tot) - 32 * corr);
       }
-      float& y = Y[m * ldy + r];
-      y = accumulate ? y + acc : acc;
+    }
+    for (int i = 0; i < R; ++i) {
+      float& y = Y[m * ldy + r + i];
+      y = accumulate ? y + acc[i] : acc[i];
     }
   }
 }
 
+template <bool VNNI>
+inline void rows_q6_K(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1,
+                      bool accumulate) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4)
+    rows_q6_K_block<VNNI, 4>(W, A, Y, ldy, r, r1, accumulate);
+  for (; r < r1; ++r)
+    rows_q6_K_block<VNNI, 1>(W, A, Y, ldy, r, r1, accumulate);
+}
 
 template <bool VNNI>
 void rows_impl(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
