@@ -49,10 +49,11 @@ struct LoadOptions {
   LoadOptions() = default; // not an aggregate: `{0, 4}` stays a LayerRange
   /// "auto": what the file holds (llama2.c, Hugging Face and builtin weights are
   /// widened to f32; GGUF tensors stay in their own types). "f32", "bf16",
-  /// "q8_0" or "q4_0": llama2.c / Hugging Face / builtin weights are converted at
-  /// load (a GGUF file takes only "auto"). Matrices whose columns are not a
-  /// multiple of 32 stay f16 under q8_0 / q4_0, and under q4_0 the classifier is
-  /// q8_0 (as llama.cpp's quantizer does).
+  /// "q8_0", "q4_0" or "q4_K": llama2.c / Hugging Face / builtin weights are
+  /// converted at load (a GGUF file takes only "auto"). Matrices whose columns
+  /// are not a multiple of 32 stay f16; under q4_K those not a multiple of 256
+  /// are q8_0; under q4_0 / q4_K the classifier is q8_0 (llama.cpp's quantizer
+  /// makes similar choices). q4_K uses a simple min/max quantizer.
   std::string dtype = "auto";
   /// A progress line (bytes, MB/s, ETA) on stderr while loading.
   bool progress = false;

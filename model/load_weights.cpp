@@ -14,6 +14,7 @@
 #include <optional>
 #include <mutex>
 #include <thread>
+#include <malloc.h>
 #include <unistd.h>
 
 namespace strata::model::detail {
@@ -71,7 +72,9 @@ std::string resolve_dtype(const TensorSource& src, const std::string& dtype) {
     return "f32";
   if (dtype == "bf16" || dtype == "q8_0" || dtype == "q4_0")
     return dtype;
-  throw Error(errc::bad_argument, "unknown --dtype '" + dtype + "' (auto, f32, bf16, q8_0, q4_0)");
+  if (dtype == "q4_K" || dtype == "q4_k")
+    return "q4_K";
+  throw Error(errc::bad_argument, "unknown --dtype '" + dtype + "' (auto, f32, bf16, q8_0, q4_0, q4_K)");
 }
 
 namespace {
@@ -124,7 +127,9 @@ struct Conversion {
     if (!target)
       return m;
     WType t = *target;
-    if (classifier && t == WType::q4_0)
+    if (classifier && (t == WType::q4_0 || t == WType::q4_K))
+      t = WType::q8_0;
+    if (t == WType::q4_K && m.cols % 256 != 0) // as llama.cpp falls back for such rows
       t = WType::q8_0;
     if (m.cols % block_values(t) != 0)
       t = WType::f16;
@@ -220,6 +225,9 @@ ShardWeights load_weights(TensorSource& src, LayerRange range, const LoadOptions
   if (failed)
     std::rethrow_exception(failed);
 
+  // Converting widened f32 copies leaves freed memory in the loading threads'
+  // malloc arenas: give it back, so the process holds the weights, not their past.
+  ::malloc_trim(0);
   if (tail) {
     w.final_norm = src.load("norm", {D});
     if (c.tied_embeddings && head)

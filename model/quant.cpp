@@ -159,6 +159,49 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void dequant_f16(con
   }
 }
 
+// A simple q4_K quantizer: each sub-block of 32 spans [min(0, lo), hi] in 15
+// steps; the 8 scales and mins are then 6-bit multiples of the block's d and
+// dmin (f16). Not llama.cpp's error-minimizing search: somewhat less accurate,
+// the same format.
+void quantize_q4_K_block(const float* x, uint8_t* dst) {
+  float scale[8], minv[8];
+  for (int j = 0; j < 8; ++j) {
+    float lo = 0.f, hi = 0.f;
+    for (int l = 0; l < 32; ++l) {
+      lo = std::min(lo, x[32 * j + l]);
+      hi = std::max(hi, x[32 * j + l]);
+    }
+    scale[j] = (hi - lo) / 15.f;
+    minv[j] = -lo;
+  }
+  const float max_scale = *std::max_element(scale, scale + 8), max_min = *std::max_element(minv, minv + 8);
+  const uint16_t dh = f32_to_f16(max_scale / 63.f), mh = f32_to_f16(max_min / 63.f);
+  const float d = f16_to_f32(dh), dmin = f16_to_f32(mh);
+  uint8_t sc[8], mn[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = static_cast<uint8_t>(d > 0.f ? std::clamp(std::lround(scale[j] / d), 0L, 63L) : 0);
+    mn[j] = static_cast<uint8_t>(dmin > 0.f ? std::clamp(std::lround(minv[j] / dmin), 0L, 63L) : 0);
+  }
+  store_u16(dst, dh);
+  store_u16(dst + 2, mh);
+  uint8_t* s = dst + 4;
+  for (int j = 0; j < 4; ++j) {
+    s[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    s[j + 4] = static_cast<uint8_t>(mn[j] | ((mn[j + 4] >> 4) << 6));
+    s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4));
+  }
+  uint8_t q[256];
+  for (int j = 0; j < 8; ++j) {
+    const float es = d * static_cast<float>(sc[j]), em = dmin * static_cast<float>(mn[j]);
+    for (int l = 0; l < 32; ++l)
+      q[32 * j + l] = static_cast<uint8_t>(es > 0.f ? std::clamp(std::lround((x[32 * j + l] + em) / es), 0L, 15L) : 0);
+  }
+  uint8_t* qs = dst + 16;
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l)
+      qs[32 * c + l] = static_cast<uint8_t>(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
+}
+
 } // namespace
 
 const char* to_string(WType t) {
@@ -263,6 +306,9 @@ void quantize(WType t, const float* x, uint8_t* dst, int64_t n) {
       }
       return;
     case WType::q4_K:
+      for (int64_t b = 0; b < n / 256; ++b, x += 256, dst += 144)
+        quantize_q4_K_block(x, dst);
+      return;
     case WType::q6_K:
       throw Error(errc::unsupported, std::string("quantizing to ") + to_string(t) +
                                        " is not supported (load a GGUF file quantized by llama.cpp instead)");

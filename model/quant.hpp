@@ -30,8 +30,9 @@ std::size_t row_bytes(WType t, int64_t cols);
 /// Dequantizes `n` values (a multiple of block_values(t)) starting at `src`.
 void dequantize(WType t, const uint8_t* src, float* dst, int64_t n);
 /// Quantizes `n` values (a multiple of block_values(t)) as llama.cpp's reference
-/// quantizers do (round to nearest; q4_0 takes the signed extreme as -8 d).
-/// Implemented for f32, f16, bf16, q8_0 and q4_0; throws Error(unsupported) for the K types.
+/// quantizers do (round to nearest; q4_0 takes the signed extreme as -8 d);
+/// q4_K with a simple min/max quantizer (not llama.cpp's search). Implemented
+/// for f32, f16, bf16, q8_0, q4_0 and q4_K; throws Error(unsupported) for q6_K.
 void quantize(WType t, const float* src, uint8_t* dst, int64_t n);
 
 } // namespace strata::model

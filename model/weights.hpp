@@ -66,7 +66,7 @@ struct ShardWeights {
 ShardWeights load_weights(TensorSource& src, LayerRange range, const LoadOptions& options);
 
 /// The dtype name a model is served in (what recipes compare): "f32", "bf16",
-/// "q8_0", "q4_0", or for GGUF files "gguf:" + the file's type (e.g. gguf:q4_K_M).
+/// "q8_0", "q4_0", "q4_K", or for GGUF files "gguf:" + the file's type (e.g. gguf:q4_K_M).
 /// Throws Error(bad_argument) for an unknown `dtype` or one a GGUF file cannot take.
 std::string resolve_dtype(const TensorSource& src, const std::string& dtype);
 

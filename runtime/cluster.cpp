@@ -414,7 +414,7 @@ int run_node(int argc, char** argv) {
     .option("max-queue", "N", "steps waiting before new ones get 'overloaded' (default 512)")
     .option("route-wait-ms", "MS", "coordinator: how long a session waits for a complete route (default 10000, at most 60000)")
     .option("threads", "N", "threads for tensor math (default: all cores)")
-    .option("dtype", "auto|f32|bf16|q8_0|q4_0", "how weights are kept in memory (default auto: GGUF types as stored, others f32); nodes of a cluster must agree")
+    .option("dtype", "auto|f32|bf16|q8_0|q4_0|q4_K", "how weights are kept in memory (default auto: GGUF types as stored, others f32); nodes of a cluster must agree")
     .option("insecure", "", "allow a non-loopback address without TLS (traffic is not authenticated)")
     .option("advertise", "HOST:PORT", "the address other processes reach this node at (default: --listen)");
   add_network_options(a);

@@ -174,7 +174,7 @@ double rss_bytes() {
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
-// Decode and prefill of builtin:qwen2-0.5b per resident weight type. The four
+// Decode and prefill of builtin:qwen2-0.5b per resident weight type. The five
 // shards are loaded side by side and measured interleaved (round-robin, 5
 // rounds), so the VM's noise hits every type alike; ratios are to f32.
 void bench_dtypes(double bw1, double bw2) {
@@ -186,7 +186,7 @@ void bench_dtypes(double bw1, double bw2) {
     double prefill_s[2] = {0, 0};
   };
   std::vector<Row> rows;
-  for (const char* dt : {"f32", "bf16", "q8_0", "q4_0"}) {
+  for (const char* dt : {"f32", "bf16", "q8_0", "q4_0", "q4_K"}) {
     Row r;
     r.dtype = dt;
     model::LoadOptions o;

@@ -137,8 +137,21 @@ TEST(Quant, HalfTypesAndQuantizersRoundTrip) {
         EXPECT_LE(std::fabs(y[b + i] - x[b + i]), tol * amax * 1.01 + 1e-6) << to_string(t) << " value " << b + i;
     }
   }
-  std::vector<uint8_t> q(row_bytes(WType::q4_K, 256));
-  EXPECT_THROW(quantize(WType::q4_K, x.data(), q.data(), 256), Error);
+  // q4_K (simple min/max): within half a step of each sub-block's range, plus
+  // the 6-bit rounding of its scale and min.
+  {
+    std::vector<uint8_t> q(row_bytes(WType::q4_K, 256));
+    quantize(WType::q4_K, x.data(), q.data(), 256);
+    std::vector<float> y(256);
+    dequantize(WType::q4_K, q.data(), y.data(), 256);
+    float amax = 0;
+    for (float v : x)
+      amax = std::max(amax, std::fabs(v));
+    for (int i = 0; i < 256; ++i)
+      EXPECT_LE(std::fabs(y[i] - x[i]), 0.12f * amax) << "q4_K value " << i;
+  }
+  std::vector<uint8_t> q6(row_bytes(WType::q6_K, 256));
+  EXPECT_THROW(quantize(WType::q6_K, x.data(), q6.data(), 256), Error);
 }
 
 // Random bytes make valid blocks of every type as long as the f16 scales are
