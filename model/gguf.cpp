@@ -249,10 +249,17 @@ void GgufFile::parse(const uint8_t* data, std::size_t size) {
                                    ") lies beyond the end of the file (data section of " + std::to_string(data_size) +
                                    " bytes)");
     t.data = data + data_start + t.offset;
+    t.file_offset = data_start + t.offset;
     const std::string name = t.name;
     if (!tensors_.emplace(name, std::move(t)).second)
       throw Error(errc::corrupt, "GGUF file '" + name_ + "': tensor '" + name + "' appears twice");
   }
+}
+
+void GgufFile::release_mapping() {
+  file_.reset();
+  for (auto& [name, t] : tensors_)
+    t.data = nullptr;
 }
 
 const GgufValue* GgufFile::find(const std::string& key) const {

@@ -33,6 +33,7 @@ struct GgufTensor {
   uint32_t ggml_type = 0;
   std::optional<WType> type; ///< nullopt: a type strata does not implement
   uint64_t offset = 0;       ///< from the start of the data section
+  uint64_t file_offset = 0;  ///< from the start of the file
   std::size_t nbytes = 0;    ///< 0 when the type is unknown
   const uint8_t* data = nullptr;
   int64_t numel() const;
@@ -67,8 +68,10 @@ public:
   /// A numeric array as doubles; nullopt when absent.
   std::optional<std::vector<double>> opt_numbers(const std::string& key) const;
 
-  /// Keeps the mapping alive for views into it.
-  std::shared_ptr<const void> keep_alive() const { return file_; }
+  /// Drops the mapping of the whole file (metadata and the tensor directory stay;
+  /// tensor data pointers become null): a reader then maps only the tensors it
+  /// needs (MappedFile with a range, at GgufTensor::file_offset).
+  void release_mapping();
 
 private:
   void parse(const uint8_t* data, std::size_t size);

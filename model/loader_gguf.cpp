@@ -4,10 +4,12 @@
 
 #include "model/error.hpp"
 #include "model/gguf.hpp"
+#include "model/mapped_file.hpp"
 #include "model/weights.hpp"
 
 #include <filesystem>
 #include <map>
+#include <mutex>
 
 namespace strata::model::detail {
 
@@ -73,6 +75,8 @@ public:
     } catch (const Error& e) {
       throw Error(errc::bad_config, where + ": " + e.message());
     }
+    // From here on, only the tensors a shard asks for are mapped.
+    f_.release_mapping();
   }
 
   const ModelConfig& config() const override { return cfg_; }
@@ -81,18 +85,20 @@ public:
   at::Tensor load(const std::string& name, const std::vector<int64_t>& shape) override {
     const GgufTensor& t = find(name, shape);
     at::Tensor out = at::empty(shape, at::kFloat);
-    dequantize(*t.type, t.data, out.data_ptr<float>(), t.numel());
+    auto map = map_tensor(t);
+    dequantize(*t.type, map->data(), out.data_ptr<float>(), t.numel());
     return out;
   }
 
   WMatrix load_matrix(const std::string& name, int64_t rows, int64_t cols) override {
     const GgufTensor& t = find(name, {rows, cols});
+    auto map = map_tensor(t);
     WMatrix m;
     m.type = *t.type;
     m.rows = rows;
     m.cols = cols;
-    m.data = t.data;
-    m.keep = f_.keep_alive();
+    m.data = map->data();
+    m.keep = std::move(map);
     return m;
   }
 
@@ -138,8 +144,22 @@ private:
     return *t;
   }
 
+  // The pages of one tensor, mapped on its own (shared when asked again, e.g. a
+  // tied embedding and classifier).
+  std::shared_ptr<const MappedFile> map_tensor(const GgufTensor& t) {
+    std::lock_guard<std::mutex> lock(maps_mutex_); // layers load in parallel
+    auto& weak = maps_[t.name];
+    if (auto m = weak.lock())
+      return m;
+    auto m = std::make_shared<const MappedFile>(f_.path(), t.file_offset, t.nbytes);
+    weak = m;
+    return m;
+  }
+
   GgufFile f_;
   ModelConfig cfg_;
+  std::mutex maps_mutex_;
+  std::map<std::string, std::weak_ptr<const MappedFile>> maps_;
 };
 
 } // namespace

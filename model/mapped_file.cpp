@@ -33,14 +33,50 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   ::close(fd);
 }
 
+MappedFile::MappedFile(const std::string& path, uint64_t offset, std::size_t length) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw Error(errc::io, "cannot open '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(errc::io, "'" + path + "' is not a regular file");
+  }
+  const auto fsize = static_cast<uint64_t>(st.st_size);
+  if (offset > fsize || length > fsize - offset) {
+    ::close(fd);
+    throw Error(errc::corrupt, "'" + path + "' has " + std::to_string(fsize) + " bytes, fewer than the " +
+                                 std::to_string(length) + " wanted at offset " + std::to_string(offset));
+  }
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset / page * page;
+  mapped_ = static_cast<std::size_t>(offset - start) + length;
+  size_ = length;
+  if (mapped_ > 0) {
+    void* p = ::mmap(nullptr, mapped_, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(start));
+    if (p == MAP_FAILED) {
+      int e = errno;
+      ::close(fd);
+      throw Error(errc::io, "cannot map '" + path + "': " + std::strerror(e));
+    }
+    base_ = p;
+    data_ = static_cast<const uint8_t*>(p) + (offset - start);
+  }
+  ::close(fd);
+}
+
 MappedFile::MappedFile(MappedFile&& other) noexcept
-  : path_(std::move(other.path_)), data_(other.data_), size_(other.size_) {
+  : path_(std::move(other.path_)), data_(other.data_), size_(other.size_), base_(other.base_), mapped_(other.mapped_) {
   other.data_ = nullptr;
   other.size_ = 0;
+  other.base_ = nullptr;
+  other.mapped_ = 0;
 }
 
 MappedFile::~MappedFile() {
-  if (data_ != nullptr)
+  if (base_ != nullptr)
+    ::munmap(base_, mapped_);
+  else if (data_ != nullptr)
     ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 

@@ -10,6 +10,9 @@
 #include "tests/model/gguf_writer.hpp"
 #include "tests/support.hpp"
 
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 namespace strata {
@@ -328,6 +331,44 @@ TEST(Dtype, ConversionAtLoadShrinksWeightsAndKeepsTheTokens) {
   model::LoadOptions bad;
   bad.dtype = "q5_K";
   EXPECT_MODEL_ERROR(model::Shard::load("builtin:tiny", bad), errc::bad_argument, "q5_K");
+}
+
+} // namespace
+} // namespace strata
+
+namespace strata {
+namespace {
+
+// Bytes of `path` this process has mapped (from /proc/self/maps).
+std::size_t mapped_bytes_of(const std::string& path) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  std::size_t total = 0;
+  while (std::getline(maps, line)) {
+    if (line.size() < path.size() || line.compare(line.size() - path.size(), path.size(), path) != 0)
+      continue;
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2)
+      total += hi - lo;
+  }
+  return total;
+}
+
+// A shard maps its own tensors only: the head's maps stay well below the file,
+// the whole model's come close to it, and nothing stays mapped afterwards.
+TEST(Gguf, AShardMapsOnlyItsOwnTensors) {
+  const auto path = std::filesystem::canonical(write_model("maps", model::WType::f32)).string();
+  const auto file = std::filesystem::file_size(path);
+  {
+    auto head = model::Shard::load(path, {0, 0});
+    const auto head_bytes = mapped_bytes_of(path);
+    EXPECT_GT(head_bytes, 0u);
+    // The head holds the embedding and layer 0: not layer 1, the norm or the classifier.
+    EXPECT_LT(head_bytes, file * 6 / 10) << head_bytes << " of " << file;
+    auto whole = model::Shard::load(path);
+    EXPECT_GT(mapped_bytes_of(path), file * 9 / 10);
+  }
+  EXPECT_EQ(mapped_bytes_of(path), 0u);
 }
 
 } // namespace
