@@ -148,6 +148,25 @@ TEST(Cli, GgufFileGeneratesLlamaCppIds) {
   EXPECT_NE(q8.out.find("GGUF"), std::string::npos) << q8.out;
 }
 
+// Loading draws a progress line when stderr is a terminal (run under script(1)
+// for a pseudo-terminal), and stays silent when it is not.
+TEST(Cli, LoadingShowsProgressOnATerminalOnly) {
+  if (std::system("command -v script > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "script(1) is not installed; skipping";
+  const std::string gen = std::string(STRATA_EXE) + " generate --model builtin:tiny --prompt-ids 1 --max-tokens 2 --output ids";
+  FILE* p = ::popen(("script -q -e -c '" + gen + "' /dev/null 2>&1").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  std::size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0)
+    out.append(buf.data(), n);
+  EXPECT_EQ(::pclose(p), 0) << out;
+  EXPECT_NE(out.find("loading builtin:tiny layers 0-4 as f32"), std::string::npos) << out;
+  EXPECT_NE(out.find("MB/s, ETA"), std::string::npos) << out;
+  auto piped = strata("generate --model builtin:tiny --prompt-ids 1 --max-tokens 2 --output ids", true);
+  EXPECT_EQ(piped.out.find("MB/s"), std::string::npos) << piped.out;
+}
+
 TEST(Cli, ShardActorsAndInjectedFailuresPrintTheSame) {
   const std::string base = "generate --model builtin:tiny --prompt 'Once upon a time' --max-tokens 40 --output ids";
   auto plain = strata(base);
