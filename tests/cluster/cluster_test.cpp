@@ -388,6 +388,48 @@ TEST(Cluster, IncompatibleNodeIsRefused) {
   EXPECT_EQ(bad.wait_exit(std::chrono::seconds(60)), 3);
 }
 
+// Nodes serving a GGUF file (one file: weights, config, tokenizer) give the
+// same ids as one process, and concurrent clients each get their own; a node
+// keeping the weights in another type is refused by the coordinator.
+TEST(Cluster, GgufNodesServeAndAnotherWeightTypeIsRefused) {
+  STRATA_REQUIRE_SHARED("models/gguf/rand256-q8_0.gguf");
+  const auto model = test::shared_path("models/gguf/rand256-q8_0.gguf");
+  Cluster c;
+  ASSERT_FALSE(c.add("0", model).wait_line("ready node ").empty());
+  ASSERT_FALSE(c.add("1", model).wait_line("ready node ").empty());
+  const std::string args = " --prompt-ids 1,100,200,300 --max-tokens 24 --output ids";
+  const auto local = ids_line(run("generate --model " + model + args));
+  ASSERT_FALSE(local.empty());
+  std::vector<std::unique_ptr<Process>> clients;
+  for (int i = 0; i < 3; ++i)
+    clients.push_back(std::make_unique<Process>(
+      std::vector<std::string>{"/bin/sh", "-c", exe + " generate --cluster " + c.address + args + " 2>&1"}));
+  for (auto& p : clients) {
+    const auto out = p->drain();
+    EXPECT_EQ(ids_line(out), local) << out;
+  }
+  // A GGUF file is served in its own types: --dtype is refused at start.
+  auto node_cmd = [&](const std::string& address, const std::string& m, const std::string& layers,
+                      const std::string& dtype) {
+    return std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c",
+      exe + " node --listen 127.0.0.1:0 --join " + address + " --model " + m + " --layers " + layers +
+        " --threads 1 --dtype " + dtype + " 2>&1"});
+  };
+  auto bad = node_cmd(c.address, model, "0", "q8_0");
+  const auto bad_out = bad->drain();
+  EXPECT_NE(bad->wait_exit(std::chrono::seconds(60)), 0);
+  EXPECT_NE(bad_out.find("GGUF"), std::string::npos) << bad_out;
+  // A node converting to q8_0 meets a cluster serving f32: refused, naming both.
+  Cluster d;
+  ASSERT_TRUE(d.add_ready("0-2"));
+  auto q8 = node_cmd(d.address, "builtin:tiny", "3-4", "q8_0");
+  const auto q8_out = q8->drain();
+  EXPECT_EQ(q8->wait_exit(std::chrono::seconds(60)), 3);
+  EXPECT_NE(q8_out.find("weights q8_0"), std::string::npos) << q8_out;
+  EXPECT_NE(q8_out.find("weights f32"), std::string::npos) << q8_out;
+}
+
 TEST(Cluster, NonLoopbackNeedsInsecure) {
   const auto out = run("node --coordinator --listen 0.0.0.0:0");
   EXPECT_NE(out.find("--insecure"), std::string::npos) << out;
