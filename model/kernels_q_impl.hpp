@@ -83,7 +83,53 @@ inline void rows_q8_block(const WMatrix& W, const QuantActs& A, float* Y, int64_
     __m256 acc[R];
     for (int i = 0; i < R; ++i)
       acc[i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
+    // Blocks in groups of 8: the 8 block scales of a row are converted and
+    // multiplied by the activation scales in one vector operation, then read
+    // back one by one as broadcasts from memory (load ports, not ALU ports).
+    // The products and their order are those of the one-block loop below.
+    int64_t b = 0;
+    alignas(32) float sc[R][8];
+    __m256 corr[R]; // q4_0: the -8 sum(a) terms, 8 blocks per vector operation
+    for (int i = 0; i < R; ++i)
+      corr[i] = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+      const __m256 dav = _mm256_loadu_ps(da + b);
+      __m256 minus8sa = _mm256_setzero_ps();
+      if constexpr (T == WType::q4_0)
+        minus8sa = _mm256_mul_ps(_mm256_set1_ps(-8.f), _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(
+                                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(sa + b)))));
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + b * BB;
+        __m128i h = _mm_setzero_si128();
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk), 0);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + BB), 1);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 2 * BB), 2);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 3 * BB), 3);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 4 * BB), 4);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 5 * BB), 5);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 6 * BB), 6);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 7 * BB), 7);
+        const __m256 s = _mm256_mul_ps(_mm256_cvtph_ps(h), dav);
+        _mm256_store_ps(sc[i], s);
+        if constexpr (T == WType::q4_0)
+          corr[i] = _mm256_fmadd_ps(s, minus8sa, corr[i]);
+      }
+      for (int k = 0; k < 8; ++k) {
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * (b + k)));
+        for (int i = 0; i < R; ++i) {
+          const uint8_t* blk = row0 + i * rb + (b + k) * BB;
+          if (m == 0 && ahead && (k & 1) == 0)
+            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
+          __m256i p;
+          if constexpr (T == WType::q8_0)
+            p = block_dot<VNNI>(block_weights<T>(blk), av);
+          else // unsigned nibbles; the -8 sum(a) went into corr above
+            p = dot_u8s8<VNNI>(_mm256_setzero_si256(), block_weights<T>(blk), av);
+          acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[i][k]), _mm256_cvtepi32_ps(p), acc[i]);
+        }
+      }
+    }
+    for (; b < nb; ++b) {
       const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * b));
       for (int i = 0; i < R; ++i) {
         const uint8_t* blk = row0 + i * rb + b * BB;
@@ -99,7 +145,7 @@ inline void rows_q8_block(const WMatrix& W, const QuantActs& A, float* Y, int64_
       }
     }
     for (int i = 0; i < R; ++i) {
-      const float s = hsum8(acc[i]);
+      const float s = hsum8(_mm256_add_ps(acc[i], corr[i]));
       float& y = Y[m * ldy + r + i];
       y = accumulate ? y + s : s;
     }
@@ -157,6 +203,9 @@ inline void rows_q4_K_block(const WMatrix& W, const QuantActs& A, float* Y, int6
     const float* da = A.d.data() + m * nb;
     const int16_t* sums32 = A.sums32.data() + m * nb * 8;
     float acc[R] = {};
+    __m256 accv[R]; // the scaled products, kept in lanes until the row ends
+    for (int i = 0; i < R; ++i)
+      accv[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const int8_t* ab = a + 256 * b;
       const __m128i asum = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sums32 + 8 * b));
@@ -191,12 +240,14 @@ inline void rows_q4_K_block(const WMatrix& W, const QuantActs& A, float* Y, int6
         const __m128i m2 = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
         const int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(m2, _mm_shuffle_epi32(m2, 0xb1)));
         const float d = half_to_float(blk) * da[b], dmin = half_to_float(blk + 2) * da[b];
-        acc[i] += d * static_cast<float>(hsum8i(tot)) - dmin * static_cast<float>(msum);
+        accv[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(tot), accv[i]);
+        acc[i] -= dmin * static_cast<float>(msum);
       }
     }
     for (int i = 0; i < R; ++i) {
+      const float s = hsum8(accv[i]) + acc[i];
       float& y = Y[m * ldy + r + i];
-      y = accumulate ? y + acc[i] : acc[i];
+      y = accumulate ? y + s : s;
     }
   }
 }
@@ -227,7 +278,9 @@ inline void rows_q6_K_block(const WMatrix& W, const QuantActs& A, float* Y, int6
     const int8_t* a = A.q.data() + m * A.cols;
     const float* da = A.d.data() + m * nb;
     const int32_t* sums = A.sums.data() + m * nb * 16;
-    float acc[R] = {};
+    __m256 accv[R]; // the scaled products, kept in lanes until the row ends
+    for (int i = 0; i < R; ++i)
+      accv[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       __m256i av[8];
       for (int j = 0; j < 8; ++j)
@@ -264,14 +317,15 @@ inline void rows_q6_K_block(const WMatrix& W, const QuantActs& A, float* Y, int6
         // The -32 offset: 32 * sum over groups of 16 of scale x activation sum.
         const __m256i sc_a = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
         const __m256i sc_b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8)));
-        const int32_t corr =
-          hsum8i(_mm256_add_epi32(_mm256_mullo_epi32(sc_a, s16a), _mm256_mullo_epi32(sc_b, s16b)));
-        acc[i] += half_to_float(blk + 208) * da[b] * static_cast<float>(hsum8i(tot) - 32 * corr);
+        const __m256i corr = _mm256_add_epi32(_mm256_mullo_epi32(sc_a, s16a), _mm256_mullo_epi32(sc_b, s16b));
+        const __m256i v = _mm256_sub_epi32(tot, _mm256_slli_epi32(corr, 5));
+        accv[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk + 208) * da[b]), _mm256_cvtepi32_ps(v), accv[i]);
       }
     }
     for (int i = 0; i < R; ++i) {
+      const float s = hsum8(accv[i]);
       float& y = Y[m * ldy + r + i];
-      y = accumulate ? y + acc[i] : acc[i];
+      y = accumulate ? y + s : s;
     }
   }
 }
