@@ -2,7 +2,9 @@
 
 #include "model/error.hpp"
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <sstream>
 
 namespace strata::model {
@@ -24,6 +26,72 @@ int64_t parse_int(const std::string& s, const std::string& whole) {
 
 } // namespace
 
+std::vector<double> ModelConfig::rope_inv_freq() const {
+  const int64_t half = head_dim / 2;
+  const RopeScaling& rs = rope_scaling;
+  std::vector<double> inv(static_cast<std::size_t>(half));
+  // The unscaled frequencies in float, as the references compute them.
+  for (int64_t p = 0; p < half; ++p)
+    inv[static_cast<std::size_t>(p)] =
+      1.0f / std::pow(static_cast<float>(rope_theta), static_cast<float>(2 * p) / static_cast<float>(head_dim));
+  const double pi = std::acos(-1.0);
+  if (rs.type == "linear") {
+    for (auto& f : inv)
+      f /= rs.factor;
+  } else if (rs.type == "llama3") {
+    const double old_ctx = static_cast<double>(rs.original_max_position);
+    const double low_wavelen = old_ctx / rs.low_freq_factor, high_wavelen = old_ctx / rs.high_freq_factor;
+    for (auto& f : inv) {
+      const double wavelen = 2 * pi / f;
+      if (wavelen < high_wavelen)
+        continue; // high frequencies kept
+      if (wavelen > low_wavelen) {
+        f /= rs.factor; // low frequencies interpolated
+      } else {
+        const double smooth = (old_ctx / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+        f = (1 - smooth) * f / rs.factor + smooth * f;
+      }
+    }
+  } else if (rs.type == "yarn") {
+    const double dim = static_cast<double>(head_dim), base = rope_theta;
+    const double max_pos = static_cast<double>(rs.original_max_position);
+    auto correction_dim = [&](double rotations) {
+      return dim * std::log(max_pos / (rotations * 2 * pi)) / (2 * std::log(base));
+    };
+    double low = correction_dim(rs.beta_fast), high = correction_dim(rs.beta_slow);
+    if (rs.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1);
+    if (low == high)
+      high += 0.001;
+    for (int64_t p = 0; p < half; ++p) {
+      const double ramp = std::clamp((static_cast<double>(p) - low) / (high - low), 0.0, 1.0);
+      const double extrapolation = 1 - ramp;
+      double& f = inv[static_cast<std::size_t>(p)];
+      f = f / rs.factor * (1 - extrapolation) + f * extrapolation;
+    }
+  }
+  if (!rs.freq_factors.empty())
+    for (std::size_t i = 0; i < inv.size() && i < rs.freq_factors.size(); ++i)
+      inv[i] /= rs.freq_factors[i];
+  return inv;
+}
+
+double ModelConfig::rope_attention_factor() const {
+  const RopeScaling& rs = rope_scaling;
+  if (rs.type != "yarn")
+    return 1.0;
+  if (rs.attention_factor > 0)
+    return rs.attention_factor;
+  auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+  if (rs.mscale > 0 && rs.mscale_all_dim > 0)
+    return mscale(rs.factor, rs.mscale) / mscale(rs.factor, rs.mscale_all_dim);
+  return mscale(rs.factor, 1.0);
+}
+
 void ModelConfig::validate() const {
   require(architecture == "llama" || architecture == "qwen2",
           "architecture '" + architecture + "' is not supported (llama, qwen2)");
@@ -39,6 +107,19 @@ void ModelConfig::validate() const {
   require(max_seq_len > 0 && max_seq_len <= (int64_t{1} << 24), "max_seq_len out of range (got " + std::to_string(max_seq_len) + ")");
   require(rope_theta > 0, "rope_theta must be > 0");
   require(norm_eps > 0 && norm_eps < 1, "norm_eps must be in (0, 1)");
+  const RopeScaling& rs = rope_scaling;
+  require(rs.type == "none" || rs.type == "linear" || rs.type == "llama3" || rs.type == "yarn",
+          "rope_scaling type '" + rs.type + "' is not supported (linear, llama3, yarn)");
+  require(std::isfinite(rs.factor) && rs.factor > 0, "rope_scaling factor must be > 0");
+  if (rs.type == "llama3")
+    require(rs.original_max_position > 0 && rs.low_freq_factor > 0 && rs.high_freq_factor > rs.low_freq_factor,
+            "rope_scaling llama3 needs original_max_position_embeddings > 0 and high_freq_factor > low_freq_factor > 0");
+  if (rs.type == "yarn")
+    require(rs.original_max_position > 0 && rs.beta_fast > 0 && rs.beta_slow > 0 && rope_theta > 1,
+            "rope_scaling yarn needs original_max_position_embeddings > 0 and positive beta_fast / beta_slow");
+  require(rs.freq_factors.empty() || static_cast<int64_t>(rs.freq_factors.size()) == head_dim / 2,
+          "rope frequency factors: " + std::to_string(rs.freq_factors.size()) + " for " +
+            std::to_string(head_dim / 2) + " frequencies");
   require(bos_id < vocab_size, "bos_id " + std::to_string(bos_id) + " is outside the vocabulary");
   for (auto id : eos_ids)
     require(id >= 0 && id < vocab_size, "eos id " + std::to_string(id) + " is outside the vocabulary");

@@ -13,6 +13,28 @@ enum class RotaryLayout : uint8_t {
   half = 1,        ///< Hugging Face "rotate_half": pairs (i, i + head_dim/2)
 };
 
+/// How rotary frequencies are scaled for long contexts, as Hugging Face's
+/// `rope_scaling` defines each type (modeling_rope_utils): "none", "linear"
+/// (frequencies / factor), "llama3" (low frequencies / factor, high kept, a
+/// smooth blend between) and "yarn" (NTK-by-parts blend of interpolated and
+/// extrapolated frequencies, cos/sin scaled by the attention factor).
+/// `freq_factors` (GGUF `rope_freqs.weight`, how llama.cpp stores llama3
+/// scaling): frequency i is divided by freq_factors[i].
+struct RopeScaling {
+  std::string type = "none";
+  double factor = 1.0;
+  double low_freq_factor = 1.0;       ///< llama3
+  double high_freq_factor = 4.0;      ///< llama3
+  int64_t original_max_position = 0;  ///< llama3, yarn
+  double beta_fast = 32.0;            ///< yarn
+  double beta_slow = 1.0;             ///< yarn
+  double attention_factor = 0.0;      ///< yarn; 0: 0.1 ln(factor) + 1 (or from mscale)
+  double mscale = 0.0, mscale_all_dim = 0.0; ///< yarn (DeepSeek style), 0 = unset
+  bool truncate = true;               ///< yarn: round the correction range to whole dims
+  std::vector<float> freq_factors;
+  bool operator==(const RopeScaling&) const = default;
+};
+
 struct ModelConfig {
   std::string architecture = "llama"; ///< "llama" or "qwen2"
   std::string identity;               ///< where it came from (path or builtin:NAME)
@@ -26,6 +48,7 @@ struct ModelConfig {
   int64_t max_seq_len = 0;
   double rope_theta = 10000.0;
   RotaryLayout rotary = RotaryLayout::interleaved;
+  RopeScaling rope_scaling;
   double norm_eps = 1e-5;
   bool tied_embeddings = true;
   bool attention_bias = false;   ///< q/k/v projections carry a bias (Qwen2)
@@ -40,6 +63,10 @@ struct ModelConfig {
 
   /// Throws Error(bad_config) naming the offending field when inconsistent.
   void validate() const;
+  /// The rotary inverse frequencies (head_dim / 2 of them) after rope_scaling.
+  std::vector<double> rope_inv_freq() const;
+  /// What cos and sin are multiplied by (yarn's attention factor; 1 otherwise).
+  double rope_attention_factor() const;
   /// One line, for logs and `--help` listings.
   std::string summary() const;
 };

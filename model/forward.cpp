@@ -68,13 +68,14 @@ void Shard::Impl::build_rope() {
   const int64_t half = cfg.head_dim / 2;
   rope_cos.resize(static_cast<std::size_t>(cfg.max_seq_len * half));
   rope_sin.resize(rope_cos.size());
+  const auto inv = cfg.rope_inv_freq();
+  const auto att = static_cast<float>(cfg.rope_attention_factor());
   for (int64_t p = 0; p < half; ++p) {
-    const float freq =
-      1.0f / std::pow(static_cast<float>(cfg.rope_theta), static_cast<float>(2 * p) / static_cast<float>(cfg.head_dim));
+    const auto freq = static_cast<float>(inv[static_cast<std::size_t>(p)]);
     for (int64_t pos = 0; pos < cfg.max_seq_len; ++pos) {
       const float val = static_cast<float>(pos) * freq;
-      rope_cos[static_cast<std::size_t>(pos * half + p)] = std::cos(val);
-      rope_sin[static_cast<std::size_t>(pos * half + p)] = std::sin(val);
+      rope_cos[static_cast<std::size_t>(pos * half + p)] = att == 1.0f ? std::cos(val) : std::cos(val) * att;
+      rope_sin[static_cast<std::size_t>(pos * half + p)] = att == 1.0f ? std::sin(val) : std::sin(val) * att;
     }
   }
 }

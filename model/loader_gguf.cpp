@@ -7,6 +7,8 @@
 #include "model/mapped_file.hpp"
 #include "model/weights.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -49,11 +51,24 @@ public:
       throw Error(errc::unsupported, where + ": " + a + "rope.dimension_count " + std::to_string(*rd) +
                                        " rotates part of a head of " + std::to_string(cfg_.head_dim) +
                                        " (partial rotary is not supported)");
-    if (auto st = f_.opt_string(a + "rope.scaling.type"); st && *st != "none")
-      throw Error(errc::unsupported, where + ": " + a + "rope.scaling.type '" + *st + "' is not supported");
-    if (auto sw = f_.opt_int(a + "attention.sliding_window"); sw && *sw > 0)
-      throw Error(errc::unsupported, where + ": " + a + "attention.sliding_window is not supported");
+    if (auto st = f_.opt_string(a + "rope.scaling.type"); st && *st != "none") {
+      if (*st != "linear")
+        throw Error(errc::unsupported, where + ": " + a + "rope.scaling.type '" + *st + "' is not supported (linear)");
+      cfg_.rope_scaling.type = "linear";
+      cfg_.rope_scaling.factor = f_.opt_float(a + "rope.scaling.factor").value_or(1.0);
+    }
     cfg_.max_seq_len = f_.get_int(a + "context_length");
+    if (auto sw = f_.opt_int(a + "attention.sliding_window"); sw && *sw > 0)
+      cfg_.max_seq_len = std::min(cfg_.max_seq_len, *sw); // held to the window: attention is then exact
+    // llama3-style scaling as llama.cpp stores it: a frequency factor per pair.
+    if (const GgufTensor* rf = f_.tensor("rope_freqs.weight")) {
+      if (rf->type != WType::f32 || rf->numel() != cfg_.head_dim / 2)
+        throw Error(errc::corrupt, where + ": rope_freqs.weight must hold " + std::to_string(cfg_.head_dim / 2) +
+                                     " f32 values");
+      MappedFile m(path, rf->file_offset, rf->nbytes);
+      cfg_.rope_scaling.freq_factors.resize(static_cast<std::size_t>(rf->numel()));
+      std::memcpy(cfg_.rope_scaling.freq_factors.data(), m.data(), rf->nbytes);
+    }
     cfg_.rope_theta = f_.opt_float(a + "rope.freq_base").value_or(10000.0);
     cfg_.norm_eps = f_.opt_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5);
     // llama: Meta's interleaved pairs (llama.cpp's converter permutes Hugging

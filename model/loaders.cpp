@@ -183,6 +183,52 @@ void add_eos_ids(const json& c, const std::string& where, std::vector<int32_t>& 
       out.push_back(id);
 }
 
+// Hugging Face's rope_scaling object ("rope_type" or the older "type").
+RopeScaling parse_rope_scaling(const json& r, const std::string& where, int64_t max_position) {
+  if (!r.is_object())
+    throw Error(errc::bad_config, where + ": rope_scaling is not an object");
+  const std::string type = r.contains("rope_type") ? r.value("rope_type", std::string{}) : r.value("type", std::string{});
+  auto num = [&](const char* key, std::optional<double> dflt) -> double {
+    if (r.contains(key) && !r[key].is_null()) {
+      if (!r[key].is_number())
+        throw Error(errc::bad_config, where + ": rope_scaling." + key + " is not a number");
+      return r[key].get<double>();
+    }
+    if (!dflt)
+      throw Error(errc::bad_config, where + ": rope_scaling type '" + type + "' needs " + key);
+    return *dflt;
+  };
+  RopeScaling rs;
+  if (type == "default" || type.empty())
+    return rs;
+  if (type == "linear") {
+    rs.type = type;
+    rs.factor = num("factor", std::nullopt);
+  } else if (type == "llama3") {
+    rs.type = type;
+    rs.factor = num("factor", std::nullopt);
+    rs.low_freq_factor = num("low_freq_factor", std::nullopt);
+    rs.high_freq_factor = num("high_freq_factor", std::nullopt);
+    rs.original_max_position = static_cast<int64_t>(num("original_max_position_embeddings", std::nullopt));
+  } else if (type == "yarn") {
+    rs.type = type;
+    rs.factor = num("factor", std::nullopt);
+    rs.original_max_position = static_cast<int64_t>(num("original_max_position_embeddings", double(max_position)));
+    rs.beta_fast = num("beta_fast", 32.0);
+    rs.beta_slow = num("beta_slow", 1.0);
+    rs.attention_factor = num("attention_factor", 0.0);
+    rs.mscale = num("mscale", 0.0);
+    rs.mscale_all_dim = num("mscale_all_dim", 0.0);
+    if (r.contains("truncate") && r["truncate"].is_boolean())
+      rs.truncate = r["truncate"].get<bool>();
+  } else {
+    throw Error(errc::unsupported, where + ": rope_scaling type '" + type +
+                                     "' is not supported (linear, llama3, yarn; 'dynamic' rescales with the "
+                                     "sequence length and would change cached positions)");
+  }
+  return rs;
+}
+
 class HfSource final : public TensorSource {
 public:
   explicit HfSource(const std::string& dir) : dir_(dir) {
@@ -223,7 +269,7 @@ public:
     else
       throw Error(errc::unsupported, where + ": model_type '" + mt + "' is not supported (llama, mistral, qwen2)");
     if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
-      throw Error(errc::unsupported, where + ": rope_scaling is not supported");
+      cfg_.rope_scaling = parse_rope_scaling(c["rope_scaling"], where, get_int("max_position_embeddings", 2048));
     if (get_bool("use_sliding_window", false))
       throw Error(errc::unsupported, where + ": use_sliding_window is not supported");
     cfg_.identity = fs::absolute(dir_).lexically_normal().string();
@@ -235,6 +281,14 @@ public:
     cfg_.head_dim = get_int("head_dim", cfg_.n_heads > 0 ? cfg_.dim / cfg_.n_heads : 0);
     cfg_.vocab_size = get_int("vocab_size");
     cfg_.max_seq_len = get_int("max_position_embeddings", 2048);
+    // A sliding window (Mistral v0.1: 4096) changes attention only past the
+    // window: sequences are held to it, so every position sees what it would.
+    if (mt != "qwen2" && c.contains("sliding_window") && !c["sliding_window"].is_null()) {
+      const int64_t w = get_int("sliding_window");
+      if (w <= 0)
+        throw Error(errc::bad_config, where + ": sliding_window must be positive");
+      cfg_.max_seq_len = std::min(cfg_.max_seq_len, w);
+    }
     cfg_.rope_theta = get_num("rope_theta", 10000.0);
     cfg_.rotary = RotaryLayout::half;
     cfg_.norm_eps = get_num("rms_norm_eps", 1e-6);
