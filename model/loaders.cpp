@@ -272,6 +272,13 @@ public:
       cfg_.rope_scaling = parse_rope_scaling(c["rope_scaling"], where, get_int("max_position_embeddings", 2048));
     if (get_bool("use_sliding_window", false))
       throw Error(errc::unsupported, where + ": use_sliding_window is not supported");
+    // Fields that change the math: refused unless they say what strata computes.
+    if (c.contains("hidden_act") && c["hidden_act"] != "silu")
+      throw Error(errc::unsupported, where + ": hidden_act " + c["hidden_act"].dump() + " is not supported (silu)");
+    if (get_bool("mlp_bias", false))
+      throw Error(errc::unsupported, where + ": mlp_bias is not supported");
+    if (get_num("partial_rotary_factor", 1.0) != 1.0)
+      throw Error(errc::unsupported, where + ": partial_rotary_factor is not supported (the whole head rotates)");
     cfg_.identity = fs::absolute(dir_).lexically_normal().string();
     cfg_.dim = get_int("hidden_size");
     cfg_.hidden_dim = get_int("intermediate_size");

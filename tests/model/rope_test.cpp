@@ -150,6 +150,15 @@ TEST(Rope, ConfigFieldsAreReadOrRefusedByName) {
                      model::errc::unsupported, "longrope");
   EXPECT_MODEL_ERROR(model::read_config(hf_dir_with("nofactor", {{"rope_scaling", {{"type", "linear"}}}})),
                      model::errc::bad_config, "factor");
+  // Other fields that change the math are refused by name.
+  EXPECT_MODEL_ERROR(model::read_config(hf_dir_with("gelu", {{"hidden_act", "gelu"}})), model::errc::unsupported,
+                     "hidden_act");
+  EXPECT_MODEL_ERROR(model::read_config(hf_dir_with("mlpbias", {{"mlp_bias", true}})), model::errc::unsupported,
+                     "mlp_bias");
+  EXPECT_MODEL_ERROR(model::read_config(hf_dir_with("partial", {{"partial_rotary_factor", 0.5}})),
+                     model::errc::unsupported, "partial_rotary_factor");
+  c = model::read_config(hf_dir_with("silu", {{"hidden_act", "silu"}, {"mlp_bias", false}}));
+  EXPECT_EQ(c.dim, 64);
   // Mistral v0.1's window: sequences are held to it (attention is exact below it).
   c = model::read_config(hf_dir_with("window", {{"sliding_window", 4096}}));
   EXPECT_EQ(c.max_seq_len, 4096);
