@@ -89,18 +89,12 @@ struct Pass {
   const ModelConfig& cfg() const { return s.cfg; }
 
   // out (R, rows) = in (R, cols) W^T over the plan's groups; += when accumulate.
-  // Each part of a stacked weight writes its own columns of `out`.
   void linear(float* out, const float* in, const detail::Linear& w, bool accumulate) {
-    const int64_t ld = w.rows, cols = w.cols;
-    int64_t col0 = 0;
-    for (const auto& part : w.parts) {
-      if (plan.small_end > 0)
-        detail::matmul_rows(part, in, out + col0, ld, plan.small_end, accumulate);
-      for (auto& q : plan.seqs)
-        if (q.row0 >= plan.small_end)
-          detail::matmul_gemm(part, in + q.row0 * cols, out + q.row0 * ld + col0, ld, q.rows, accumulate);
-      col0 += part.rows;
-    }
+    if (plan.small_end > 0)
+      detail::matmul_rows(w, in, out, plan.small_end, accumulate);
+    for (auto& q : plan.seqs)
+      if (q.row0 >= plan.small_end)
+        detail::matmul_gemm(w, in + q.row0 * w.cols, out + q.row0 * w.rows, q.rows, accumulate);
   }
 
   void rope(float* vec, int64_t n_heads, int64_t pos) const {

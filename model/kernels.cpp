@@ -12,6 +12,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include <array>
+#include <optional>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -165,81 +166,59 @@ void matmul_rows(const float* W, const float* X, float* Y, int64_t M, int64_t ro
   matmul_rows(w, X, Y, rows, M, accumulate);
 }
 
-// llama.cpp multiplies a weight with the activations rounded to the type it
-// pairs with it (f16 with f16, bf16 with bf16, q8_0 / q4_0 with 32-value int8
-// blocks, K types with 256-value int8 blocks). We round the same way, so our
-// logits stay within its tolerances; the products then run in f32.
-static const float* round_activations(WType t, const float* X, int64_t M, int64_t cols) {
-  if (t == WType::f32)
-    return X;
-  thread_local std::vector<float> buf;
-  const int64_t n = M * cols;
-  if (static_cast<int64_t>(buf.size()) < n)
-    buf.resize(static_cast<std::size_t>(n));
-  float* out = buf.data();
-  switch (t) {
-    case WType::bf16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint32_t b;
-        std::memcpy(&b, X + i, 4);
-        if ((b & 0x7f800000u) != 0x7f800000u) // finite: round to nearest even
-          b += 0x7fffu + ((b >> 16) & 1u);
-        b &= 0xffff0000u;
-        std::memcpy(out + i, &b, 4);
-      }
-      break;
-    case WType::f16:
-      for (int64_t i = 0; i < n; ++i)
-        out[i] = static_cast<float>(static_cast<_Float16>(X[i]));
-      break;
-    case WType::q8_0:
-    case WType::q4_0:
-      for (int64_t i = 0; i < n; i += 32) {
-        float amax = 0.f;
-        for (int j = 0; j < 32; ++j)
-          amax = std::max(amax, std::fabs(X[i + j]));
-        const float d = static_cast<float>(static_cast<_Float16>(amax / 127.f)); // stored as f16
-        const float id = amax != 0.f ? 127.f / amax : 0.f;
-        for (int j = 0; j < 32; ++j)
-          out[i + j] = d * std::nearbyint(X[i + j] * id);
-      }
-      break;
-    case WType::q4_K:
-    case WType::q6_K:
-      for (int64_t i = 0; i < n; i += 256) {
-        float amax = 0.f, mx = 0.f;
-        for (int j = 0; j < 256; ++j)
-          if (std::fabs(X[i + j]) > amax) {
-            amax = std::fabs(X[i + j]);
-            mx = X[i + j];
-          }
-        const float iscale = amax != 0.f ? -127.f / mx : 0.f, d = amax != 0.f ? 1.f / iscale : 0.f;
-        for (int j = 0; j < 256; ++j)
-          out[i + j] = d * std::min(127.f, std::nearbyint(iscale * X[i + j]));
-      }
-      break;
-    case WType::f32:
-      break;
-  }
-  return out;
+namespace {
+
+// Activations prepared for one weight type: quantized for the fused kernels
+// (kernels_q.cpp), or rounded to f32 the way llama.cpp pairs them with the type
+// for the other paths (f16 with f16, bf16 with bf16, int8 blocks for the
+// quantized types: the same values the fused kernels multiply). Parts of a
+// stacked weight whose types prepare alike share one preparation.
+struct Prepared {
+  WType type;
+  bool fused;
+  const float* x;       // the rounded rows (or X itself for f32), when not fused
+  const QuantActs* q;   // when fused
+};
+
+bool prepares_alike(WType a, WType b, bool gemm) {
+  auto kind = [](WType t) {
+    return t == WType::q4_0 ? WType::q8_0 : t == WType::q6_K ? WType::q4_K : t; // same activation blocks
+  };
+  return kind(a) == kind(b) && (gemm || fused_available(a) == fused_available(b));
 }
 
-void matmul_rows(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate) {
+// The buffers are the calling thread's: valid until its next prepare().
+Prepared prepare(WType t, const float* X, int64_t M, int64_t cols, bool gemm) {
+  thread_local QuantActs acts;
+  thread_local std::vector<float> rounded;
+  if (t == WType::f32)
+    return {t, false, X, nullptr};
+  const int64_t n = M * cols;
+  if (static_cast<int64_t>(rounded.size()) < n)
+    rounded.resize(static_cast<std::size_t>(n));
+  if (t == WType::f16) {
+    for (int64_t i = 0; i < n; ++i)
+      rounded[static_cast<std::size_t>(i)] = static_cast<float>(static_cast<_Float16>(X[i]));
+    return {t, false, rounded.data(), nullptr};
+  }
+  quantize_acts(t, X, M, cols, acts);
+  if (!gemm && fused_available(t))
+    return {t, true, nullptr, &acts};
+  expand_acts(acts, rounded.data());
+  return {t, false, rounded.data(), nullptr};
+}
+
+void rows_prepared(const WMatrix& W, const Prepared& p, float* Y, int64_t ldy, int64_t M, bool accumulate) {
   const int64_t rows = W.rows, cols = W.cols;
-  if (M <= 0 || rows <= 0)
-    return;
-  if (fused_available(W.type)) {
-    // Activations quantized once here; the weights stay packed (kernels_q.cpp).
-    thread_local QuantActs acts;
-    quantize_acts(W.type, X, M, cols, acts);
+  if (p.fused) {
+    const QuantActs& a = *p.q;
     const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(cols * M, 1));
     if (rows <= grain || at::get_num_threads() == 1)
-      return fused_rows(W, acts, Y, ldy, 0, rows, accumulate);
-    const QuantActs& a = acts;
+      return fused_rows(W, a, Y, ldy, 0, rows, accumulate);
     at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) { fused_rows(W, a, Y, ldy, r0, r1, accumulate); });
     return;
   }
-  X = round_activations(W.type, X, M, cols);
+  const float* X = p.x;
   auto run = [&](int64_t r0, int64_t r1) {
     if (W.type == WType::f32)
       rows_kernel(W.f32(), X, Y, ldy, M, r0, r1, cols, accumulate);
@@ -255,6 +234,27 @@ void matmul_rows(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_
     return;
   }
   at::parallel_for(0, blocks, grain, [&](int64_t b, int64_t e) { run(b * 4, std::min(rows, e * 4)); });
+}
+
+} // namespace
+
+void matmul_rows(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate) {
+  if (M <= 0 || W.rows <= 0)
+    return;
+  rows_prepared(W, prepare(W.type, X, M, W.cols, false), Y, ldy, M, accumulate);
+}
+
+void matmul_rows(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate) {
+  if (M <= 0)
+    return;
+  std::optional<Prepared> p;
+  int64_t col0 = 0;
+  for (const auto& part : w.parts) {
+    if (!p || !prepares_alike(p->type, part.type, false))
+      p = prepare(part.type, X, M, w.cols, false);
+    rows_prepared(part, *p, Y + col0, w.rows, M, accumulate);
+    col0 += part.rows;
+  }
 }
 
 namespace {
@@ -274,12 +274,11 @@ void matmul_gemm(const float* W, const float* X, float* Y, int64_t M, int64_t ro
   sgemm(W, X, Y, rows, M, rows, cols, accumulate);
 }
 
-void matmul_gemm(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate) {
-  if (M <= 0 || W.rows <= 0)
-    return;
+namespace {
+
+void gemm_prepared(const WMatrix& W, const Prepared& p, float* Y, int64_t ldy, int64_t M, bool accumulate) {
   if (W.type == WType::f32)
-    return sgemm(W.f32(), X, Y, ldy, M, W.rows, W.cols, accumulate);
-  X = round_activations(W.type, X, M, W.cols);
+    return sgemm(W.f32(), p.x, Y, ldy, M, W.rows, W.cols, accumulate);
   // Slabs of about 4 MB of f32 weights: expanded by all threads, then one sgemm.
   const int64_t cols = W.cols;
   const int64_t slab = std::max<int64_t>(16, (int64_t{1} << 20) / cols);
@@ -289,7 +288,28 @@ void matmul_gemm(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_
     at::parallel_for(0, n, 16, [&](int64_t a, int64_t b) {
       dequantize(W.type, W.row(r0 + a), buf + a * cols, (b - a) * cols);
     });
-    sgemm(buf, X, Y + r0, ldy, M, n, cols, accumulate);
+    sgemm(buf, p.x, Y + r0, ldy, M, n, cols, accumulate);
+  }
+}
+
+} // namespace
+
+void matmul_gemm(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate) {
+  if (M <= 0 || W.rows <= 0)
+    return;
+  gemm_prepared(W, prepare(W.type, X, M, W.cols, true), Y, ldy, M, accumulate);
+}
+
+void matmul_gemm(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate) {
+  if (M <= 0)
+    return;
+  std::optional<Prepared> p;
+  int64_t col0 = 0;
+  for (const auto& part : w.parts) {
+    if (!p || !prepares_alike(p->type, part.type, true))
+      p = prepare(part.type, X, M, w.cols, true);
+    gemm_prepared(part, *p, Y + col0, w.rows, M, accumulate);
+    col0 += part.rows;
   }
 }
 

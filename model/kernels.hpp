@@ -23,6 +23,10 @@ void matmul_rows(const float* W, const float* X, float* Y, int64_t M, int64_t ro
 /// four rows at a time in L1 and go through the same tile as f32, so a row's
 /// numbers still do not depend on M.
 void matmul_rows(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate);
+/// A stacked weight: Y (M, w.rows) = X w^T, each part writing its own columns.
+/// The activations are prepared once for parts whose types pair with the same
+/// activation rounding, not once per part.
+void matmul_rows(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate);
 
 /// The same product through oneDNN's sgemm (JIT kernels for this CPU, OpenMP
 /// threads shared with ATen): for many rows (prefill chunks).
@@ -30,6 +34,7 @@ void matmul_gemm(const float* W, const float* X, float* Y, int64_t M, int64_t ro
 /// The same for a weight of any resident type (ldy as above): other types are
 /// expanded to f32 a slab of rows at a time (threads share the work), then sgemm.
 void matmul_gemm(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate);
+void matmul_gemm(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate);
 
 /// Applies the thread count of set_num_threads() to the calling thread (OpenMP
 /// keeps it per thread); cheap when nothing changed.

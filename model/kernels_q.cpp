@@ -135,6 +135,20 @@ void quantize_acts(WType t, const float* X, int64_t M, int64_t cols, QuantActs& 
   }
 }
 
+void expand_acts(const QuantActs& a, float* out) {
+  const int64_t n = a.rows * a.cols;
+  if (a.for_type == WType::bf16) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(a.bf[static_cast<std::size_t>(i)]) << 16;
+      std::memcpy(out + i, &bits, 4);
+    }
+    return;
+  }
+  const int64_t block = a.for_type == WType::q8_0 || a.for_type == WType::q4_0 ? 32 : 256;
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = a.d[static_cast<std::size_t>(i / block)] * static_cast<float>(a.q[static_cast<std::size_t>(i)]);
+}
+
 void fused_rows(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool accumulate) {
   if (W.type == WType::bf16)
     return fused_rows_bf16(W, A, Y, ldy, r0, r1, accumulate);

@@ -32,8 +32,11 @@ void set_fused_isa(FusedIsa isa);
 
 /// Whether this CPU (and the setting above) has a fused kernel for `t`.
 bool fused_available(WType t);
-/// Quantizes M rows of X for weights of type `t` (which must be fused_available).
+/// Quantizes M rows of X for weights of type `t` (bf16, q8_0, q4_0, q4_K, q6_K).
 void quantize_acts(WType t, const float* X, int64_t M, int64_t cols, QuantActs& out);
+/// The floats `a` stands for (rows x cols into `out`): what the fused kernels
+/// multiply, for the paths that multiply in f32.
+void expand_acts(const QuantActs& a, float* out);
 /// Y[m * ldy + r] (=|+=) row r of W . row m of the activations, for r in [r0, r1).
 void fused_rows(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool accumulate);
 
