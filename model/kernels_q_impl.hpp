@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 namespace strata::model::detail::KQ_NS {
 
@@ -152,16 +153,6 @@ inline void rows_q8_block(const WMatrix& W, const QuantActs& A, float* Y, int64_
   }
 }
 
-template <WType T, bool VNNI>
-inline void rows_q8(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1,
-                    bool accumulate) {
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4)
-    rows_q8_block<T, VNNI, 4>(W, A, Y, ldy, r, r1, accumulate);
-  for (; r < r1; ++r)
-    rows_q8_block<T, VNNI, 1>(W, A, Y, ldy, r, r1, accumulate);
-}
-
 // q4_K: 8 sub-blocks of 32 with 6-bit scales and mins.
 // The twelve packed bytes as eight 6-bit scales (bytes 0-7 of the result) and
 // eight 6-bit mins (bytes 8-15), with 32-bit word operations.
@@ -252,16 +243,6 @@ inline void rows_q4_K_block(const WMatrix& W, const QuantActs& A, float* Y, int6
   }
 }
 
-template <bool VNNI>
-inline void rows_q4_K(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1,
-                      bool accumulate) {
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4)
-    rows_q4_K_block<VNNI, 4>(W, A, Y, ldy, r, r1, accumulate);
-  for (; r < r1; ++r)
-    rows_q4_K_block<VNNI, 1>(W, A, Y, ldy, r, r1, accumulate);
-}
-
 // q6_K: values (6-bit) - 32 with an int8 scale per 16. R rows side by side as
 // q4_K; u8 x s8 pair sums (maddubs: 63 x 127 x 2 fits int16), then each half of
 // 16 times its scale in the int16 pair sums (vpdpwssd); the -32 offset through
@@ -330,24 +311,30 @@ inline void rows_q6_K_block(const WMatrix& W, const QuantActs& A, float* Y, int6
   }
 }
 
-template <bool VNNI>
-inline void rows_q6_K(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1,
-                      bool accumulate) {
+// Rows [r0, r1) four at a time, the rest one at a time: f(R, r) handles rows
+// r .. r+R-1 (R an integral_constant).
+template <class F>
+inline void by_fours(int64_t r0, int64_t r1, F&& f) {
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4)
-    rows_q6_K_block<VNNI, 4>(W, A, Y, ldy, r, r1, accumulate);
+    f(std::integral_constant<int, 4>{}, r);
   for (; r < r1; ++r)
-    rows_q6_K_block<VNNI, 1>(W, A, Y, ldy, r, r1, accumulate);
+    f(std::integral_constant<int, 1>{}, r);
 }
 
 template <bool VNNI>
 void rows_impl(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
   switch (W.type) {
-    case WType::q8_0: return rows_q8<WType::q8_0, VNNI>(W, A, Y, ldy, r0, r1, acc);
-    case WType::q4_0: return rows_q8<WType::q4_0, VNNI>(W, A, Y, ldy, r0, r1, acc);
-    case WType::q4_K: return rows_q4_K<VNNI>(W, A, Y, ldy, r0, r1, acc);
-    case WType::q6_K: return rows_q6_K<VNNI>(W, A, Y, ldy, r0, r1, acc);
-    default: return;
+    case WType::q8_0:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q8_block<WType::q8_0, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::q4_0:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q8_block<WType::q4_0, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::q4_K:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q4_K_block<VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::q6_K:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q6_K_block<VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    default:
+      return;
   }
 }
 

@@ -62,11 +62,7 @@ void bf16_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int
 
 void fused_rows_bf16(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1,
                      bool accumulate) {
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4)
-    bf16_block<4>(W, A, Y, ldy, r, r1, accumulate);
-  for (; r < r1; ++r)
-    bf16_block<1>(W, A, Y, ldy, r, r1, accumulate);
+  vnni::by_fours(r0, r1, [&](auto R, int64_t r) { bf16_block<R>(W, A, Y, ldy, r, r1, accumulate); });
 }
 
 } // namespace strata::model::detail

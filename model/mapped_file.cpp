@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -11,7 +12,11 @@
 
 namespace strata::model {
 
-MappedFile::MappedFile(const std::string& path) : path_(path) {
+namespace {
+
+// Opens `path` read-only and returns the descriptor and the file's size;
+// throws Error(io) unless it is a regular file.
+std::pair<int, uint64_t> open_regular(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     throw Error(errc::io, "cannot open '" + path + "': " + std::strerror(errno));
@@ -20,7 +25,14 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     ::close(fd);
     throw Error(errc::io, "'" + path + "' is not a regular file");
   }
-  size_ = static_cast<std::size_t>(st.st_size);
+  return {fd, static_cast<uint64_t>(st.st_size)};
+}
+
+} // namespace
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  const auto [fd, fsize] = open_regular(path);
+  size_ = static_cast<std::size_t>(fsize);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
@@ -34,15 +46,7 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
 }
 
 MappedFile::MappedFile(const std::string& path, uint64_t offset, std::size_t length) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    throw Error(errc::io, "cannot open '" + path + "': " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error(errc::io, "'" + path + "' is not a regular file");
-  }
-  const auto fsize = static_cast<uint64_t>(st.st_size);
+  const auto [fd, fsize] = open_regular(path);
   if (offset > fsize || length > fsize - offset) {
     ::close(fd);
     throw Error(errc::corrupt, "'" + path + "' has " + std::to_string(fsize) + " bytes, fewer than the " +
