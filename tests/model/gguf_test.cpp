@@ -153,73 +153,44 @@ TEST(Gguf, LyingAndUnsupportedFilesAreTypedErrors) {
     test::write_file(p, bytes);
     return p;
   };
+  // A model file with one lie.
+  auto lied = [](const std::string& name, auto set) {
+    Lies l;
+    set(l);
+    return write_model(name, WType::f32, l);
+  };
   // Truncated: inside the tensor directory, inside the data.
   EXPECT_MODEL_ERROR(model::Shard::load(file("cut1.gguf", good.substr(0, 2000))), errc::corrupt, "cut1.gguf");
   EXPECT_MODEL_ERROR(model::Shard::load(file("cut2.gguf", good.substr(0, good.size() - 4096))), errc::corrupt,
                      "beyond the end of the file");
   // Lying offset of the last tensor (past the end; misaligned).
-  Lies far;
-  far.offset_lie = 1 << 20;
-  EXPECT_MODEL_ERROR(model::Shard::load(write_model("far", WType::f32, far)), errc::corrupt, "output.weight");
-  Lies odd;
-  odd.offset_lie = 4;
-  EXPECT_MODEL_ERROR(model::Shard::load(write_model("odd", WType::f32, odd)), errc::corrupt, "not aligned");
+  EXPECT_MODEL_ERROR(model::Shard::load(lied("far", [](Lies& l) { l.offset_lie = 1 << 20; })), errc::corrupt, "output.weight");
+  EXPECT_MODEL_ERROR(model::Shard::load(lied("odd", [](Lies& l) { l.offset_lie = 4; })), errc::corrupt, "not aligned");
   // A tensor of a type strata does not implement (q5_K), and an unknown id.
-  Lies q5;
-  q5.wq_type = 13;
-  EXPECT_MODEL_ERROR(model::Shard::load(write_model("q5k", WType::f32, q5)), errc::corrupt, "blk.1.attn_q.weight");
-  Lies iq;
-  iq.wq_type = 20; // iq4_nl: 32-value blocks of 18 bytes; our f32 bytes are more than enough
-  EXPECT_MODEL_ERROR(model::Shard::load(write_model("iq4", WType::f32, iq)), errc::unsupported, "iq4_nl");
-  Lies unknown;
-  unknown.wq_type = 77;
-  EXPECT_MODEL_ERROR(model::Shard::load(write_model("t77", WType::f32, unknown)), errc::unsupported, "type 77");
+  EXPECT_MODEL_ERROR(model::Shard::load(lied("q5k", [](Lies& l) { l.wq_type = 13; })), errc::corrupt, "blk.1.attn_q.weight");
+  // iq4_nl: 32-value blocks of 18 bytes; our f32 bytes are more than enough.
+  EXPECT_MODEL_ERROR(model::Shard::load(lied("iq4", [](Lies& l) { l.wq_type = 20; })), errc::unsupported, "iq4_nl");
+  EXPECT_MODEL_ERROR(model::Shard::load(lied("t77", [](Lies& l) { l.wq_type = 77; })), errc::unsupported, "type 77");
   // A tensor whose shape does not fit the model; a missing one.
-  Lies rows;
-  rows.wrong_rows = 16;
-  EXPECT_MODEL_ERROR(model::Shard::load(write_model("rows", WType::f32, rows)), errc::corrupt, "blk.1.attn_k.weight");
-  Lies norm;
-  norm.drop_norm = true;
-  EXPECT_MODEL_ERROR(model::Shard::load(write_model("nonorm", WType::f32, norm)), errc::missing_tensor,
+  EXPECT_MODEL_ERROR(model::Shard::load(lied("rows", [](Lies& l) { l.wrong_rows = 16; })), errc::corrupt, "blk.1.attn_k.weight");
+  EXPECT_MODEL_ERROR(model::Shard::load(lied("nonorm", [](Lies& l) { l.drop_norm = true; })), errc::missing_tensor,
                      "output_norm.weight");
   // Architecture and version.
-  Lies arch;
-  arch.arch = "gptneox";
-  EXPECT_MODEL_ERROR(model::Shard::load(write_model("arch", WType::f32, arch)), errc::unsupported, "gptneox");
-  Lies v1;
-  v1.version = 1;
-  EXPECT_MODEL_ERROR(model::Shard::load(write_model("v1", WType::f32, v1)), errc::unsupported, "version 1");
-  // Lying string length and array count in the metadata.
-  {
+  EXPECT_MODEL_ERROR(model::Shard::load(lied("arch", [](Lies& l) { l.arch = "gptneox"; })), errc::unsupported, "gptneox");
+  EXPECT_MODEL_ERROR(model::Shard::load(lied("v1", [](Lies& l) { l.version = 1; })), errc::unsupported, "version 1");
+  // Lying string length and array count in the metadata (raw little-endian key/value bytes).
+  auto le = [](auto v) { return std::string(reinterpret_cast<const char*>(&v), sizeof v); };
+  auto lying_meta = [&](const std::string& name, const std::string& key, const std::string& rest) {
     test::GgufWriter w;
-    std::string raw;
-    const std::string k = "general.name";
-    uint64_t n = k.size();
-    raw.append(reinterpret_cast<const char*>(&n), 8);
-    raw += k;
-    uint32_t type = 8;
-    raw.append(reinterpret_cast<const char*>(&type), 4);
-    uint64_t len = 1ull << 40;
-    raw.append(reinterpret_cast<const char*>(&len), 8);
-    raw += "short";
-    w.raw_meta(raw, 1);
-    EXPECT_MODEL_ERROR(model::Shard::load(file("strlen.gguf", w.bytes())), errc::corrupt, "general.name");
-  }
-  {
-    test::GgufWriter w;
-    std::string raw;
-    const std::string k = "tokenizer.ggml.scores";
-    uint64_t n = k.size();
-    raw.append(reinterpret_cast<const char*>(&n), 8);
-    raw += k;
-    uint32_t type = 9, et = 6;
-    uint64_t count = 1ull << 50;
-    raw.append(reinterpret_cast<const char*>(&type), 4);
-    raw.append(reinterpret_cast<const char*>(&et), 4);
-    raw.append(reinterpret_cast<const char*>(&count), 8);
-    w.raw_meta(raw, 1);
-    EXPECT_MODEL_ERROR(model::Shard::load(file("count.gguf", w.bytes())), errc::corrupt, "tokenizer.ggml.scores");
-  }
+    w.raw_meta(le(uint64_t{key.size()}) + key + rest, 1);
+    return file(name, w.bytes());
+  };
+  EXPECT_MODEL_ERROR(model::Shard::load(lying_meta("strlen.gguf", "general.name",
+                                                   le(uint32_t{8}) + le(uint64_t{1} << 40) + "short")),
+                     errc::corrupt, "general.name");
+  EXPECT_MODEL_ERROR(model::Shard::load(lying_meta("count.gguf", "tokenizer.ggml.scores",
+                                                   le(uint32_t{9}) + le(uint32_t{6}) + le(uint64_t{1} << 50))),
+                     errc::corrupt, "tokenizer.ggml.scores");
   // Wrong metadata types and missing keys name the key.
   {
     test::GgufWriter w;
