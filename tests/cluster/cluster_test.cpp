@@ -389,8 +389,9 @@ TEST(Cluster, IncompatibleNodeIsRefused) {
 }
 
 // Nodes serving a GGUF file (one file: weights, config, tokenizer) give the
-// same ids as one process, and concurrent clients each get their own; a node
-// keeping the weights in another type is refused by the coordinator.
+// same ids as one process to concurrent clients, also while faults hit some of
+// them (an eviction, a desync, an epoch bump); a node keeping the weights in
+// another type is refused by the coordinator.
 TEST(Cluster, GgufNodesServeAndAnotherWeightTypeIsRefused) {
   STRATA_REQUIRE_SHARED("models/gguf/rand256-q8_0.gguf");
   const auto model = test::shared_path("models/gguf/rand256-q8_0.gguf");
@@ -400,13 +401,18 @@ TEST(Cluster, GgufNodesServeAndAnotherWeightTypeIsRefused) {
   const std::string args = " --prompt-ids 1,100,200,300 --max-tokens 24 --output ids";
   const auto local = ids_line(run("generate --model " + model + args));
   ASSERT_FALSE(local.empty());
+  // (fault, what the client's summary must then report; "" = nothing to check)
+  const std::vector<std::pair<std::string, std::string>> runs = {
+    {"", ""}, {"", ""}, {" --inject evict:1@5", "evicted_lru=1"}, {" --inject desync:0@9", "seq_mismatch=1"},
+    {" --inject epoch@12", ""}};
   std::vector<std::unique_ptr<Process>> clients;
-  for (int i = 0; i < 3; ++i)
+  for (const auto& [faults, report] : runs)
     clients.push_back(std::make_unique<Process>(
-      std::vector<std::string>{"/bin/sh", "-c", exe + " generate --cluster " + c.address + args + " 2>&1"}));
-  for (auto& p : clients) {
-    const auto out = p->drain();
+      std::vector<std::string>{"/bin/sh", "-c", exe + " generate --cluster " + c.address + args + faults + " 2>&1"}));
+  for (std::size_t i = 0; i < clients.size(); ++i) {
+    const auto out = clients[i]->drain();
     EXPECT_EQ(ids_line(out), local) << out;
+    EXPECT_NE(out.find(runs[i].second), std::string::npos) << out;
   }
   // A GGUF file is served in its own types: --dtype is refused at start.
   auto node_cmd = [&](const std::string& address, const std::string& m, const std::string& layers,

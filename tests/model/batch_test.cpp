@@ -38,9 +38,9 @@ float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
 // A pipeline of shards that runs a batch of sequences hop by hop.
 struct Pipeline {
   std::vector<std::unique_ptr<Shard>> shards;
-  Pipeline(const std::string& model, const std::string& split) {
+  Pipeline(const std::string& model, const std::string& split, const model::LoadOptions& load = {}) {
     for (auto r : model::parse_layer_ranges(split))
-      shards.push_back(Shard::load(model, r));
+      shards.push_back(Shard::load(model, r, load));
   }
   std::vector<KVCache> caches() const {
     std::vector<KVCache> c;
@@ -97,8 +97,8 @@ std::vector<std::vector<int32_t>> prompts(int32_t vocab) {
 
 // Eight sequences joining at staggered rounds, decoded greedily together; each
 // step's logits must equal those of the same sequence run alone.
-void batched_equals_alone(const std::string& model, const std::string& split) {
-  Pipeline batched(model, split), alone(model, split);
+void batched_equals_alone(const std::string& model, const std::string& split, const model::LoadOptions& load = {}) {
+  Pipeline batched(model, split, load), alone(model, split, load);
   const auto vocab = static_cast<int32_t>(batched.shards.back()->config().vocab_size);
   const auto ps = prompts(vocab);
   const std::size_t n = ps.size();
@@ -164,6 +164,22 @@ TEST(Batch, StaggeredSequencesEqualAloneStories) {
   STRATA_REQUIRE_SHARED("models/stories260K.bin");
   batched_equals_alone(stories(), "0-4");
   batched_equals_alone(stories(), "0-1,2-3,4");
+}
+
+// The fused kernels of quantized and bf16 weights keep the promise too: each
+// sequence of a staggered crowd gets bit for bit what it gets alone.
+TEST(Batch, StaggeredSequencesEqualAloneInEveryWeightType) {
+  for (const char* dt : {"bf16", "q8_0", "q4_0", "q4_K"}) {
+    SCOPED_TRACE(dt);
+    model::LoadOptions o;
+    o.dtype = dt;
+    batched_equals_alone("builtin:tiny", "0-1,2-3,4", o);
+  }
+}
+
+TEST(Batch, StaggeredSequencesEqualAloneGgufQ4KM) {
+  STRATA_REQUIRE_SHARED("models/gguf/rand256-q4_k_m.gguf");
+  batched_equals_alone(test::shared_path("models/gguf/rand256-q4_k_m.gguf"), "0,1");
 }
 
 // A prompt fed in pieces (as the shard scheduler does for long prompts) fills
