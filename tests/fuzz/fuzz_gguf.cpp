@@ -21,7 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       } catch (const Error&) {
       }
     };
-    for (const auto& [key, v] : f.metadata()) {
+    for (const auto& entry : f.metadata()) {
+      const std::string& key = entry.first; // a plain reference: clang 14 lambdas cannot capture bindings
       ask([&] { return f.opt_string(key); });
       ask([&] { return f.opt_int(key); });
       ask([&] { return f.opt_float(key); });
