@@ -85,8 +85,9 @@ SessionCacheStore::Lookup SessionCacheStore::open(const std::string& session, co
   owner_[session] = key;
   expire();
   if (auto it = index_.find(session); it != index_.end()) {
-    if (step_id >= 0 && it->second->epoch == epoch && it->second->last_step == step_id) {
-      out.ctx = &*it->second; // this very prefill was applied already
+    if (step_id >= 0 && it->second->epoch <= epoch && it->second->last_step == step_id) {
+      out.ctx = &*it->second; // this very step was applied already
+      out.ctx->epoch = epoch;
       out.duplicate = true;
       touch(it->second);
       return out;
@@ -104,7 +105,12 @@ SessionCacheStore::Lookup SessionCacheStore::open(const std::string& session, co
     auto victim = it++;
     drop(victim, miss_reason::evicted_lru);
   }
-  lru_.push_front(Context{session, epoch, model::KVCache(pool_), now_(), -1, -1, {}, {}, true, 0});
+  Context fresh;
+  fresh.session = session;
+  fresh.epoch = epoch;
+  fresh.cache = model::KVCache(pool_);
+  fresh.last_used = now_();
+  lru_.push_front(std::move(fresh));
   index_[session] = lru_.begin();
   why_gone_.erase(session);
   out.ctx = &lru_.front();
@@ -132,12 +138,8 @@ SessionCacheStore::Lookup SessionCacheStore::find(const std::string& session, co
   }
   Context& ctx = *it->second;
   ctx.renewed = true;
-  if (ctx.epoch < epoch) {
-    const auto old = ctx.epoch;
-    drop(it->second, miss_reason::superseded);
-    return miss(session, miss_reason::superseded,
-                "cache was built at epoch " + std::to_string(old) + ", request is at epoch " + std::to_string(epoch));
-  }
+  if (ctx.epoch < epoch)
+    ctx.epoch = epoch; // kept across a route change (the session asked for this hop as it is)
   const int64_t held = ctx.cache.seq_len();
   if (past_len != held) {
     if (step_id == ctx.last_step && past_len == ctx.last_past_len) {
@@ -200,6 +202,24 @@ void SessionCacheStore::committed(Context& ctx, int64_t step_id, int64_t past_le
   ctx.last_step = step_id;
   ctx.last_past_len = past_len;
   ctx.last_used = now_();
+  const auto full = static_cast<std::size_t>(ctx.cache.seq_len() / model::BlockPool::block_tokens);
+  const auto& table = ctx.cache.table();
+  for (; ctx.published < std::min(full, ctx.ids.size()); ++ctx.published)
+    pool_->publish(table[ctx.published], ctx.ids[ctx.published]); // an id taken by another block: ours stays private
+}
+
+int64_t SessionCacheStore::share_prefix(Context& ctx, int64_t limit) {
+  constexpr auto bt = model::BlockPool::block_tokens;
+  for (std::size_t b = static_cast<std::size_t>(ctx.cache.blocks()); b < ctx.ids.size(); ++b) {
+    if (static_cast<int64_t>(b + 1) * bt > limit)
+      break;
+    const int32_t block = pool_->lookup(ctx.ids[b]);
+    if (block < 0 || !ctx.cache.adopt(block))
+      break;
+    counters_.prefix_hit_tokens += bt;
+  }
+  ctx.published = static_cast<std::size_t>(ctx.cache.blocks());
+  return ctx.cache.seq_len();
 }
 
 caf::error SessionCacheStore::release(const std::string& session, const msg::session_key& key) {

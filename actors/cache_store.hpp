@@ -38,6 +38,7 @@ struct StoreLimits {
   std::chrono::milliseconds ttl{10 * 60 * 1000};
   std::size_t history = 4096; ///< remembered misses and epochs
   int lease_missed = 3;       ///< sweeps without a renewal before a context is dropped (0 = no leases)
+  bool prefix_cache = true;   ///< share full blocks between sessions (model/kv_cache.hpp)
 };
 
 struct StoreCounters {
@@ -49,6 +50,7 @@ struct StoreCounters {
   uint64_t budget_errors = 0;
   uint64_t conflicts = 0; ///< refused: another owner's session id
   uint64_t orphans = 0;   ///< dropped: the owner ended or its lease ran out
+  uint64_t prefix_hit_tokens = 0; ///< positions adopted from the prefix cache
 };
 
 class SessionCacheStore {
@@ -64,10 +66,14 @@ public:
     // The last applied step, so that a duplicate can be recognised and replayed.
     int64_t last_step = -1;
     int64_t last_past_len = -1;
-    msg::tensor_blob replay_hidden; // non-tail: what the step forwarded
-    msg::step_reply replay_reply;   // tail: what the step answered
+    msg::step_reply replay_reply;   // tail: what the step answered (other shards replay from their kept rows)
     bool renewed = true;            // a step or lease renewal since the last sweep
     int missed = 0;                 // sweeps in a row without one
+    // The prefix cache: block ids of the full blocks (as far as known), how many
+    // of the blocks were published or adopted, and (head only) the tokens.
+    std::vector<model::BlockId> ids;
+    std::size_t published = 0;
+    std::vector<int32_t> tokens;
   };
 
   /// What a lookup found.
@@ -85,13 +91,16 @@ public:
                     now_fn now = [] { return clock::now(); });
 
   using pin_fn = std::function<bool(const Context&)>;
-  /// Prefill: opens a fresh context for (session, epoch) owned by `key`,
-  /// replacing any older one of the same owner; a context of the same epoch
-  /// that already applied `step_id` is a duplicate (answered, not re-opened).
+  /// Prefill or rebuild: opens a fresh context for (session, epoch) owned by
+  /// `key`, replacing any older one of the same owner; a context that already
+  /// applied `step_id` (at this epoch or an older one) is a duplicate
+  /// (answered, not re-opened).
   /// The session cap evicts the least recently used others, never pinned ones.
   Lookup open(const std::string& session, const msg::session_key& key, int64_t epoch, int64_t step_id = -1,
               const pin_fn& pinned = {});
-  /// Decode: the context that must hold exactly `past_len` tokens.
+  /// Decode: the context that must hold exactly `past_len` tokens. A context
+  /// built at an older epoch is carried into this one (the session keeps a hop
+  /// whose shard and layers did not change; the length check still applies).
   Lookup find(const std::string& session, const msg::session_key& key, int64_t epoch, int64_t past_len,
               int64_t step_id);
   /// Takes the pool blocks `ctx` needs to grow to `tokens` tokens, evicting other
@@ -101,8 +110,12 @@ public:
   /// that alone needs more than the whole pool is dropped and the result is
   /// ec::budget_exceeded.
   caf::error reserve(Context& ctx, int64_t tokens, const pin_fn& pinned = {});
-  /// Records that `ctx` applied step `step_id` at `past_len`.
+  /// Records that `ctx` applied step `step_id` at `past_len`, and publishes its
+  /// newly full blocks whose ids are known in the prefix cache.
   void committed(Context& ctx, int64_t step_id, int64_t past_len);
+  /// A freshly opened `ctx` takes the longest run of published blocks named by
+  /// ctx.ids that ends at most at `limit` positions. Returns the positions taken.
+  int64_t share_prefix(Context& ctx, int64_t limit);
   /// Drops a context because its session is done (later lookups: released).
   /// ec::session_conflict (and nothing dropped) when `key` is not the owner's.
   caf::error release(const std::string& session, const msg::session_key& key);

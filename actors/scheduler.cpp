@@ -27,7 +27,7 @@ std::vector<StepScheduler::Piece> StepScheduler::pick() {
   for (auto it = queue_.begin(); it != queue_.end(); ++it) {
     if (!sessions.insert(it->req.session).second)
       continue;
-    (it->req.mode == static_cast<uint8_t>(msg::step_mode::decode) && it->done == 0 ? decodes : prefills).push_back(it);
+    (it->req.mode == static_cast<uint8_t>(msg::step_mode::decode) && !it->rebuilt && it->done == 0 ? decodes : prefills).push_back(it);
   }
   int64_t budget = limits_.max_batch_tokens;
   auto take = [&](iterator it) {

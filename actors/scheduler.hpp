@@ -6,7 +6,7 @@
 // * bounded: a step that finds `max_queue` steps waiting is refused by the
 //   caller with ec::overloaded;
 // * a round takes every waiting decode step first (oldest first), then pieces of
-//   waiting prefills, within `max_batch_tokens` rows; a round always takes at
+//   waiting prefills and rebuilds, within `max_batch_tokens` rows; a round always takes at
 //   least one piece, so a step larger than the budget still runs;
 // * a long input is cut into pieces at fixed multiples of `prefill_chunk` rows
 //   (counted from the step's first row), whatever else is queued, so a sequence
@@ -42,9 +42,11 @@ struct QueuedStep {
   caf::typed_response_promise<msg::step_reply> promise;
   caf::strong_actor_ptr owner; ///< the sender (a prefill's opener is monitored)
   int64_t rows = 0;           ///< input rows of the whole step
-  int64_t done = 0;           ///< rows already run (earlier pieces)
+  int64_t done = 0;           ///< rows already run (earlier pieces, or taken from the prefix cache)
+  int64_t from = 0;           ///< position of the first input row (0: this hop rebuilds; else past_len)
+  bool rebuilt = false;       ///< this hop opens a fresh cache (a prefill, or a rebuild)
+  uint64_t recomputed = 0;    ///< layer-tokens this hop recomputed for positions before past_len
   std::vector<float> hidden;  ///< non-head: the input rows (rows, dim)
-  std::vector<float> emitted; ///< non-tail: output rows of the pieces so far
 };
 
 class StepScheduler {

@@ -70,9 +70,8 @@ bool take_push(session_self self, msg::route_info& r) {
     st.route.epoch = r.epoch;
     st.route.hops.clear();
   } else {
-    st.route = std::move(r);
+    st.route = std::move(r); // the next send rebuilds only the hops that changed
   }
-  st.needs_prefill = true;
   return true;
 }
 
@@ -119,6 +118,7 @@ void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::ste
       st.decode_ms = st.decode_ms == 0 ? ms : 0.7 * st.decode_ms + 0.3 * ms;
     }
   }
+  st.result.recomputed_layer_tokens += rep.recomputed;
   if (rep.kind == static_cast<uint8_t>(msg::reply_kind::cache_miss)) {
     if (rep.miss < msg::miss_reason_count)
       ++st.result.misses[rep.miss];
@@ -126,14 +126,27 @@ void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::ste
       return fail(self, caf::make_error(ec::retries_exhausted, "session '" + st.req.session + "': cache missed " +
                                                                  std::to_string(st.failures) +
                                                                  " times in a row; last: " + rep.detail));
-    st.needs_prefill = true;
+    // That hop rebuilds on the resend. (A hop that was already rebuilding cannot
+    // miss; if one says so, or names no hop of the route, rebuild them all.)
+    const auto k = rep.miss_hop;
+    const auto& hops = st.route.hops;
+    if (k >= 0 && k < static_cast<int64_t>(hops.size()) && k < 64 &&
+        ((st.inflight.rebuild >> k) & 1u) == 0)
+      st.lost.push_back(hops[static_cast<std::size_t>(k)].shard);
+    else
+      for (auto& h : hops)
+        st.lost.push_back(h.shard);
     return go_stepping(self);
   }
   if (prefill && !st.first_token_seen) {
     st.result.prefill_ms = ms_since(t0);
     st.first_token_seen = true;
   }
-  st.needs_prefill = false;
+  // Every hop of the route now holds the session's state.
+  st.prefilled = true;
+  st.step_pending = false;
+  st.kept_hops = st.route.hops;
+  st.lost.clear();
   st.avoid.clear(); // a step went through: forget old suspicions
   st.rng_state = rep.rng_state;
   on_token(self, rep.token);
@@ -178,10 +191,8 @@ void go_routing(session_self self) {
         auto& st = self->state;
         if (tag != st.awaited)
           return; // superseded
-        if (r.epoch >= st.route.epoch && !r.hops.empty()) {
+        if (r.epoch >= st.route.epoch && !r.hops.empty())
           st.route = std::move(r);
-          st.needs_prefill = true;
-        }
         go_stepping(self);
       },
       [=](caf::error& err) {
@@ -195,37 +206,74 @@ void go_routing(session_self self) {
   self->become(routing(self));
 }
 
-// stepping: one step in flight (or, with no complete route, routing).
+// Which hops of the current route must rebuild the pending step's caches: those
+// that missed it, and those whose shard and layers did not hold the session's
+// state at its last token (a route change). Bit i: hop i.
+uint64_t rebuild_mask(const session_state& st) {
+  uint64_t mask = 0;
+  for (std::size_t i = 0; i < st.route.hops.size() && i < 64; ++i) {
+    const auto& h = st.route.hops[i];
+    const bool held = std::any_of(st.kept_hops.begin(), st.kept_hops.end(), [&](const msg::hop& k) {
+      return k.shard == h.shard && k.first == h.first && k.last == h.last;
+    });
+    const bool lost = std::find(st.lost.begin(), st.lost.end(), h.shard) != st.lost.end();
+    if (!held || lost)
+      mask |= uint64_t{1} << i;
+  }
+  return mask;
+}
+
+// stepping: one step in flight (or, with no complete route, routing). A step
+// that has not yielded its token yet is sent again under the same id.
 void go_stepping(session_self self) {
   auto& st = self->state;
   if (st.route.hops.empty())
     return go_routing(self);
   st.phase = session_phase::stepping;
+  if (!st.step_pending) {
+    ++st.step_id;
+    st.step_pending = true;
+    st.recovery_counted = false;
+  }
   msg::step_request r;
   r.session = st.req.session;
   r.key = st.key;
   r.epoch = st.route.epoch;
-  r.step_id = ++st.step_id;
+  r.step_id = st.step_id;
   r.recipe = st.route.recipe;
   r.route = st.route.hops;
   r.hop_index = 0;
   r.sampling = st.req.sampling;
   r.sampling.rng_state = st.rng_state;
-  const bool prefill = st.needs_prefill;
-  if (prefill) {
+  const auto L = static_cast<int64_t>(st.seq.size());
+  if (!st.prefilled) {
+    // The prompt's prefill (again, if it failed): every hop opens its cache.
     r.mode = static_cast<uint8_t>(msg::step_mode::prefill);
     r.past_len = 0;
-    r.tokens = st.seq;
   } else {
     r.mode = static_cast<uint8_t>(msg::step_mode::decode);
-    r.past_len = static_cast<int64_t>(st.seq.size()) - 1;
-    r.tokens = {st.seq.back()};
+    r.past_len = L - 1;
+    r.rebuild = rebuild_mask(st);
+    if (r.rebuild != 0 && st.route.hops.size() > msg::max_route_hops) {
+      // A route too long for the mask: every hop rebuilds (a full re-prefill).
+      r.mode = static_cast<uint8_t>(msg::step_mode::prefill);
+      r.past_len = 0;
+      r.rebuild = 0;
+    }
   }
-  for (int64_t i = 0; i < static_cast<int64_t>(r.tokens.size()); ++i)
-    r.positions.push_back(r.past_len + i);
-  if (prefill && st.result.steps > 0) {
+  const bool head_rebuilds = r.mode == static_cast<uint8_t>(msg::step_mode::prefill) || (r.rebuild & 1u) != 0;
+  const int64_t from = head_rebuilds ? 0 : r.past_len;
+  r.tokens.assign(st.seq.begin() + from, st.seq.end());
+  r.positions = model::consecutive_positions(from, L - from);
+  if (st.prefilled && (r.rebuild != 0 || r.mode == static_cast<uint8_t>(msg::step_mode::prefill)) &&
+      !st.recovery_counted) {
+    // A recovery: the positions before this step must be rebuilt somewhere.
+    // (What the rebuilt hops computed comes back in the reply; a full
+    // re-prefill would have recomputed every layer over them.)
+    st.recovery_counted = true;
     ++st.result.reprefills;
-    st.result.recomputed_tokens += st.seq.size();
+    st.result.recomputed_tokens += static_cast<uint64_t>(L - 1);
+    st.result.full_layer_tokens += static_cast<uint64_t>(L - 1) * static_cast<uint64_t>(st.route.recipe.n_layers);
   }
   ++st.result.steps;
   st.inflight = std::move(r);
@@ -287,7 +335,6 @@ void go_backing_off(session_self self, const caf::error& why) {
     return;
   }
   st.phase = session_phase::backing_off;
-  st.needs_prefill = true;
   const auto tag = ++st.awaited; // whatever is still in flight no longer counts
   const auto wait = st.opts.backoff * (1 << std::min(st.failures - 1, 8));
   self->delayed_send(self, wait, atom::retry_atom_v, tag);

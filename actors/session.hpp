@@ -1,11 +1,21 @@
 #pragma once
 // The session actor: one per generation. It holds the token history and the
 // sampling state, asks the supervisor for a route, prefills, then decodes one
-// token per step, streaming each token to its client. On a cache_miss it
-// re-prefills the prompt-so-far; on a route change (epoch bump) it takes the new
-// route and re-prefills. Every request has a deadline; failures are retried a
-// bounded number of times with backoff, then the client gets a clear error. Its
-// caches are released when it ends.
+// token per step, streaming each token to its client. Every request has a
+// deadline; failures are retried a bounded number of times with backoff, then
+// the client gets a clear error. Its caches are released when it ends.
+//
+// Recovery is targeted: a step that fails is sent again under the same step id
+// until it yields its token, and each resend names the hops that must rebuild
+// their caches (step_request::rebuild): a hop that answered cache_miss for it
+// (step_reply::miss_hop), and, after a route change, every hop whose shard or
+// layer range is not one that held the session's state. Every other hop keeps
+// its cache: one that already applied the step answers it as a duplicate, one
+// that did not applies it. A rebuilt hop gets its input rows for every position
+// from the hop before it, which keeps the rows it sent in its cache blocks; if
+// that hop lost its cache too, it misses in turn and is rebuilt as well, up to
+// the head, which rebuilds from the session's tokens (so everything lost is a
+// full re-prefill). See docs/architecture.md for why the tokens cannot change.
 //
 // Identity and ownership: the session's id comes from msg::mint_session_id()
 // (the request's, or minted here when empty); its session key is minted here and
@@ -75,7 +85,11 @@ struct session_state {
   session_phase phase = session_phase::routing;
   std::vector<int32_t> seq;       // prompt + generated
   msg::route_info route;
-  bool needs_prefill = true;      // the next step re-prefills seq
+  bool prefilled = false;         // the prompt's prefill yielded its token (later steps decode)
+  bool step_pending = false;      // a step was sent and has not yielded its token (resends keep its id)
+  std::vector<msg::hop> kept_hops; // the hops that held all of seq[0, size-1) at the last token
+  std::vector<msg::shard_actor> lost; // shards that missed the pending step (they rebuild)
+  bool recovery_counted = false;  // the pending step is counted as a recovery
   uint64_t rng_state = 0;
   int64_t step_id = 0;
   uint64_t awaited = 0;           // tag of the one request (or timer) whose answer counts

@@ -3,6 +3,8 @@
 #include "model/error.hpp"
 #include "model/sampler.hpp"
 
+#include <cstring>
+
 namespace strata::actors {
 
 using msg::step_mode;
@@ -40,6 +42,11 @@ msg::shard_stats shard_state::stats() const {
   s.batched_rows = batched_rows;
   s.max_batch = max_batch;
   s.overloaded = overloaded;
+  s.computed = computed;
+  s.recomputed = recomputed;
+  s.prefix_hit_tokens = c.prefix_hit_tokens;
+  s.prefix_blocks = static_cast<uint64_t>(pool->published());
+  s.prefix_cached = static_cast<uint64_t>(pool->cached());
   return s;
 }
 
@@ -81,14 +88,6 @@ bool same_host(const caf::node_id& a, const caf::node_id& b) {
   return i != std::string::npos && j != std::string::npos && x.compare(0, i, y, 0, j) == 0;
 }
 
-// The request the next hop gets: this hop's output rows instead of the input.
-msg::step_request next_hop(msg::step_request req, msg::tensor_blob hidden) {
-  req.tokens.clear();
-  req.hidden = std::move(hidden);
-  req.hop_index += 1;
-  return req;
-}
-
 } // namespace
 
 caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& req) {
@@ -128,18 +127,36 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
   if (T == 0 || (head && static_cast<int64_t>(req.tokens.size()) != T))
     return caf::make_error(ec::bad_shape, "step carries " + std::to_string(req.tokens.size()) + " tokens and " +
                                             std::to_string(T) + " positions");
-  if (req.past_len < 0 || req.positions.front() != req.past_len)
-    return caf::make_error(ec::bad_request, "positions must start at past_len " + std::to_string(req.past_len));
-  for (int64_t i = 1; i < T; ++i)
-    if (req.positions[static_cast<std::size_t>(i)] != req.past_len + i)
-      return caf::make_error(ec::bad_shape, "positions must be consecutive from past_len " +
-                                              std::to_string(req.past_len) + "; index " + std::to_string(i) + " holds " +
-                                              std::to_string(req.positions[static_cast<std::size_t>(i)]));
   const auto mode = static_cast<step_mode>(req.mode);
   if (mode == step_mode::prefill && req.past_len != 0)
     return caf::make_error(ec::bad_request, "a prefill must start at position 0");
+  if ((req.rebuild != 0 && req.route.size() > msg::max_route_hops) ||
+      (req.route.size() < msg::max_route_hops && (req.rebuild >> req.route.size()) != 0))
+    return caf::make_error(ec::bad_request, "the rebuild mask names hops past the route's " +
+                                              std::to_string(req.route.size()) + " (at most " +
+                                              std::to_string(msg::max_route_hops) + " hops)");
+  // A rebuilt hop gets its rows from position 0, a kept one from past_len.
+  const bool rebuilt = mode == step_mode::prefill || (req.hop_index < 64 && ((req.rebuild >> req.hop_index) & 1u) != 0);
+  const int64_t from = rebuilt ? 0 : req.past_len;
+  if (req.past_len < 0 || req.positions.front() != from)
+    return caf::make_error(ec::bad_request, "positions must start at " + std::string(rebuilt ? "0 on a hop that rebuilds" : "past_len ") +
+                                              (rebuilt ? "" : std::to_string(req.past_len)));
+  for (int64_t i = 1; i < T; ++i)
+    if (req.positions[static_cast<std::size_t>(i)] != from + i)
+      return caf::make_error(ec::bad_shape, "positions must be consecutive from " + std::to_string(from) + "; index " +
+                                              std::to_string(i) + " holds " +
+                                              std::to_string(req.positions[static_cast<std::size_t>(i)]));
+  if (from + T <= req.past_len)
+    return caf::make_error(ec::bad_request, "a rebuild must reach past past_len " + std::to_string(req.past_len) +
+                                              " (it ends at " + std::to_string(from + T) + ")");
+  if (req.blocks.size() % 2 != 0 || req.blocks_from < 0 ||
+      (req.blocks_from + static_cast<int64_t>(req.blocks.size() / 2)) * model::BlockPool::block_tokens > from + T)
+    return caf::make_error(ec::bad_request, "the step names block ids past its " + std::to_string(from + T) +
+                                              " positions");
   QueuedStep q;
   q.rows = T;
+  q.from = from;
+  q.rebuilt = rebuilt;
   if (!head) {
     try {
       auto a = req.hidden.to_activation();
@@ -161,9 +178,10 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
   }
 
   // Failure injection hooks.
-  if (desync_next) {
+  if (desync_next && !rebuilt) {
     desync_next = false;
     req.past_len += 1;
+    q.from += 1;
   }
   if (dup_next && mode == step_mode::decode) {
     dup_next = false;
@@ -243,6 +261,7 @@ void shard_state::round(self_ptr self) {
   const bool head = range.first == 0;
   const bool tail = range.last == recipe.n_layers - 1;
   const int64_t dim = shard->config().dim;
+  const auto layers = static_cast<uint64_t>(range.count());
   struct Active {
     StepScheduler::Piece piece;
     SessionCacheStore::Context* ctx;
@@ -252,12 +271,12 @@ void shard_state::round(self_ptr self) {
     return std::any_of(active.begin(), active.end(), [&](const Active& a) { return a.ctx == &c; });
   };
   // Per sequence, exactly what a lone step gets: lookups, misses, duplicates.
-  for (auto& piece : scheduler->pick()) {
+  for (auto piece : scheduler->pick()) {
     auto& q = *piece.step;
     auto& req = q.req;
-    const bool opening = piece.begin == 0 && req.mode == static_cast<uint8_t>(step_mode::prefill);
+    const bool opening = piece.begin == 0 && q.rebuilt;
     auto found = opening ? store->open(req.session, req.key, req.epoch, req.step_id, pinned)
-                         : store->find(req.session, req.key, req.epoch, req.past_len + piece.begin,
+                         : store->find(req.session, req.key, req.epoch, q.from + piece.begin,
                                        piece.begin == 0 ? req.step_id : -1);
     if (found.err) {
       q.promise.deliver(std::move(found.err));
@@ -272,21 +291,42 @@ void shard_state::round(self_ptr self) {
     if (found.duplicate) {
       // Already applied: never advance the cache twice; answer as the first time.
       ++duplicates;
-      if (tail)
-        q.promise.deliver(found.ctx->replay_reply);
-      else
-        q.promise.delegate(req.route[req.hop_index + 1].shard, next_hop(req, found.ctx->replay_hidden));
+      if (tail) {
+        auto r = found.ctx->replay_reply;
+        r.recomputed = req.recomputed;
+        q.promise.deliver(std::move(r));
+      } else {
+        pass_on(q, *found.ctx);
+      }
       scheduler->erase(piece.step);
       continue;
     }
-    if (opening)
+    if (opening) {
       adopt(self, q.owner, req.session);
+      // The prefix cache: the block ids of this sequence, then the longest run of
+      // them already published here (always leaving the last row to compute).
+      auto& ctx = *found.ctx;
+      const int64_t L = q.from + q.rows;
+      if (head) {
+        ctx.tokens.assign(req.tokens.begin(), req.tokens.end());
+        prefix_ids->extend(ctx.ids, ctx.tokens);
+      } else if (req.blocks_from == 0) {
+        for (std::size_t i = 0; i + 1 < req.blocks.size(); i += 2)
+          ctx.ids.push_back(model::BlockId{req.blocks[i], req.blocks[i + 1]});
+      }
+      const int64_t skip = store->share_prefix(ctx, L - 1);
+      if (skip > 0) {
+        q.done = skip;
+        piece.begin = skip;
+        piece.end = scheduler->piece_end(q, skip);
+      }
+    }
     active.push_back(Active{piece, found.ctx});
   }
   // Blocks for every sequence; pinned ones are never evicted for another.
   for (auto it = active.begin(); it != active.end();) {
     auto& q = *it->piece.step;
-    auto err = store->reserve(*it->ctx, q.req.past_len + it->piece.end,
+    auto err = store->reserve(*it->ctx, q.from + it->piece.end,
                               [&](const SessionCacheStore::Context& c) { return &c != it->ctx && pinned(c); });
     if (err == ec::overloaded) {
       it = active.erase(it); // stays queued: next round, when the others are done
@@ -315,7 +355,9 @@ void shard_state::round(self_ptr self) {
       }
       st.positions = std::span<const int64_t>(q.req.positions).subspan(static_cast<std::size_t>(piece.begin), n);
       st.cache = &ctx->cache;
-      st.emit = !tail || piece.last(); // other shards forward every row at the end
+      // The tail only needs the logits of the last row; other shards keep their
+      // output rows in the cache blocks and pass them on from there.
+      st.emit = tail && piece.last();
       batched_rows += n;
     }
     ++rounds;
@@ -343,12 +385,28 @@ void shard_state::round(self_ptr self) {
         continue;
       }
       q.done = piece.end;
-      if (!tail)
-        q.emitted.insert(q.emitted.end(), res.out.hidden.data.begin(), res.out.hidden.data.end());
+      {
+        // Work done, and the part of it that recomputed positions a lost cache held.
+        const int64_t p0 = q.from + piece.begin, p1 = q.from + piece.end;
+        computed += static_cast<uint64_t>(p1 - p0) * layers;
+        if (q.rebuilt && q.req.mode != static_cast<uint8_t>(step_mode::prefill))
+          q.recomputed += static_cast<uint64_t>(std::max<int64_t>(0, std::min(p1, q.req.past_len) - p0)) * layers;
+      }
       if (!piece.last())
         continue; // more pieces in later rounds
       ++steps;
+      if (head && !q.rebuilt) { // the head knows every token of the sequence: the ids of newly full blocks
+        ctx->tokens.resize(static_cast<std::size_t>(q.from));
+        ctx->tokens.insert(ctx->tokens.end(), q.req.tokens.begin(), q.req.tokens.end());
+        prefix_ids->extend(ctx->ids, ctx->tokens);
+      } else if (!head && !q.rebuilt) {
+        for (std::size_t k = 0; k + 1 < q.req.blocks.size(); k += 2)
+          if (static_cast<std::size_t>(q.req.blocks_from) + k / 2 == ctx->ids.size())
+            ctx->ids.push_back(model::BlockId{q.req.blocks[k], q.req.blocks[k + 1]});
+      }
       store->committed(*ctx, q.req.step_id, q.req.past_len);
+      recomputed += q.recomputed;
+      q.req.recomputed += q.recomputed;
       expected.emplace(q.req.session, std::chrono::steady_clock::now());
       if (tail) {
         model::Sampler sampler(
@@ -359,6 +417,7 @@ void shard_state::round(self_ptr self) {
         r.epoch = q.req.epoch;
         r.step_id = q.req.step_id;
         r.kind = static_cast<uint8_t>(msg::reply_kind::token);
+        r.recomputed = q.req.recomputed;
         try {
           r.token = sampler.sample(res.out.logits);
         } catch (const model::Error& e) {
@@ -370,20 +429,43 @@ void shard_state::round(self_ptr self) {
         ctx->replay_reply = r;
         q.promise.deliver(std::move(r));
       } else {
-        model::Activation a;
-        a.rows = q.rows;
-        a.cols = dim;
-        a.data = std::move(q.emitted);
-        ctx->replay_hidden = msg::tensor_blob::from(a);
-        auto next = next_hop(std::move(q.req), ctx->replay_hidden);
-        auto dest = next.route[next.hop_index].shard;
-        q.promise.delegate(dest, std::move(next));
+        pass_on(q, *ctx);
       }
       scheduler->erase(piece.step);
     }
   }
   if (!scheduler->empty() && !round_pending)
     schedule_round(self);
+}
+
+void shard_state::pass_on(QueuedStep& q, const SessionCacheStore::Context& ctx) {
+  // The next hop gets rows from 0 when it rebuilds, else from past_len: both
+  // read from the output rows this shard keeps in its blocks (so a hop after a
+  // lost one is rebuilt without any recomputation up here).
+  const auto& req = q.req;
+  const auto next_hop_index = req.hop_index + 1;
+  const bool next_rebuilds = req.mode == static_cast<uint8_t>(step_mode::prefill) ||
+                             (next_hop_index < 64 && ((req.rebuild >> next_hop_index) & 1u) != 0);
+  const int64_t L = ctx.cache.seq_len();
+  const int64_t send_from = next_rebuilds ? 0 : req.past_len;
+  const int64_t dim = shard->config().dim;
+  msg::step_request next = req;
+  next.tokens.clear();
+  next.hop_index = next_hop_index;
+  next.positions = model::consecutive_positions(send_from, L - send_from);
+  auto& blob = next.hidden;
+  blob.dtype = 0;
+  blob.shape = {L - send_from, dim};
+  blob.bytes.resize(static_cast<std::size_t>((L - send_from) * dim) * sizeof(float));
+  const auto view = ctx.cache.view();
+  for (int64_t p = send_from; p < L; ++p)
+    std::memcpy(blob.bytes.data() + static_cast<std::size_t>((p - send_from) * dim) * sizeof(float), view.out(p),
+                static_cast<std::size_t>(dim) * sizeof(float));
+  constexpr auto bt = model::BlockPool::block_tokens;
+  next.blocks_from = send_from / bt;
+  next.blocks = to_words(ctx.ids, static_cast<std::size_t>(next.blocks_from), static_cast<std::size_t>(L / bt));
+  auto dest = next.route[next.hop_index].shard;
+  q.promise.delegate(dest, std::move(next));
 }
 
 shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::shared_ptr<model::Shard> shard,
@@ -397,6 +479,8 @@ shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::sha
   st.shard = shard;
   st.recipe = msg::cache_recipe::of(shard->config());
   st.pool = shard->new_pool(limits.max_bytes);
+  st.pool->set_prefix_cache(limits.prefix_cache);
+  st.prefix_ids = std::make_unique<PrefixIds>(st.recipe);
   st.store = std::make_unique<SessionCacheStore>(limits, st.pool);
   st.scheduler = std::make_unique<StepScheduler>(sched);
   st.lease_period = lease_period;

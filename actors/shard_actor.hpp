@@ -25,6 +25,7 @@
 // (lease_atom) renewed for `lease_missed` lease periods is dropped.
 
 #include "actors/cache_store.hpp"
+#include "actors/prefix_ids.hpp"
 #include "actors/scheduler.hpp"
 #include "model/shard.hpp"
 
@@ -74,6 +75,8 @@ struct shard_state {
   bool colocated = false; ///< the newest route runs entirely on this machine
   int64_t colocated_epoch = -1; ///< the epoch `colocated` was computed for
   uint64_t rounds = 0, batched_rows = 0, max_batch = 0, overloaded = 0;
+  uint64_t computed = 0, recomputed = 0; ///< layer-tokens (shard_stats)
+  std::unique_ptr<PrefixIds> prefix_ids; ///< the head's keyed block ids (prefix_ids.hpp)
   msg::cache_recipe recipe;
   bool desync_next = false;
   bool dup_next = false;
@@ -88,6 +91,8 @@ struct shard_state {
   caf::result<msg::step_reply> handle(self_ptr self, msg::step_request& req);
   /// Runs one round: the pieces the scheduler picks, as one batched forward.
   void round(self_ptr self);
+  /// Hands a finished (or duplicate) step to the next hop, with the rows it needs.
+  void pass_on(QueuedStep& q, const SessionCacheStore::Context& ctx);
   /// Arranges the next round: at once, or (when the sessions answered last round
   /// come back quickly compared with a round) after a short wait for them, so
   /// sessions of one shard stay in one batch instead of alternating rounds.

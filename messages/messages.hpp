@@ -370,8 +370,20 @@ typename Inspector::result_type inspect(Inspector& f, sampling_state& x) {
 enum class step_mode : uint8_t { prefill = 0, decode = 1 };
 
 /// One step of one session through a route. The head gets `tokens`; every
-/// later hop gets the previous hop's `hidden`. `past_len` is how many tokens
-/// each shard must already hold (0 for prefill).
+/// later hop gets the previous hop's `hidden`.
+///
+/// `past_len` is how many positions each kept hop already holds. A hop is
+/// *rebuilt* when the step is a prefill (every hop) or its bit is set in
+/// `rebuild`: it opens a fresh cache and gets its input rows for every position
+/// from 0; a kept hop gets rows from past_len only. So `positions` (and the rows
+/// of `tokens` / `hidden`) start at 0 on a rebuilt hop and at past_len on a kept
+/// one; each hop builds the next hop's request from what it keeps (kv_cache.hpp:
+/// every shard but the tail keeps the rows it sent).
+///
+/// `blocks` names the prefix-cache identities of the full blocks from block
+/// `blocks_from` on (two words each: hi, lo); the head makes them from the
+/// tokens, later hops learn them here. `recomputed` adds up, hop by hop, the
+/// layer-tokens rebuilt hops computed again for positions before past_len.
 struct step_request {
   std::string session;
   session_key key; ///< the owner's secret (see session_key)
@@ -386,12 +398,20 @@ struct step_request {
   std::vector<hop> route;
   uint32_t hop_index = 0;
   sampling_state sampling;
+  uint64_t rebuild = 0; ///< bit i: hop i rebuilds its cache from position 0
+  int64_t blocks_from = 0;
+  std::vector<uint64_t> blocks;
+  uint64_t recomputed = 0;
 };
+
+/// Routes longer than this cannot name their rebuilt hops (a 64-bit mask).
+constexpr std::size_t max_route_hops = 64;
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_request& x) {
   return f(caf::meta::type_name("step_request"), x.session, x.key, x.epoch, x.step_id, x.mode, x.past_len,
-           guard(x.positions), guard(x.tokens), x.hidden, x.recipe, guard(x.route), x.hop_index, x.sampling);
+           guard(x.positions), guard(x.tokens), x.hidden, x.recipe, guard(x.route), x.hop_index, x.sampling,
+           x.rebuild, x.blocks_from, guard(x.blocks), x.recomputed);
 }
 
 /// Why a shard holds no usable cache for a request.
@@ -419,12 +439,13 @@ struct step_reply {
   uint8_t miss = 0;     // miss_reason when kind == cache_miss
   int64_t miss_hop = -1; // which hop missed
   std::string detail;
+  uint64_t recomputed = 0; // layer-tokens recomputed on the way (step_request::recomputed)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_reply& x) {
   return f(caf::meta::type_name("step_reply"), x.session, x.epoch, x.step_id, x.kind, x.token, x.rng_state, x.miss,
-           x.miss_hop, x.detail);
+           x.miss_hop, x.detail, x.recomputed);
 }
 
 /// A shard's counters, for `status` and metrics.
@@ -449,13 +470,19 @@ struct shard_stats {
   uint64_t batched_rows = 0; ///< input rows over all rounds (rows / rounds = mean batch)
   uint64_t max_batch = 0;   ///< most sequences in one round
   uint64_t overloaded = 0;  ///< steps refused because the queue was full
+  uint64_t computed = 0;    ///< layer-tokens computed (rows run x the shard's layers)
+  uint64_t recomputed = 0;  ///< ... of them for positions a rebuilt cache had held (recovery)
+  uint64_t prefix_hit_tokens = 0;  ///< positions taken from the prefix cache instead of computed
+  uint64_t prefix_blocks = 0;      ///< blocks published in the prefix cache now
+  uint64_t prefix_cached = 0;      ///< ... of them that nobody uses now (reclaimable)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
   return f(caf::meta::type_name("shard_stats"), x.first, x.last, x.cache_bytes, x.sessions, x.hits,
            guard(x.misses), x.evictions, x.steps, x.duplicates, x.conflicts, x.orphans, x.pool_blocks, x.pool_used,
-           x.block_bytes, x.queued, x.rounds, x.batched_rows, x.max_batch, x.overloaded);
+           x.block_bytes, x.queued, x.rounds, x.batched_rows, x.max_batch, x.overloaded, x.computed, x.recomputed,
+           x.prefix_hit_tokens, x.prefix_blocks, x.prefix_cached);
 }
 
 /// Streamed to a generation's client for every token, in order.
@@ -478,17 +505,20 @@ struct generation_result {
   double prefill_ms = 0;
   double total_ms = 0;
   uint64_t steps = 0;
-  uint64_t reprefills = 0;
+  uint64_t reprefills = 0;          ///< steps that rebuilt the caches of one or more hops (recoveries)
   uint64_t retries = 0;
   std::vector<uint64_t> misses; // by miss_reason
   uint64_t route_changes = 0;
-  uint64_t recomputed_tokens = 0; ///< tokens processed again by re-prefills
+  uint64_t recomputed_tokens = 0;   ///< positions that recoveries had to rebuild (each recovered step's past_len)
+  uint64_t recomputed_layer_tokens = 0; ///< what the rebuilt hops computed again, in layers x positions
+  uint64_t full_layer_tokens = 0;   ///< what a full re-prefill of every layer would have recomputed instead
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_result& x) {
   return f(caf::meta::type_name("generation_result"), x.session, guard(x.ids), x.finish, raw(x.prefill_ms), raw(x.total_ms),
-           x.steps, x.reprefills, x.retries, guard(x.misses), x.route_changes, x.recomputed_tokens);
+           x.steps, x.reprefills, x.retries, guard(x.misses), x.route_changes, x.recomputed_tokens,
+           x.recomputed_layer_tokens, x.full_layer_tokens);
 }
 
 /// A generation's request: prompt ids, limits, sampling.

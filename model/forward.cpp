@@ -361,6 +361,12 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
                                                                         lg + (k + 1) * cfg.vocab_size);
     }
   } else {
+    // Every shard but the tail keeps its output rows beside its keys and values
+    // (kv_cache.hpp): what the next shard got, to rebuild it from if it loses its cache.
+    for (auto& q : plan.seqs)
+      if (q.view.pool->shape().out_dim == D)
+        for (int64_t t = 0; t < q.rows; ++t)
+          std::memcpy(q.view.out(q.past + t), x + (q.row0 + t) * D, static_cast<std::size_t>(D) * sizeof(float));
     for (auto& q : plan.seqs) {
       if (!batch[q.index].emit)
         continue;

@@ -17,7 +17,7 @@ BlockPool::BlockPool(CacheShape shape, int64_t capacity, uint64_t owner)
 }
 
 int64_t BlockPool::blocks_for_budget(CacheShape shape, std::size_t bytes) {
-  const auto per = static_cast<std::size_t>(shape.n_layers * 2 * block_tokens * shape.kv_dim) * sizeof(float);
+  const auto per = static_cast<std::size_t>(block_floats(shape)) * sizeof(float);
   if (per == 0)
     return 1;
   return std::clamp<int64_t>(static_cast<int64_t>(bytes / per), 1, std::numeric_limits<int32_t>::max());
@@ -35,10 +35,19 @@ int32_t BlockPool::allocate() {
   if (!free_.empty()) {
     id = free_.back();
     free_.pop_back();
-  } else {
+  } else if (static_cast<int64_t>(storage_.size()) < capacity_) {
     id = static_cast<int32_t>(storage_.size());
     storage_.emplace_back(new float[static_cast<std::size_t>(block_floats())]);
     refs_.push_back(0);
+    ids_.emplace_back();
+    has_id_.push_back(0);
+    lru_pos_.push_back(lru_.end());
+  } else {
+    // Every block has storage and those not in use are cached: reclaim the
+    // least recently released one.
+    id = lru_.back();
+    unpublish(id);
+    ++reclaimed_;
   }
   refs_[static_cast<std::size_t>(id)] = 1;
   ++in_use_;
@@ -46,17 +55,74 @@ int32_t BlockPool::allocate() {
 }
 
 void BlockPool::retain(int32_t block) {
-  ++refs_[static_cast<std::size_t>(block)];
+  const auto b = static_cast<std::size_t>(block);
+  if (refs_[b]++ == 0) { // a cached block comes back into use
+    ++in_use_;
+    if (lru_pos_[b] != lru_.end()) {
+      lru_.erase(lru_pos_[b]);
+      lru_pos_[b] = lru_.end();
+    }
+  }
 }
 
 void BlockPool::release(int32_t block) {
-  auto& r = refs_[static_cast<std::size_t>(block)];
+  const auto b = static_cast<std::size_t>(block);
+  auto& r = refs_[b];
   if (r <= 0)
     return;
   if (--r == 0) {
     --in_use_;
-    free_.push_back(block);
+    if (has_id_[b] != 0) {
+      lru_.push_front(block);
+      lru_pos_[b] = lru_.begin();
+    } else {
+      free_.push_back(block);
+    }
   }
+}
+
+void BlockPool::unpublish(int32_t block) {
+  const auto b = static_cast<std::size_t>(block);
+  if (has_id_[b] != 0) {
+    index_.erase(ids_[b]);
+    has_id_[b] = 0;
+  }
+  if (lru_pos_[b] != lru_.end()) {
+    lru_.erase(lru_pos_[b]);
+    lru_pos_[b] = lru_.end();
+  }
+}
+
+void BlockPool::set_prefix_cache(bool on) {
+  prefix_on_ = on;
+  if (on)
+    return;
+  while (!lru_.empty()) { // cached blocks become plain free ones
+    const auto b = lru_.back();
+    unpublish(b);
+    free_.push_back(b);
+  }
+  for (std::size_t b = 0; b < has_id_.size(); ++b)
+    if (has_id_[b] != 0)
+      unpublish(static_cast<int32_t>(b));
+}
+
+bool BlockPool::publish(int32_t block, const BlockId& id) {
+  const auto b = static_cast<std::size_t>(block);
+  if (!prefix_on_ || b >= refs_.size() || refs_[b] <= 0 || has_id_[b] != 0)
+    return false;
+  if (!index_.emplace(id, block).second)
+    return false;
+  ids_[b] = id;
+  has_id_[b] = 1;
+  return true;
+}
+
+int32_t BlockPool::lookup(const BlockId& id) const {
+  if (!prefix_on_)
+    return -1;
+  auto it = index_.find(id);
+  return it == index_.end() ? -1 : it->second;
 }
 
 KVCache::KVCache(std::shared_ptr<BlockPool> pool) : pool_(std::move(pool)) {
@@ -125,6 +191,15 @@ void KVCache::commit(int64_t n) {
     throw Error(errc::bad_argument, "commit of " + std::to_string(n) + " positions past the " +
                                       std::to_string(blocks()) + " reserved blocks");
   seq_len_ = n;
+}
+
+bool KVCache::adopt(int32_t block) {
+  if (!pool_ || seq_len_ != blocks() * BlockPool::block_tokens)
+    return false;
+  pool_->retain(block);
+  table_.push_back(block);
+  seq_len_ += BlockPool::block_tokens;
+  return true;
 }
 
 KVView KVCache::view() const {

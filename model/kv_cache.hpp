@@ -4,9 +4,20 @@
 //
 // * BlockPool: one per shard, sized by the node's cache budget. A block holds the
 //   keys and values of `block_tokens` positions for every layer of the shard:
-//   (n_layers, 2 = k|v, block_tokens, kv_dim) floats. Blocks carry reference
-//   counts, so that a later prefix cache can share full blocks between sequences.
-//   Storage is allocated on a block's first use and reused after it is freed.
+//   (n_layers, 2 = k|v, block_tokens, kv_dim) floats, then, on every shard but
+//   the tail, the shard's output rows for those positions (block_tokens, out_dim):
+//   what it sent the next shard, kept so that a next shard that lost its cache
+//   can be rebuilt without recomputing anything upstream.
+//   Blocks carry reference counts. Storage is allocated on a block's first use and
+//   reused after it is freed.
+// * The prefix cache lives in the pool: a full block can be published under a
+//   BlockId (a hash chain over the tokens of it and every block before it, made
+//   by the actor layer). A block whose last reference goes is then kept, cached,
+//   instead of freed; a later sequence that starts with the same blocks shares it
+//   (lookup + KVCache::adopt). A block in use (referenced) is never evicted; a
+//   cached one is reclaimed, least recently released first, only when the pool
+//   has no never-used or free block left. Shared blocks are full, and a sequence
+//   only writes positions past its length, so a shared block is never written.
 // * KVCache: one sequence's block table and length. Move-only; dropping it hands
 //   its blocks back to the pool. Growing it takes blocks from the pool and fails
 //   (leaving it unchanged) when the pool has too few.
@@ -17,7 +28,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <list>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 namespace strata::model {
@@ -26,7 +39,20 @@ namespace strata::model {
 struct CacheShape {
   int64_t n_layers = 0; ///< layers of the shard
   int64_t kv_dim = 0;   ///< n_kv_heads * head_dim
-  bool operator==(const CacheShape& o) const { return n_layers == o.n_layers && kv_dim == o.kv_dim; }
+  int64_t out_dim = 0;  ///< width of the output rows kept per position (0: none, the tail)
+  bool operator==(const CacheShape& o) const {
+    return n_layers == o.n_layers && kv_dim == o.kv_dim && out_dim == o.out_dim;
+  }
+};
+
+/// The identity of a full block's contents: 128 bits of a keyed hash chain.
+struct BlockId {
+  uint64_t hi = 0;
+  uint64_t lo = 0;
+  friend bool operator==(const BlockId&, const BlockId&) = default;
+};
+struct BlockIdHash {
+  std::size_t operator()(const BlockId& b) const { return static_cast<std::size_t>(b.hi ^ (b.lo * 0x9E3779B97F4A7C15ull)); }
 };
 
 class BlockPool {
@@ -49,16 +75,37 @@ public:
   int64_t capacity() const { return capacity_; }
   /// Blocks referenced by at least one sequence.
   int64_t in_use() const { return in_use_; }
+  /// Blocks a sequence can take now (free ones and cached ones nobody uses).
   int64_t available() const { return capacity_ - in_use_; }
   /// Bytes of storage allocated so far (blocks in use plus freed ones kept for reuse).
   std::size_t allocated_bytes() const;
 
-  /// A free block with reference count 1, or -1 when all `capacity` are in use.
+  /// A block with reference count 1 (a free one, a new one, or else the least
+  /// recently released cached one, which leaves the prefix cache), or -1 when all
+  /// `capacity` are in use.
   int32_t allocate();
+  /// One more reference (a cached block nobody used is in use again).
   void retain(int32_t block);
-  /// Drops one reference; the block is free again at zero.
+  /// Drops one reference; at zero the block is cached (published) or free.
   void release(int32_t block);
   int32_t refcount(int32_t block) const { return refs_[static_cast<std::size_t>(block)]; }
+
+  // The prefix cache.
+  /// Turns publishing on or off (off: publish() refuses, lookup() finds nothing).
+  void set_prefix_cache(bool on);
+  bool prefix_cache() const { return prefix_on_; }
+  /// Files a full, in-use block under `id`. False when the cache is off, the id
+  /// is taken (another block with the same contents stays the shared one), or
+  /// the block is already published.
+  bool publish(int32_t block, const BlockId& id);
+  /// The block published under `id`, or -1. (The caller adopts it into a cache.)
+  int32_t lookup(const BlockId& id) const;
+  /// Published blocks (in use or cached).
+  int64_t published() const { return static_cast<int64_t>(index_.size()); }
+  /// Published blocks nobody uses now (reclaimable).
+  int64_t cached() const { return static_cast<int64_t>(lru_.size()); }
+  /// Cached blocks reclaimed for new contents so far.
+  uint64_t reclaimed() const { return reclaimed_; }
 
   float* data(int32_t block) { return storage_[static_cast<std::size_t>(block)].get(); }
   const float* data(int32_t block) const { return storage_[static_cast<std::size_t>(block)].get(); }
@@ -68,16 +115,34 @@ public:
   int64_t v_offset(int64_t layer, int64_t slot) const {
     return ((layer * 2 + 1) * block_tokens + slot) * shape_.kv_dim;
   }
+  /// Where the output row of position `slot` starts (shape().out_dim > 0).
+  int64_t out_offset(int64_t slot) const {
+    return shape_.n_layers * 2 * block_tokens * shape_.kv_dim + slot * shape_.out_dim;
+  }
+  /// Floats of one block.
+  static int64_t block_floats(const CacheShape& s) {
+    return s.n_layers * 2 * block_tokens * s.kv_dim + block_tokens * s.out_dim;
+  }
 
 private:
-  int64_t block_floats() const { return shape_.n_layers * 2 * block_tokens * shape_.kv_dim; }
+  int64_t block_floats() const { return block_floats(shape_); }
+  void unpublish(int32_t block);
   CacheShape shape_;
   int64_t capacity_;
   uint64_t owner_;
   int64_t in_use_ = 0;
   std::vector<std::unique_ptr<float[]>> storage_; // by block id; null until first use
   std::vector<int32_t> refs_;
-  std::vector<int32_t> free_; // ids with storage and no references
+  std::vector<int32_t> free_; // ids with storage, no references, not published
+  // Prefix cache: published blocks by id; per block its id (if any) and, when
+  // unreferenced, its place in the LRU list (front = most recently released).
+  bool prefix_on_ = true;
+  std::unordered_map<BlockId, int32_t, BlockIdHash> index_;
+  std::vector<BlockId> ids_;
+  std::vector<char> has_id_;
+  std::list<int32_t> lru_;
+  std::vector<std::list<int32_t>::iterator> lru_pos_;
+  uint64_t reclaimed_ = 0;
 };
 
 /// What attention needs to read one sequence's cache: block pointers in order.
@@ -92,6 +157,11 @@ struct KVView {
   float* v(int64_t layer, int64_t pos) const {
     return blocks[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
            pool->v_offset(layer, pos % BlockPool::block_tokens);
+  }
+  /// The shard's output row of `pos` (pools with an out_dim only).
+  float* out(int64_t pos) const {
+    return blocks[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
+           pool->out_offset(pos % BlockPool::block_tokens);
   }
 };
 
@@ -126,6 +196,10 @@ public:
   /// Marks positions [seq_len, n) as written (the forward pass calls this once
   /// every layer has written them). n must fit in the reserved blocks.
   void commit(int64_t n);
+  /// Appends a full published block (one more reference to it) as the next
+  /// block_tokens positions. Only while the cache is a whole number of full
+  /// blocks with no block reserved past them; false otherwise (nothing changed).
+  bool adopt(int32_t block);
 
   BlockPool* pool() const { return pool_.get(); }
   const std::shared_ptr<BlockPool>& shared_pool() const { return pool_; }

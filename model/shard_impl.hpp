@@ -32,7 +32,8 @@ struct Shard::Impl {
   Workspace ws;
   std::shared_ptr<BlockPool> default_pool; // for new_cache(): unbounded, made on first use
 
-  CacheShape cache_shape() const { return {range.count(), cfg.kv_dim()}; }
+  // Every shard but the tail keeps its output rows beside its keys and values.
+  CacheShape cache_shape() const { return {range.count(), cfg.kv_dim(), range.last == cfg.n_layers - 1 ? 0 : cfg.dim}; }
   void build_rope();
   /// The batched forward pass (forward.cpp).
   std::vector<SeqOutcome> run(std::span<const SeqStep> batch);

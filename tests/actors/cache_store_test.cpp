@@ -55,10 +55,16 @@ TEST_F(Fixture, HitAndEveryMissReason) {
   auto m = s->find("a", key_of("a"), 1, 5, 3);
   EXPECT_EQ(m.miss, miss_reason::seq_mismatch);
   EXPECT_NE(m.detail.find("holds 3"), std::string::npos) << m.detail;
-  // Superseded by a newer epoch.
-  auto sup = s->find("a", key_of("a"), 2, 3, 3);
-  EXPECT_EQ(sup.miss, miss_reason::superseded);
-  EXPECT_EQ(s->find("a", key_of("a"), 2, 3, 3).miss, miss_reason::superseded) << "history remembers why";
+  // A newer epoch carries the context over (the session keeps unchanged hops);
+  // the length check still applies.
+  auto kept = s->find("a", key_of("a"), 2, 3, 3);
+  ASSERT_NE(kept.ctx, nullptr);
+  EXPECT_EQ(kept.ctx->epoch, 2);
+  EXPECT_EQ(s->find("a", key_of("a"), 2, 4, 4).miss, miss_reason::seq_mismatch);
+  // Superseded (by injection): history remembers why.
+  s->evict("a", miss_reason::superseded);
+  EXPECT_EQ(s->find("a", key_of("a"), 2, 3, 5).miss, miss_reason::superseded);
+  EXPECT_EQ(s->find("a", key_of("a"), 2, 3, 5).miss, miss_reason::superseded) << "history remembers why";
   // Released.
   s->open("b", key_of("b"), 1);
   s->release("b", key_of("b"));
@@ -210,10 +216,8 @@ struct RefStore {
     auto it = at(id);
     if (it == lru.end())
       return static_cast<int>(gone.count(id) ? gone[id] : miss_reason::unknown_session);
-    if (it->epoch < epoch) {
-      drop(it, miss_reason::superseded);
-      return static_cast<int>(miss_reason::superseded);
-    }
+    if (it->epoch < epoch)
+      it->epoch = epoch; // carried into the newer epoch
     if (past != it->len)
       return static_cast<int>(miss_reason::seq_mismatch);
     it->used = now;

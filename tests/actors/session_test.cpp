@@ -298,14 +298,65 @@ TEST_F(SessionPhases, RoutePushWhileBackingOffStepsAtOnce) {
   EXPECT_EQ(log->route_requests.size(), 1u);
 }
 
-TEST_F(SessionPhases, MissWhileSteppingReprefillsAtOnce) {
+TEST_F(SessionPhases, MissWhileSteppingRebuildsThatHopAtOnce) {
   to_stepping();
   answer_step(0, token(log->steps[0].req, 5));
-  answer_step(1, miss(log->steps[1].req));
+  auto m = miss(log->steps[1].req);
+  m.miss_hop = 0;
+  answer_step(1, m);
   EXPECT_EQ(phase(), session_phase::stepping);
   ASSERT_EQ(log->steps.size(), 3u);
-  EXPECT_EQ(log->steps[2].req.mode, static_cast<uint8_t>(msg::step_mode::prefill));
-  EXPECT_EQ(log->steps[2].req.tokens, (std::vector<int32_t>{1, 2, 3, 5}));
+  const auto& r = log->steps[2].req;
+  EXPECT_EQ(r.mode, static_cast<uint8_t>(msg::step_mode::decode));
+  EXPECT_EQ(r.step_id, log->steps[1].req.step_id) << "the same step, sent again";
+  EXPECT_EQ(r.rebuild, 1u) << "hop 0 rebuilds";
+  EXPECT_EQ(r.past_len, 3);
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{1, 2, 3, 5})) << "a rebuilt head gets every token";
+  EXPECT_EQ(r.positions, (std::vector<int64_t>{0, 1, 2, 3}));
+}
+
+// A two-hop route: each miss adds its hop to the rebuilt ones; a route push
+// that keeps the hops rebuilds nothing more; the counts follow.
+TEST_F(SessionPhases, MissesAddTheirHopsAndAnUnchangedRouteKeepsTheRest) {
+  start();
+  auto two = route(10, 0);
+  two.hops = {msg::hop{caf::actor_cast<msg::shard_actor>(shards_raw.at(0)), 0, 2},
+              msg::hop{caf::actor_cast<msg::shard_actor>(shards_raw.at(1)), 3, 4}};
+  answer_route(two);
+  ASSERT_EQ(log->steps.size(), 1u);
+  answer_step(0, token(log->steps[0].req, 5)); // prefill -> 5; decode in flight
+  auto m = miss(log->steps[1].req);
+  m.miss_hop = 1;
+  answer_step(1, m);
+  ASSERT_EQ(log->steps.size(), 3u);
+  EXPECT_EQ(log->steps[2].req.rebuild, 2u) << "only hop 1 rebuilds";
+  EXPECT_EQ(log->steps[2].req.tokens, (std::vector<int32_t>{5})) << "the kept head gets the new token only";
+  EXPECT_EQ(log->steps[2].req.positions, (std::vector<int64_t>{3}));
+  // The same hops at a newer epoch: the step goes again, nothing more rebuilds.
+  auto bumped = two;
+  bumped.epoch = 11;
+  caf::anon_send(session, bumped);
+  sched.run();
+  ASSERT_EQ(log->steps.size(), 4u);
+  EXPECT_EQ(log->steps[3].req.epoch, 11);
+  EXPECT_EQ(log->steps[3].req.rebuild, 2u);
+  EXPECT_EQ(log->steps[3].req.step_id, log->steps[1].req.step_id);
+  m = miss(log->steps[3].req);
+  m.miss_hop = 0; // the head lost its cache too
+  answer_step(3, m);
+  ASSERT_EQ(log->steps.size(), 5u);
+  EXPECT_EQ(log->steps[4].req.rebuild, 3u) << "the head, then hop 1";
+  EXPECT_EQ(log->steps[4].req.tokens, (std::vector<int32_t>{1, 2, 3, 5}));
+  auto t = token(log->steps[4].req, 6);
+  t.recomputed = 3 * 5; // what the shards report
+  answer_step(4, t);
+  EXPECT_EQ(log->tokens, (std::vector<int32_t>{5, 6}));
+  ASSERT_EQ(log->steps.size(), 6u);
+  EXPECT_EQ(log->steps[5].req.rebuild, 0u) << "the next step keeps every hop";
+  EXPECT_EQ(log->steps[5].req.step_id, log->steps[1].req.step_id + 1);
+  caf::anon_send(session, atom::cancel_atom_v);
+  sched.run();
+  session = nullptr;
 }
 
 TEST_F(SessionPhases, ResumeWhileRoutingIsIgnored) {
@@ -337,7 +388,8 @@ TEST_F(SessionPhases, PausedSessionTakesPushesAndRoutesOnResumeWhenIncomplete) {
   answer_route(route(12, 1));
   ASSERT_EQ(log->steps.size(), 2u);
   EXPECT_EQ(log->steps[1].shard, 1);
-  EXPECT_EQ(log->steps[1].req.mode, static_cast<uint8_t>(msg::step_mode::prefill));
+  EXPECT_EQ(log->steps[1].req.mode, static_cast<uint8_t>(msg::step_mode::decode));
+  EXPECT_EQ(log->steps[1].req.rebuild, 1u) << "another shard: it rebuilds";
   EXPECT_EQ(log->steps[1].req.tokens, (std::vector<int32_t>{1, 2, 3, 5}));
 }
 
