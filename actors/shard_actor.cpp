@@ -76,6 +76,7 @@ step_reply miss_reply(const msg::step_request& req, const SessionCacheStore::Loo
   miss.miss = static_cast<uint8_t>(found.miss);
   miss.miss_hop = req.hop_index;
   miss.detail = found.detail;
+  miss.recomputed = req.recomputed; // what hops before this one rebuilt on the way
   return miss;
 }
 

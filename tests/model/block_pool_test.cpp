@@ -1,0 +1,102 @@
+// The block pool's prefix cache: published blocks are shared by reference
+// count and counted once; a block in use is never reclaimed; unused published
+// blocks are reclaimed least recently released first; turning the cache off
+// frees them.
+
+#include "model/kv_cache.hpp"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace strata::model {
+namespace {
+
+constexpr auto bt = BlockPool::block_tokens;
+
+std::shared_ptr<BlockPool> pool_of(int64_t blocks) {
+  return std::make_shared<BlockPool>(CacheShape{2, 4, 8}, blocks);
+}
+
+// A cache of `blocks` full blocks, each filled with `tag` and published as (tag, b).
+KVCache filled(const std::shared_ptr<BlockPool>& pool, int64_t blocks, uint64_t tag) {
+  KVCache c(pool);
+  EXPECT_TRUE(c.reserve(blocks * bt));
+  for (int64_t p = 0; p < blocks * bt; ++p)
+    *c.view().out(p) = static_cast<float>(tag);
+  c.commit(blocks * bt);
+  for (int64_t b = 0; b < blocks; ++b)
+    EXPECT_TRUE(pool->publish(c.table()[static_cast<std::size_t>(b)], BlockId{tag, static_cast<uint64_t>(b)}));
+  return c;
+}
+
+TEST(BlockPool, SharedBlocksAreCountedOnceAndNeverWritten) {
+  auto pool = pool_of(8);
+  KVCache a = filled(pool, 2, 7);
+  EXPECT_EQ(pool->in_use(), 2);
+  KVCache b(pool);
+  for (uint64_t i = 0; i < 2; ++i)
+    ASSERT_TRUE(b.adopt(pool->lookup(BlockId{7, i})));
+  EXPECT_EQ(b.seq_len(), 2 * bt);
+  EXPECT_EQ(pool->in_use(), 2) << "two sequences, two shared blocks: counted once";
+  EXPECT_EQ(pool->refcount(a.table()[0]), 2);
+  // b grows past the shared blocks into a block of its own.
+  ASSERT_TRUE(b.reserve(2 * bt + 1));
+  EXPECT_EQ(pool->in_use(), 3);
+  EXPECT_NE(b.table()[2], a.table()[0]);
+  EXPECT_NE(b.table()[2], a.table()[1]);
+  EXPECT_FALSE(b.adopt(pool->lookup(BlockId{7, 0}))) << "only right after full blocks";
+  EXPECT_FALSE(pool->publish(b.table()[2], BlockId{7, 0})) << "an id names one block";
+}
+
+TEST(BlockPool, BlocksInUseAreNeverReclaimedAndUnusedOnesGoLeastRecentFirst) {
+  auto pool = pool_of(4);
+  KVCache keep = filled(pool, 1, 1); // in use throughout
+  {
+    KVCache old = filled(pool, 1, 2);
+    KVCache newer = filled(pool, 1, 3);
+    old = KVCache{};   // released first: least recent
+    newer = KVCache{}; // then this one
+  }
+  EXPECT_EQ(pool->in_use(), 1);
+  EXPECT_EQ(pool->cached(), 2);
+  EXPECT_EQ(pool->available(), 3) << "cached blocks can be taken";
+  KVCache fresh(pool);
+  ASSERT_TRUE(fresh.reserve(2 * bt)); // one never-used block, then the least recent cached one
+  EXPECT_EQ(pool->lookup(BlockId{2, 0}), -1) << "the least recently released block was reclaimed";
+  EXPECT_NE(pool->lookup(BlockId{3, 0}), -1) << "the newer one is still cached";
+  ASSERT_TRUE(fresh.reserve(3 * bt));
+  EXPECT_EQ(pool->lookup(BlockId{3, 0}), -1);
+  EXPECT_EQ(pool->reclaimed(), 2u);
+  EXPECT_FALSE(fresh.reserve(4 * bt)) << "the last block is in use: never taken";
+  EXPECT_EQ(pool->lookup(BlockId{1, 0}), keep.table()[0]);
+  EXPECT_EQ(*keep.view().out(0), 1.0f) << "its contents are untouched";
+  std::set<int32_t> seen(fresh.table().begin(), fresh.table().end());
+  EXPECT_EQ(seen.count(keep.table()[0]), 0u);
+}
+
+TEST(BlockPool, ACachedBlockAdoptedAgainIsInUseAgain) {
+  auto pool = pool_of(2);
+  { KVCache a = filled(pool, 1, 9); }
+  EXPECT_EQ(pool->cached(), 1);
+  KVCache b(pool);
+  ASSERT_TRUE(b.adopt(pool->lookup(BlockId{9, 0})));
+  EXPECT_EQ(pool->cached(), 0);
+  EXPECT_EQ(pool->in_use(), 1);
+  EXPECT_EQ(*b.view().out(3), 9.0f);
+}
+
+TEST(BlockPool, TurningThePrefixCacheOffFreesCachedBlocks) {
+  auto pool = pool_of(2);
+  { KVCache a = filled(pool, 1, 4); }
+  pool->set_prefix_cache(false);
+  EXPECT_EQ(pool->cached(), 0);
+  EXPECT_EQ(pool->published(), 0);
+  EXPECT_EQ(pool->lookup(BlockId{4, 0}), -1);
+  KVCache b(pool);
+  ASSERT_TRUE(b.reserve(bt));
+  EXPECT_FALSE(pool->publish(b.table()[0], BlockId{5, 0}));
+}
+
+} // namespace
+} // namespace strata::model
