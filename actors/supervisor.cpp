@@ -5,7 +5,22 @@
 
 namespace strata::actors {
 
-msg::route_info supervisor_state::plan(bool count_load, const std::vector<msg::shard_actor>& avoid) {
+msg::route_info supervisor_state::plan_for(const caf::actor_addr& session, const std::vector<msg::shard_actor>& avoid) {
+  auto it = given.find(session);
+  const bool subscribed =
+    std::any_of(sessions.begin(), sessions.end(), [&](const msg::session_actor& s) { return s.address() == session; });
+  auto r = plan(true, avoid, it == given.end() ? std::vector<msg::shard_actor>{} : it->second);
+  if (subscribed && !r.hops.empty()) {
+    auto& g = given[session];
+    g.clear();
+    for (auto& h : r.hops)
+      g.push_back(h.shard);
+  }
+  return r;
+}
+
+msg::route_info supervisor_state::plan(bool count_load, const std::vector<msg::shard_actor>& avoid,
+                                       const std::vector<msg::shard_actor>& prefer) {
   msg::route_info r;
   r.epoch = epoch;
   if (!recipe)
@@ -24,7 +39,13 @@ msg::route_info supervisor_state::plan(bool count_load, const std::vector<msg::s
     for (std::size_t i = 0; i < shards.size(); ++i)
       if (shards[i].first == layer && (allow_avoided || !avoided(shards[i].actor)))
         cands.push_back(i);
-    std::stable_sort(cands.begin(), cands.end(), [&](auto a, auto b) { return shards[a].load < shards[b].load; });
+    auto preferred = [&](std::size_t i) {
+      return std::find(prefer.begin(), prefer.end(), shards[i].actor) != prefer.end();
+    };
+    std::stable_sort(cands.begin(), cands.end(), [&](auto a, auto b) {
+      const bool pa = preferred(a), pb = preferred(b);
+      return pa != pb ? pa : shards[a].load < shards[b].load;
+    });
     for (auto i : cands) {
       chain.push_back(i);
       if (dfs(shards[i].last + 1))
@@ -78,10 +99,10 @@ void supervisor_state::changed(Self* self, const std::string& why) {
     say(2, "epoch " + std::to_string(epoch) + " (" + why + "): route " + describe(now, recipe ? recipe->n_layers : 0));
   // Sessions learn the new epoch and route (or that none is complete now).
   for (auto& s : sessions)
-    self->send(s, plan(true));
+    self->send(s, plan_for(s.address()));
   if (!now.hops.empty()) { // (load counting changes which replicas, not whether a route exists)
     for (auto& w : waiting)
-      w.rp.deliver(plan(true));
+      w.rp.deliver(plan_for(w.who));
     waiting.clear();
   }
 }
@@ -92,11 +113,12 @@ using self_ptr = supervisor_impl_actor::stateful_pointer<supervisor_state>;
 
 caf::result<msg::route_info> route_request(self_ptr self, const std::vector<msg::shard_actor>& avoid) {
   auto& st = self->state;
-  auto r = st.plan(true, avoid);
+  auto r = st.plan_for(caf::actor_cast<caf::actor_addr>(self->current_sender()), avoid);
   if (!r.hops.empty())
     return r;
   auto rp = self->make_response_promise<msg::route_info>();
-  st.waiting.push_back({rp, self->clock().now() + st.opts.route_wait}); // the actor clock: testable
+  st.waiting.push_back({rp, self->clock().now() + st.opts.route_wait, // the actor clock: testable
+                        caf::actor_cast<caf::actor_addr>(self->current_sender())});
   self->delayed_send(self, st.opts.route_wait, atom::tick_atom_v);
   return rp;
 }
@@ -128,6 +150,7 @@ supervisor_impl_actor::behavior_type supervisor(self_ptr self, SupervisorOptions
     st.sessions.erase(std::remove_if(st.sessions.begin(), st.sessions.end(),
                                      [&](auto& s) { return s.address() == dm.source; }),
                       st.sessions.end());
+    st.given.erase(dm.source);
   });
   return {
     [=](atom::register_atom, msg::shard_actor shard, int64_t first, int64_t last, msg::cache_recipe recipe,

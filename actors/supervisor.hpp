@@ -52,18 +52,27 @@ struct supervisor_state {
   /// keep growing across coordinator restarts and shards never see one go back.
   int64_t epoch = 1;
   std::vector<msg::session_actor> sessions;
+  /// The shards last planned for each subscribed session: a new plan keeps them
+  /// where they still fit, so a change elsewhere does not move a session's hops to
+  /// other replicas (each moved hop would rebuild its cache).
+  std::map<caf::actor_addr, std::vector<msg::shard_actor>> given;
   std::map<std::string, int64_t> registrations; ///< per advertised address (incarnations)
   struct waiter {
     caf::typed_response_promise<msg::route_info> rp;
     caf::actor_clock::time_point deadline;
+    caf::actor_addr who; ///< the requester
   };
   std::vector<waiter> waiting;
   SupervisorOptions opts;
   static inline const char* name = "strata.supervisor";
 
-  /// A complete chain of shards, least-loaded first; empty hops when none exists.
-  /// Shards in `avoid` are used only when no complete chain exists without them.
-  msg::route_info plan(bool count_load, const std::vector<msg::shard_actor>& avoid = {});
+  /// A complete chain of shards, those in `prefer` first, then least-loaded first;
+  /// empty hops when none exists. Shards in `avoid` are used only when no complete
+  /// chain exists without them.
+  msg::route_info plan(bool count_load, const std::vector<msg::shard_actor>& avoid = {},
+                       const std::vector<msg::shard_actor>& prefer = {});
+  /// plan(true, avoid) for a subscribed session, preferring what it was given before.
+  msg::route_info plan_for(const caf::actor_addr& session, const std::vector<msg::shard_actor>& avoid = {});
   template <class Self>
   void changed(Self* self, const std::string& why);
   void say(int level, const std::string& text) const {

@@ -118,11 +118,12 @@ caf::behavior director_actor(director* self, Target* cluster, const model::Token
       uint64_t misses = 0;
       for (auto m : r.misses)
         misses += m;
-      std::printf("%s\n-- %zu tokens, finish=%s, prefill %.1f ms, total %.1f ms, cache misses %llu, re-prefills %llu, "
-                  "route changes %llu\n",
+      std::printf("%s\n-- %zu tokens, finish=%s, prefill %.1f ms, total %.1f ms, cache misses %llu, recoveries %llu, "
+                  "recomputed %llu layer-tokens (full re-prefill: %llu), route changes %llu\n",
                   st.dec->finish().c_str(), r.ids.size(), r.finish.c_str(), r.prefill_ms, r.total_ms,
                   static_cast<unsigned long long>(misses), static_cast<unsigned long long>(r.reprefills),
-                  static_cast<unsigned long long>(r.route_changes));
+                  static_cast<unsigned long long>(r.recomputed_layer_tokens),
+                  static_cast<unsigned long long>(r.full_layer_tokens), static_cast<unsigned long long>(r.route_changes));
       ++st.current;
       start_next(self);
     },

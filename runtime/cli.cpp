@@ -217,10 +217,12 @@ int cmd_generate(int argc, char** argv) {
                   std::to_string(out.result.misses[r]);
         total_misses += out.result.misses[r];
       }
-    std::fprintf(stderr, "[strata] %lld shard actors, %zu injected failures; cache misses %llu (%s), re-prefills %llu, "
-                         "route changes %llu, retries %llu\n",
+    std::fprintf(stderr, "[strata] %lld shard actors, %zu injected failures; cache misses %llu (%s), recoveries %llu, "
+                         "recomputed %llu layer-tokens (full re-prefill: %llu), route changes %llu, retries %llu\n",
                  static_cast<long long>(n_hops), inject.size(), static_cast<unsigned long long>(total_misses),
                  misses.empty() ? "none" : misses.c_str(), static_cast<unsigned long long>(out.result.reprefills),
+                 static_cast<unsigned long long>(out.result.recomputed_layer_tokens),
+                 static_cast<unsigned long long>(out.result.full_layer_tokens),
                  static_cast<unsigned long long>(out.result.route_changes),
                  static_cast<unsigned long long>(out.result.retries));
   } else {

@@ -364,6 +364,15 @@ void add_network_options(Args& a) {
   log::add_options(a);
 }
 
+bool prefix_cache_from(const Args& a) {
+  if (!a.has("prefix-cache"))
+    return true;
+  const auto v = a.str("prefix-cache");
+  if (v != "on" && v != "off")
+    throw UsageError("--prefix-cache takes on or off, not '" + v + "'");
+  return v == "on";
+}
+
 model::LoadOptions load_options_from(const Args& a) {
   model::LoadOptions o;
   o.dtype = a.has("dtype") ? a.str("dtype") : "auto";
@@ -406,6 +415,7 @@ int run_node(int argc, char** argv) {
     .option("layers", "A-B", "layer range to serve (shard nodes)")
     .option("cache-bytes", "N", "KV cache byte budget (default 1 GiB)")
     .option("max-sessions", "N", "most sessions cached at once (default 64)")
+    .option("prefix-cache", "on|off", "share full KV blocks of common prompt prefixes between sessions (default on)")
     .option("ttl", "S", "seconds an idle session's cache is kept (default 600)")
     .option("max-prompt", "N", "most tokens one step may carry (default: the model's context)")
     .option("max-message-bytes", "N", "largest step message accepted (default 67108864)")
@@ -448,6 +458,7 @@ int run_node(int argc, char** argv) {
     range = model::parse_layer_range(a.required("layers"));
     limits.max_bytes = static_cast<std::size_t>(a.integer("cache-bytes", int64_t{1} << 30, 1, INT64_MAX));
     limits.max_sessions = static_cast<std::size_t>(a.integer("max-sessions", 64, 1, 1 << 20));
+    limits.prefix_cache = prefix_cache_from(a);
     limits.ttl = std::chrono::seconds(a.integer("ttl", 600, 1, 86400 * 30));
     request_limits.max_step_tokens = a.integer("max-prompt", 0, 1, int64_t{1} << 30);
     request_limits.max_message_bytes =

@@ -101,6 +101,8 @@ void Metrics::generation(const msg::generation_result& r) {
   route_changes_ += r.route_changes;
   retries_ += r.retries;
   recomputed_ += r.recomputed_tokens;
+  recomputed_layers_ += r.recomputed_layer_tokens;
+  full_layers_ += r.full_layer_tokens;
 }
 
 void Metrics::cancelled() {
@@ -126,8 +128,13 @@ std::string Metrics::render(const ClusterSnapshot& c) const {
     for (std::size_t r = 1; r < misses_.size(); ++r)
       out += std::string("strata_session_cache_misses_total{reason=\"") + msg::to_string(static_cast<msg::miss_reason>(r)) +
              "\"} " + std::to_string(misses_[r]) + "\n";
-    scalar(out, "strata_reprefills_total", "counter", "Re-prefills after a cache miss or route change.", reprefills_);
-    scalar(out, "strata_recomputed_tokens_total", "counter", "Tokens processed again by re-prefills.", recomputed_);
+    scalar(out, "strata_reprefills_total", "counter",
+           "Recoveries: steps that rebuilt the caches of one or more hops after a miss or a route change.", reprefills_);
+    scalar(out, "strata_recomputed_tokens_total", "counter", "Positions that recoveries had to rebuild.", recomputed_);
+    scalar(out, "strata_recomputed_layer_tokens_total", "counter",
+           "Layer-tokens the rebuilt hops computed again (layers x positions).", recomputed_layers_);
+    scalar(out, "strata_full_reprefill_layer_tokens_total", "counter",
+           "Layer-tokens a full re-prefill of every layer would have recomputed for the same recoveries.", full_layers_);
     scalar(out, "strata_route_changes_total", "counter",
            "Route changes pushed to this server's sessions.", route_changes_);
     scalar(out, "strata_session_retries_total", "counter", "Failed steps retried by this server's sessions.", retries_);
@@ -159,6 +166,18 @@ std::string Metrics::render(const ClusterSnapshot& c) const {
             [](const msg::shard_stats& s) { return s.hits; });
   per_shard("strata_shard_evictions_total", "counter", "Sessions the shard evicted.",
             [](const msg::shard_stats& s) { return s.evictions; });
+  per_shard("strata_shard_computed_layer_tokens_total", "counter", "Layer-tokens the shard computed (rows x its layers).",
+            [](const msg::shard_stats& s) { return s.computed; });
+  per_shard("strata_shard_recomputed_layer_tokens_total", "counter",
+            "Layer-tokens the shard computed again to rebuild a lost cache.", [](const msg::shard_stats& s) { return s.recomputed; });
+  per_shard("strata_shard_prefix_hit_tokens_total", "counter",
+            "Positions the shard took from its prefix cache instead of computing them.",
+            [](const msg::shard_stats& s) { return s.prefix_hit_tokens; });
+  per_shard("strata_shard_prefix_blocks", "gauge", "Blocks published in the shard's prefix cache.",
+            [](const msg::shard_stats& s) { return s.prefix_blocks; });
+  per_shard("strata_shard_prefix_cached_blocks", "gauge",
+            "Published blocks no session uses now (kept, reclaimed least recently used first).",
+            [](const msg::shard_stats& s) { return s.prefix_cached; });
   head(out, "strata_shard_cache_misses_total", "counter", "Cache misses the shard answered, by reason.");
   for (auto& v : c.shards)
     if (v.answered)

@@ -139,6 +139,32 @@ TEST_F(SupervisorTest, ReplicasShareTheLoadAndAManualBumpNotifies) {
   EXPECT_EQ(log->routes[1].hops[0].shard, b);
 }
 
+// A change elsewhere keeps a session on the shards it has: every hop that moved
+// to another replica would have to rebuild the session's cache there.
+TEST_F(SupervisorTest, AChangeElsewhereKeepsASessionOnItsShards) {
+  auto a0 = fake_shard(), a1 = fake_shard(), b = fake_shard();
+  ask<int64_t>(atom::register_atom_v, a0, int64_t{0}, int64_t{2}, recipe, facts, std::string{});
+  ask<int64_t>(atom::register_atom_v, a1, int64_t{0}, int64_t{2}, recipe, facts, std::string{});
+  ask<int64_t>(atom::register_atom_v, b, int64_t{3}, int64_t{4}, recipe, facts, std::string{});
+  session();
+  ask<int64_t>(atom::bump_atom_v); // the first push: the session is planned on a0 or a1
+  ASSERT_EQ(log->routes.size(), 1u);
+  const auto mine = log->routes[0].hops.at(0).shard;
+  for (int i = 0; i < 4; ++i) { // other sessions' routes load the replicas
+    ask<msg::route_info>(atom::route_atom_v, none);
+    ask<int64_t>(atom::bump_atom_v);
+  }
+  ASSERT_EQ(log->routes.size(), 5u);
+  for (auto& r : log->routes)
+    EXPECT_EQ(r.hops.at(0).shard, mine) << "epoch " << r.epoch << " moved the session to the other replica";
+  // Its replica dies: only then does it move.
+  caf::anon_send_exit(caf::actor_cast<caf::actor>(mine), caf::exit_reason::kill);
+  sched.run();
+  ASSERT_EQ(log->routes.size(), 6u);
+  EXPECT_NE(log->routes.back().hops.at(0).shard, mine);
+  EXPECT_EQ(log->routes.back().hops.at(1).shard, b);
+}
+
 TEST_F(SupervisorTest, IncompatibleRecipeAndBadRangeAreRefused) {
   auto a = fake_shard(), b = fake_shard();
   ask<int64_t>(atom::register_atom_v, a, int64_t{0}, int64_t{4}, recipe, facts, std::string{});

@@ -314,12 +314,15 @@ void bench_kernels() {
 
 int cluster_bench_main(int argc, char** argv); // bench_cluster.cpp
 int batch_bench_main(int argc, char** argv);   // bench_batch.cpp
+int prefix_bench_main(int argc, char** argv);  // bench_prefix.cpp
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::string what = argc > 1 ? argv[1] : "model";
   if (what == "batch")
     return batch_bench_main(argc, argv);
+  if (what == "prefix")
+    return prefix_bench_main(argc, argv);
   if (what == "chaos" || what == "throughput")
     return cluster_bench_main(argc, argv);
   if (what == "kernels") {

@@ -286,6 +286,11 @@ TEST_F(Server, MetricsParseAndMoveWithRequestsAndAnEviction) {
   EXPECT_GE(after["strata_tokens_generated_total"] - before["strata_tokens_generated_total"], 500);
   EXPECT_GE(after[lru] - before[lru], 1);
   EXPECT_GE(after["strata_reprefills_total"] - before["strata_reprefills_total"], 1);
+  // Every hop lost the session: each rebuilt, from the prefix cache where the
+  // evicted session's full blocks were still cached, never more than a full re-prefill.
+  const double full = after["strata_full_reprefill_layer_tokens_total"] - before["strata_full_reprefill_layer_tokens_total"];
+  EXPECT_GE(full, 1);
+  EXPECT_LE(after["strata_recomputed_layer_tokens_total"] - before["strata_recomputed_layer_tokens_total"], full);
   EXPECT_GE(after["strata_time_to_first_token_seconds_count"] - before["strata_time_to_first_token_seconds_count"], 3);
 }
 
