@@ -5,8 +5,9 @@
 
 namespace strata::actors {
 
-msg::route_info supervisor_state::plan_for(const caf::actor_addr& session, const std::vector<msg::shard_actor>& avoid) {
-  auto it = given.find(session);
+msg::route_info supervisor_state::plan_for(const caf::actor_addr& session, const std::vector<msg::shard_actor>& avoid,
+                                           bool sticky) {
+  auto it = sticky ? given.find(session) : given.end();
   const bool subscribed =
     std::any_of(sessions.begin(), sessions.end(), [&](const msg::session_actor& s) { return s.address() == session; });
   auto r = plan(true, avoid, it == given.end() ? std::vector<msg::shard_actor>{} : it->second);
@@ -102,7 +103,7 @@ void supervisor_state::changed(Self* self, const std::string& why) {
     self->send(s, plan_for(s.address()));
   if (!now.hops.empty()) { // (load counting changes which replicas, not whether a route exists)
     for (auto& w : waiting)
-      w.rp.deliver(plan_for(w.who));
+      w.rp.deliver(plan_for(w.who, {}, false));
     waiting.clear();
   }
 }
@@ -113,7 +114,7 @@ using self_ptr = supervisor_impl_actor::stateful_pointer<supervisor_state>;
 
 caf::result<msg::route_info> route_request(self_ptr self, const std::vector<msg::shard_actor>& avoid) {
   auto& st = self->state;
-  auto r = st.plan_for(caf::actor_cast<caf::actor_addr>(self->current_sender()), avoid);
+  auto r = st.plan_for(caf::actor_cast<caf::actor_addr>(self->current_sender()), avoid, false);
   if (!r.hops.empty())
     return r;
   auto rp = self->make_response_promise<msg::route_info>();

@@ -71,8 +71,12 @@ struct supervisor_state {
   /// chain exists without them.
   msg::route_info plan(bool count_load, const std::vector<msg::shard_actor>& avoid = {},
                        const std::vector<msg::shard_actor>& prefer = {});
-  /// plan(true, avoid) for a subscribed session, preferring what it was given before.
-  msg::route_info plan_for(const caf::actor_addr& session, const std::vector<msg::shard_actor>& avoid = {});
+  /// plan(true, avoid) for a subscribed session, remembered for it; `sticky`:
+  /// preferring what it was given before (a push after a change elsewhere). A
+  /// session's own route request comes after a failure it cannot pin on one hop
+  /// (a timeout), so it is planned afresh: least-loaded replicas first.
+  msg::route_info plan_for(const caf::actor_addr& session, const std::vector<msg::shard_actor>& avoid = {},
+                           bool sticky = true);
   template <class Self>
   void changed(Self* self, const std::string& why);
   void say(int level, const std::string& text) const {
