@@ -359,6 +359,26 @@ TEST_F(ActorRuntime, MalformedStepsAreRefusedAndTheShardKeepsServing) {
   EXPECT_FALSE(e3);
   EXPECT_EQ(miss.kind, static_cast<uint8_t>(msg::reply_kind::cache_miss));
   EXPECT_EQ(miss.miss, static_cast<uint8_t>(msg::miss_reason::unknown_session));
+  // Recovery fields: a rebuild mask naming hops past the route, a rebuilt hop's
+  // rows not starting at 0, a rebuild that does not reach past past_len, block ids
+  // past the positions or in odd words.
+  auto rebuild = r;
+  rebuild.rebuild = 2; // hop 1 of a one-hop route
+  auto [e5, _5] = ask(rebuild);
+  EXPECT_EQ(e5, ec::bad_request);
+  EXPECT_NE(sys.render(e5).find("rebuild mask"), std::string::npos) << sys.render(e5);
+  rebuild.rebuild = 1; // hop 0 rebuilds, but its rows start at past_len 5
+  EXPECT_EQ(ask(rebuild).first, ec::bad_request);
+  rebuild.positions = {0, 1};
+  rebuild.tokens = {1, 70};
+  auto [e6, _6] = ask(rebuild); // rows 0-1 do not reach past past_len 5
+  EXPECT_NE(sys.render(e6).find("must reach past past_len"), std::string::npos) << sys.render(e6);
+  auto ids = ok;
+  ids.blocks = {1, 2, 3};
+  EXPECT_EQ(ask(ids).first, ec::bad_request);
+  ids.blocks = {1, 2};
+  auto [e7, _7] = ask(ids); // a block of 32 positions named by a step of 2
+  EXPECT_NE(sys.render(e7).find("block ids past"), std::string::npos) << sys.render(e7);
   // Still serving.
   auto [e4, rep] = ask(ok);
   EXPECT_FALSE(e4) << sys.render(e4);
