@@ -6,6 +6,7 @@
 #include "model/error.hpp"
 #include "model/tokenizer_impl.hpp"
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -76,6 +77,11 @@ std::unique_ptr<Tokenizer> default_tokenizer_for(const ModelConfig& cfg) {
   // A GGUF file carries its tokenizer (read from the shard's own copy).
   if (cfg.dtype.rfind("gguf:", 0) == 0)
     return Tokenizer::load(cfg.identity);
+  // A Hugging Face model directory ships its tokenizer.json beside config.json.
+  std::error_code ec;
+  const auto in_dir = std::filesystem::path(cfg.identity) / "tokenizer.json";
+  if (std::filesystem::is_directory(cfg.identity, ec) && std::filesystem::is_regular_file(in_dir, ec))
+    return Tokenizer::load(in_dir.string());
   return nullptr;
 }
 

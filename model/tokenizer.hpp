@@ -41,7 +41,10 @@ public:
   static std::unique_ptr<Tokenizer> bytes();
 };
 
-/// The tokenizer a model brings along without a file (builtin models), or null.
+/// The tokenizer a model brings along: the byte tokenizer of builtin models, a
+/// GGUF file's own, the `tokenizer.json` of a Hugging Face model directory; or
+/// null (bring one with --tokenizer). A file that is there but cannot be read is
+/// an error naming it.
 std::unique_ptr<Tokenizer> default_tokenizer_for(const ModelConfig& cfg);
 
 /// Turns a stream of token ids into text, holding back an incomplete UTF-8

@@ -5,11 +5,13 @@
 #include "model/error.hpp"
 #include "model/safetensors.hpp"
 #include "model/shard.hpp"
+#include "model/tokenizer.hpp"
 #include "runtime/generator.hpp"
 #include "tests/support.hpp"
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 namespace strata {
 namespace {
@@ -114,6 +116,29 @@ void expect_reference_ids(const std::string& model_dir) {
     req.prompt_ids = c["prompt_ids"].get<std::vector<int32_t>>();
     req.max_tokens = c["steps"].get<int64_t>() - static_cast<int64_t>(req.prompt_ids.size()) + 1;
     EXPECT_EQ(runtime::generate(pipe, req).ids, c["expected_generated_ids"].get<std::vector<int32_t>>());
+  }
+}
+
+// The tokenizer.json of a model directory is found without --tokenizer; a
+// directory without one has none; a broken one is an error naming the file.
+TEST(HfExport, TokenizerJsonInTheModelDirectoryIsFound) {
+  STRATA_REQUIRE_SHARED("models/stories260K.bin");
+  STRATA_REQUIRE_SHARED("models/qwen-tokenizer.json");
+  const auto dir = export_hf("hf_with_tokenizer", DType::f32, false);
+  EXPECT_EQ(model::default_tokenizer_for(model::read_config(dir)), nullptr) << "no tokenizer.json yet";
+  std::filesystem::copy_file(test::shared_path("models/qwen-tokenizer.json"),
+                             std::filesystem::path(dir) / "tokenizer.json");
+  auto found = model::default_tokenizer_for(model::read_config(dir));
+  ASSERT_NE(found, nullptr);
+  auto direct = model::Tokenizer::load(test::shared_path("models/qwen-tokenizer.json"));
+  const std::string text = "Hello, world! Once upon a time, 42 dragons.";
+  EXPECT_EQ(found->encode(text, false), direct->encode(text, false));
+  test::write_file(std::filesystem::path(dir) / "tokenizer.json", "{ not json");
+  try {
+    model::default_tokenizer_for(model::read_config(dir));
+    ADD_FAILURE() << "a broken tokenizer.json must be an error";
+  } catch (const model::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.json"), std::string::npos) << e.what();
   }
 }
 
