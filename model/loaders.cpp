@@ -270,8 +270,6 @@ public:
       throw Error(errc::unsupported, where + ": model_type '" + mt + "' is not supported (llama, mistral, qwen2)");
     if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
       cfg_.rope_scaling = parse_rope_scaling(c["rope_scaling"], where, get_int("max_position_embeddings", 2048));
-    if (get_bool("use_sliding_window", false))
-      throw Error(errc::unsupported, where + ": use_sliding_window is not supported");
     // Fields that change the math: refused unless they say what strata computes.
     if (c.contains("hidden_act") && c["hidden_act"] != "silu")
       throw Error(errc::unsupported, where + ": hidden_act " + c["hidden_act"].dump() + " is not supported (silu)");
@@ -290,11 +288,17 @@ public:
     cfg_.max_seq_len = get_int("max_position_embeddings", 2048);
     // A sliding window (Mistral v0.1: 4096) changes attention only past the
     // window: sequences are held to it, so every position sees what it would.
-    if (mt != "qwen2" && c.contains("sliding_window") && !c["sliding_window"].is_null()) {
+    // Qwen2 windows only when use_sliding_window is set, and then only layers
+    // from max_window_layers on (as transformers' Qwen2 reads its config).
+    const bool windowed = mt != "qwen2" || (get_bool("use_sliding_window", false) &&
+                                             get_int("max_window_layers", cfg_.n_layers) < cfg_.n_layers);
+    if (windowed && c.contains("sliding_window") && !c["sliding_window"].is_null()) {
       const int64_t w = get_int("sliding_window");
       if (w <= 0)
         throw Error(errc::bad_config, where + ": sliding_window must be positive");
       cfg_.max_seq_len = std::min(cfg_.max_seq_len, w);
+    } else if (mt == "qwen2" && get_bool("use_sliding_window", false) && windowed) {
+      throw Error(errc::bad_config, where + ": use_sliding_window without a sliding_window size");
     }
     cfg_.rope_theta = get_num("rope_theta", 10000.0);
     cfg_.rotary = RotaryLayout::half;

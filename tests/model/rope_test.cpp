@@ -164,6 +164,21 @@ TEST(Rope, ConfigFieldsAreReadOrRefusedByName) {
   EXPECT_EQ(c.max_seq_len, 4096);
   c = model::read_config(hf_dir_with("nowindow", {{"sliding_window", nullptr}}));
   EXPECT_EQ(c.max_seq_len, 32768);
+  // Qwen2: the window applies only with use_sliding_window, to layers from
+  // max_window_layers on; held to it when any layer uses it.
+  const json qwen = {{"model_type", "qwen2"}, {"sliding_window", 4096}, {"num_hidden_layers", 4}};
+  auto with = [&](const std::string& name, json extra) {
+    for (auto& [k, v] : qwen.items())
+      if (!extra.contains(k))
+        extra[k] = v;
+    return model::read_config(hf_dir_with(name, extra));
+  };
+  EXPECT_EQ(with("q_off", {{"use_sliding_window", false}}).max_seq_len, 32768) << "Qwen2.5's shipped configs";
+  EXPECT_EQ(with("q_on", {{"use_sliding_window", true}, {"max_window_layers", 2}}).max_seq_len, 4096);
+  EXPECT_EQ(with("q_none", {{"use_sliding_window", true}, {"max_window_layers", 4}}).max_seq_len, 32768)
+    << "no layer reaches max_window_layers";
+  EXPECT_MODEL_ERROR(with("q_nosize", {{"use_sliding_window", true}, {"max_window_layers", 0}, {"sliding_window", nullptr}}),
+                     model::errc::bad_config, "sliding_window");
 }
 
 // GGUF: llama.cpp stores llama3 scaling as a factor per frequency
