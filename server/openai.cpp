@@ -111,7 +111,12 @@ std::optional<ApiError> unsupported(const json& j) {
   auto is_empty = [](const json& v) { return (v.is_object() || v.is_array()) && v.empty(); };
   if (j.contains("n") && !j["n"].is_null() && !is_one(j["n"]))
     return bad("n", "'n' = " + j["n"].dump() + ": only one choice per request is supported (n must be 1)");
+  auto is_unit = [](const json& v) { return v.is_number() && v.get<double>() == 1.0; };
+  // (Extensions vLLM and llama-server accept that would change the sampling are
+  // refused the same way, never ignored.)
   for (auto r : {neutral("best_of", is_one), neutral("presence_penalty", is_zero), neutral("frequency_penalty", is_zero),
+                 neutral("repetition_penalty", is_unit), neutral("typical_p", is_unit), neutral("length_penalty", is_unit),
+                 neutral("ignore_eos", is_false), neutral("mirostat", is_zero),
                  neutral("logprobs", [&](const json& v) { return is_false(v) || is_zero(v); }),
                  neutral("top_logprobs", is_zero), neutral("echo", is_false), neutral("logit_bias", is_empty),
                  neutral("tools", is_empty), neutral("functions", is_empty), neutral("suffix", [](const json& v) {

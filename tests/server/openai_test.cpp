@@ -55,6 +55,14 @@ TEST(OpenAI, EveryRuleNamesTheField) {
   EXPECT_NE(err(R"({"prompt":"x","n":2})").message.find("n must be 1"), std::string::npos);
   EXPECT_EQ(err(R"({"prompt":"x","logprobs":5})").param, "logprobs");
   EXPECT_EQ(err(R"({"prompt":"x","presence_penalty":0.5})").param, "presence_penalty");
+  // Sampling extensions of other servers: refused, never silently ignored; their
+  // neutral values pass.
+  EXPECT_EQ(err(R"({"prompt":"x","repetition_penalty":1.1})").param, "repetition_penalty");
+  EXPECT_EQ(err(R"({"prompt":"x","typical_p":0.9})").param, "typical_p");
+  EXPECT_EQ(err(R"({"prompt":"x","ignore_eos":true})").param, "ignore_eos");
+  EXPECT_EQ(err(R"({"prompt":"x","mirostat":2})").param, "mirostat");
+  EXPECT_TRUE(std::holds_alternative<ApiRequest>(
+    parse_request(R"({"prompt":"x","repetition_penalty":1.0,"typical_p":1,"ignore_eos":false,"mirostat":0})", false)));
   EXPECT_EQ(err(R"({"prompt":"x","response_format":{"type":"json_object"}})").param, "response_format");
   EXPECT_EQ(err(R"({"prompt":"x","model":3})").param, "model");
   EXPECT_EQ(err(R"({})", true).param, "messages");
