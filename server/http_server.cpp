@@ -691,7 +691,7 @@ private:
     g.session = msg::mint_session_id("http");
     g.prompt = prompt;
     g.max_tokens = max_tokens;
-    g.stop_ids = m.cfg.eos_ids;
+    g.stop_ids = req_.chat && m.tok ? chat_stop_ids(m.family, *m.tok, m.cfg) : m.cfg.eos_ids;
     model::SamplingParams sp;
     sp.temperature = req_.temperature;
     sp.top_p = req_.top_p;

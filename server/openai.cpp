@@ -283,6 +283,17 @@ std::string chat_family(const model::ModelConfig& cfg) {
   return cfg.architecture == "qwen2" ? "chatml" : "llama2";
 }
 
+std::vector<int32_t> chat_stop_ids(const std::string& family, const model::Tokenizer& tok,
+                                   const model::ModelConfig& cfg) {
+  std::vector<int32_t> ids = cfg.eos_ids;
+  if (family == "chatml") {
+    const auto end = tok.encode("<|im_end|>", false);
+    if (end.size() == 1 && std::find(ids.begin(), ids.end(), end.front()) == ids.end())
+      ids.push_back(end.front());
+  }
+  return ids;
+}
+
 std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const std::string& family,
                                  const model::Tokenizer& tok, const model::ModelConfig& cfg) {
   const bool bos = cfg.bos_id >= 0 && tok.bos_id() == cfg.bos_id;

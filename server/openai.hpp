@@ -71,6 +71,12 @@ bool api_key_matches(const std::string& authorization, const std::string& key);
 std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const std::string& family,
                                  const model::Tokenizer& tok, const model::ModelConfig& cfg);
 
+/// The ids a chat reply stops at: the model's stop ids, plus the family's
+/// end-of-turn token when the tokenizer has it as one token (ChatML's <|im_end|>:
+/// a Qwen base model's generation_config names only <|endoftext|>).
+std::vector<int32_t> chat_stop_ids(const std::string& family, const model::Tokenizer& tok,
+                                   const model::ModelConfig& cfg);
+
 /// 400 context_length_exceeded naming both numbers when prompt + completion do
 /// not fit the context.
 std::optional<ApiError> check_context(int64_t prompt_tokens, int64_t max_tokens, int64_t context);

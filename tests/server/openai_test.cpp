@@ -1,6 +1,7 @@
 // Request parsing, validation, chat formats and stop strings, without a network.
 
 #include "server/openai.hpp"
+#include "tests/support.hpp"
 
 #include <gtest/gtest.h>
 
@@ -116,6 +117,22 @@ TEST(OpenAI, ChatFormatsPerFamily) {
   EXPECT_EQ(chat_family(cfg), "chatml");
   cfg.architecture = "llama";
   EXPECT_EQ(chat_family(cfg), "llama2");
+}
+
+// A chat stops at ChatML's <|im_end|> when the tokenizer has it as one token,
+// besides the model's own stop ids; a tokenizer without it adds nothing.
+TEST(OpenAI, ChatStopsAtTheEndOfTurnToken) {
+  model::ModelConfig cfg;
+  cfg.eos_ids = {2};
+  auto bytes = model::Tokenizer::bytes();
+  EXPECT_EQ(chat_stop_ids("chatml", *bytes, cfg), (std::vector<int32_t>{2})) << "<|im_end|> is many bytes";
+  STRATA_REQUIRE_SHARED("models/qwen-tokenizer.json");
+  auto qwen = model::Tokenizer::load(test::shared_path("models/qwen-tokenizer.json"));
+  cfg.eos_ids = {151643}; // Qwen2.5 base: <|endoftext|> only
+  EXPECT_EQ(chat_stop_ids("chatml", *qwen, cfg), (std::vector<int32_t>{151643, 151645}));
+  cfg.eos_ids = {151645, 151643}; // Instruct: already there
+  EXPECT_EQ(chat_stop_ids("chatml", *qwen, cfg), (std::vector<int32_t>{151645, 151643}));
+  EXPECT_EQ(chat_stop_ids("llama2", *qwen, cfg), cfg.eos_ids);
 }
 
 TEST(OpenAI, DefaultServedNameIsTheFileOrDirectoryName) {
