@@ -313,10 +313,11 @@ void shard_state::round(self_ptr self) {
       // them already published here (always leaving the last row to compute).
       auto& ctx = *found.ctx;
       const int64_t L = q.from + q.rows;
-      if (head) {
+      // (With the prefix cache off there are no ids to make, learn or publish.)
+      if (head && pool->prefix_cache()) {
         ctx.tokens.assign(req.tokens.begin(), req.tokens.end());
         prefix_ids->extend(ctx.ids, ctx.tokens);
-      } else if (req.blocks_from == 0) {
+      } else if (!head && pool->prefix_cache() && req.blocks_from == 0) {
         for (std::size_t i = 0; i + 1 < req.blocks.size(); i += 2)
           ctx.ids.push_back(model::BlockId{req.blocks[i], req.blocks[i + 1]});
       }
@@ -401,14 +402,16 @@ void shard_state::round(self_ptr self) {
       if (!piece.last())
         continue; // more pieces in later rounds
       ++steps;
-      if (head && !q.rebuilt) { // the head knows every token of the sequence: the ids of newly full blocks
-        ctx->tokens.resize(static_cast<std::size_t>(q.from));
-        ctx->tokens.insert(ctx->tokens.end(), q.req.tokens.begin(), q.req.tokens.end());
-        prefix_ids->extend(ctx->ids, ctx->tokens);
-      } else if (!head && !q.rebuilt) {
-        for (std::size_t k = 0; k + 1 < q.req.blocks.size(); k += 2)
-          if (static_cast<std::size_t>(q.req.blocks_from) + k / 2 == ctx->ids.size())
-            ctx->ids.push_back(model::BlockId{q.req.blocks[k], q.req.blocks[k + 1]});
+      if (pool->prefix_cache() && !q.rebuilt) { // ids of newly full blocks (a rebuilt context made all at opening)
+        if (head) { // the head knows every token of the sequence
+          ctx->tokens.resize(static_cast<std::size_t>(q.from));
+          ctx->tokens.insert(ctx->tokens.end(), q.req.tokens.begin(), q.req.tokens.end());
+          prefix_ids->extend(ctx->ids, ctx->tokens);
+        } else {
+          for (std::size_t k = 0; k + 1 < q.req.blocks.size(); k += 2)
+            if (static_cast<std::size_t>(q.req.blocks_from) + k / 2 == ctx->ids.size())
+              ctx->ids.push_back(model::BlockId{q.req.blocks[k], q.req.blocks[k + 1]});
+        }
       }
       store->committed(*ctx, q.req.step_id, q.req.past_len);
       recomputed += q.recomputed;

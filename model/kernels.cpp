@@ -236,6 +236,22 @@ void rows_prepared(const WMatrix& W, const Prepared& p, float* Y, int64_t ldy, i
   at::parallel_for(0, blocks, grain, [&](int64_t b, int64_t e) { run(b * 4, std::min(rows, e * 4)); });
 }
 
+// Every part of a stacked weight into its columns of Y, the activations
+// prepared once for all parts that take them alike.
+template <class Run>
+void over_parts(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate, bool gemm, Run run) {
+  if (M <= 0)
+    return;
+  std::optional<Prepared> p;
+  int64_t col0 = 0;
+  for (const auto& part : w.parts) {
+    if (!p || !prepares_alike(p->type, part.type, gemm))
+      p = prepare(part.type, X, M, w.cols, gemm);
+    run(part, *p, Y + col0, w.rows, M, accumulate);
+    col0 += part.rows;
+  }
+}
+
 } // namespace
 
 void matmul_rows(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate) {
@@ -245,16 +261,7 @@ void matmul_rows(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_
 }
 
 void matmul_rows(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate) {
-  if (M <= 0)
-    return;
-  std::optional<Prepared> p;
-  int64_t col0 = 0;
-  for (const auto& part : w.parts) {
-    if (!p || !prepares_alike(p->type, part.type, false))
-      p = prepare(part.type, X, M, w.cols, false);
-    rows_prepared(part, *p, Y + col0, w.rows, M, accumulate);
-    col0 += part.rows;
-  }
+  over_parts(w, X, Y, M, accumulate, false, [](auto&&... a) { rows_prepared(a...); });
 }
 
 namespace {
@@ -301,16 +308,7 @@ void matmul_gemm(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_
 }
 
 void matmul_gemm(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate) {
-  if (M <= 0)
-    return;
-  std::optional<Prepared> p;
-  int64_t col0 = 0;
-  for (const auto& part : w.parts) {
-    if (!p || !prepares_alike(p->type, part.type, true))
-      p = prepare(part.type, X, M, w.cols, true);
-    gemm_prepared(part, *p, Y + col0, w.rows, M, accumulate);
-    col0 += part.rows;
-  }
+  over_parts(w, X, Y, M, accumulate, true, [](auto&&... a) { gemm_prepared(a...); });
 }
 
 namespace {

@@ -139,11 +139,7 @@ TEST_F(Batching, PoolNeverExceedsItsBudgetUnderThirtyTwoSessions) {
     t.join();
   running = false;
   watcher.join();
-  for (int i = 0; i < n; ++i) {
-    auto& o = outs[static_cast<std::size_t>(i)];
-    ASSERT_TRUE(o.ok()) << i << ": " << sys.render(o.error);
-    EXPECT_EQ(o.result.ids, expected[static_cast<std::size_t>(i)]) << "session " << i;
-  }
+  test::expect_outcomes(sys, outs, expected);
   EXPECT_GT(samples, 0);
   EXPECT_EQ(over, 0) << "a pool held more blocks than it has";
   uint64_t evictions = 0;
