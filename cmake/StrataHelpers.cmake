@@ -22,7 +22,8 @@ function(strata_test)
   target_compile_options(${T_NAME} PRIVATE -Wall -Wextra)
   target_compile_definitions(${T_NAME} PRIVATE
     STRATA_SHARED_DIR="${STRATA_SHARED_DIR}"
-    STRATA_BINARY_DIR="${PROJECT_BINARY_DIR}")
+    STRATA_BINARY_DIR="${PROJECT_BINARY_DIR}"
+    STRATA_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
   gtest_discover_tests(${T_NAME}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}

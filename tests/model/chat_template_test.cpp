@@ -1,0 +1,286 @@
+// The chat template engine against @huggingface/jinja (the renderer of
+// transformers.js): real templates from tests/data/chat_templates and
+// feature templates, rendered by both over the same conversations, must give
+// the same text (or both refuse). The reference runs in Node from the npm
+// package scripts/test installs; without it these tests skip and say why.
+
+#include "model/chat_template.hpp"
+#include "model/error.hpp"
+#include "model/jinja.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+using strata::model::jinja::Object;
+using strata::model::jinja::Template;
+using strata::model::jinja::TemplateError;
+using strata::model::jinja::Value;
+
+const fs::path data_dir = fs::path(STRATA_SOURCE_DIR) / "tests" / "data" / "chat_templates";
+const fs::path npm_dir = fs::path(STRATA_BINARY_DIR) / "npm";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string run(const std::string& cmd) {
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  std::string out;
+  char buf[65536];
+  std::size_t n;
+  while (p && (n = fread(buf, 1, sizeof buf, p.get())) > 0)
+    out.append(buf, n);
+  return out;
+}
+
+// The reference renderer, or a reason it is not there.
+std::string reference_missing() {
+  if (run("command -v node").empty())
+    return "node is not installed (scripts/test installs it)";
+  if (!fs::exists(npm_dir / "node_modules" / "@huggingface" / "jinja"))
+    return "@huggingface/jinja is not installed in " + npm_dir.string() + " (scripts/test installs it)";
+  return {};
+}
+
+// Renders every case with @huggingface/jinja.
+ojson reference(const ojson& cases) {
+  fs::copy_file(fs::path(STRATA_SOURCE_DIR) / "tests" / "model" / "render_templates.mjs",
+                npm_dir / "render_templates.mjs", fs::copy_options::overwrite_existing);
+  const fs::path in = npm_dir / ("template_cases_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(in) << cases.dump();
+  const std::string out = run("node " + (npm_dir / "render_templates.mjs").string() + " " + in.string());
+  fs::remove(in);
+  return ojson::parse(out);
+}
+
+struct Outcome {
+  bool ok = false;
+  std::string text;
+};
+
+Outcome ours(const std::string& tpl, const ojson& context) {
+  try {
+    const Template t = Template::parse(tpl);
+    Object g;
+    for (auto& [k, v] : context.items())
+      g.set(k, Value::from_json(v));
+    return {true, t.render(g)};
+  } catch (const TemplateError& e) {
+    return {false, e.message()};
+  }
+}
+
+ojson conversations() {
+  return ojson::parse(R"([
+    [{"role": "system", "content": "You are a helpful assistant."},
+     {"role": "user", "content": "Hello!"},
+     {"role": "assistant", "content": "Hi there. How can I help?"},
+     {"role": "user", "content": "Tell me a joke about \"quotes\" & <tags>\n  twice. "}],
+    [{"role": "user", "content": "What is 2+2?"},
+     {"role": "assistant", "content": "  4  "},
+     {"role": "user", "content": "And 3+3?"}],
+    [{"role": "user", "content": "Ünïcödé ✓ and emoji 🙂"}],
+    [{"role": "system", "content": "Use tools."},
+     {"role": "user", "content": "Weather in Oslo?"},
+     {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "call_1",
+       "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}]},
+     {"role": "tool", "content": "{\"temp\": -3.5}", "tool_call_id": "call_1"},
+     {"role": "user", "content": "Thanks"}]
+  ])");
+}
+
+ojson tools() {
+  return ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
+    "description": "Weather for a city", "parameters": {"type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}])");
+}
+
+void compare(const ojson& cases, const std::vector<std::string>& names) {
+  const ojson ref = reference(cases);
+  ASSERT_EQ(ref.size(), cases.size());
+  int agreed_text = 0, agreed_refusal = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Outcome o = ours(cases[i]["template"], cases[i]["context"]);
+    const bool ref_ok = ref[i]["ok"];
+    SCOPED_TRACE(names[i]);
+    EXPECT_EQ(o.ok, ref_ok) << "strata: " << o.text << "\nreference: " << ref[i].dump();
+    if (o.ok != ref_ok)
+      continue;
+    if (o.ok) {
+      EXPECT_EQ(o.text, ref[i]["text"].get<std::string>());
+      ++agreed_text;
+    } else {
+      ++agreed_refusal;
+    }
+  }
+  std::printf("%d renderings equal, %d refused by both\n", agreed_text, agreed_refusal);
+}
+
+TEST(ChatTemplate, RealTemplatesRenderAsTheReferenceDoes) {
+  if (auto why = reference_missing(); !why.empty())
+    GTEST_SKIP() << why;
+  ojson cases = ojson::array();
+  std::vector<std::string> names;
+  int templates = 0;
+  for (auto& entry : fs::directory_iterator(data_dir)) {
+    if (entry.path().extension() != ".json")
+      continue;
+    ++templates;
+    const ojson t = ojson::parse(slurp(entry.path()));
+    int conv = 0;
+    for (auto& messages : conversations()) {
+      for (bool gen : {true, false}) {
+        ojson ctx = {{"messages", messages}, {"bos_token", t["bos_token"]}, {"eos_token", t["eos_token"]},
+                     {"add_generation_prompt", gen}, {"date_string", "26 Jul 2024"}};
+        if (conv == 3)
+          ctx["tools"] = tools();
+        cases.push_back({{"template", t["template"]}, {"context", ctx}});
+        names.push_back(t["name"].get<std::string>() + " conversation " + std::to_string(conv) +
+                        (gen ? " +generation prompt" : ""));
+      }
+      ++conv;
+    }
+  }
+  ASSERT_GE(templates, 10);
+  compare(cases, names);
+}
+
+TEST(ChatTemplate, FeaturesRenderAsTheReferenceDoes) {
+  if (auto why = reference_missing(); !why.empty())
+    GTEST_SKIP() << why;
+  const ojson ctx = ojson::parse(R"({
+    "messages": [{"role": "system", "content": "  S  "}, {"role": "user", "content": "a,b,,c"},
+                 {"role": "assistant", "content": "x"}],
+    "items": [{"n": "b", "v": 2}, {"n": "A", "v": 1}, {"n": "c", "v": 3}],
+    "d": {"z": 1, "a": [1, 2, {"k": "v"}], "m": {"q": "é\"\\\n"}},
+    "s": "Hello World", "n": 7, "f": 2.5, "empty": [], "t": true})");
+  const std::vector<std::string> templates = {
+    "{% for m in messages %}{{ loop.index }}/{{ loop.length }}:{{ loop.index0 }}{{ loop.revindex }}{{ 'F' if loop.first }}{{ 'L' if loop.last }}{{ loop.previtem.role if loop.previtem is defined }}|{% endfor %}",
+    "{% for m in messages if m.role != 'system' %}{{ loop.index }}={{ m.role }}{% else %}none{% endfor %}",
+    "{% for m in empty %}x{% else %}empty{% endfor %}",
+    "{% for k, v in d.items() %}{{ k }}:{{ v | tojson }};{% endfor %}",
+    "{{ d | tojson }}\n{{ d | tojson(indent=2) }}\n{{ items | tojson(indent=4) }}",
+    "{{ messages[0].content | trim }}|{{ messages[0]['content'].strip() }}|{{ s.upper() }}{{ s.lower() }}{{ s | title }}",
+    "{{ messages[1].content.split(',') | join('-') }}|{{ s.split() | length }}|{{ s.replace('o', '0') }}",
+    "{{ s[::-1] }}|{{ s[1:4] }}|{{ messages[1:] | length }}|{{ messages[-1].role }}|{{ s[-3:] }}",
+    "{% set ns = namespace(c=0, last='') %}{% for m in messages %}{% set ns.c = ns.c + 1 %}{% set ns.last = m.role %}{% endfor %}{{ ns.c }}{{ ns.last }}",
+    "{% set x = 1 %}{% for m in messages %}{% set x = x + 1 %}{% endfor %}{{ x }}",
+    "{% macro greet(name, p='Hi') %}{{ p }} {{ name }}!{% endmacro %}{{ greet('a') }} {{ greet('b', p='Yo') }}",
+    "{{ items | selectattr('n', 'equalto', 'b') | map(attribute='v') | join(',') }}|{{ messages | rejectattr('role', 'equalto', 'system') | map(attribute='role') | join(',') }}|{{ items | rejectattr('n', 'equalto', 'A') | list | length }}",
+    "{{ items | sort(attribute='n') | map(attribute='n') | join }}|{{ [3, 1, 2] | sort | join }}|{{ [3, 1, 2] | last }}{{ [3, 1, 2] | first }}",
+    "{{ undefined_var | default('dflt') }}|{{ '' | default('e', true) }}|{{ 1 if undefined_var is defined else 0 }}{{ 1 if n is odd else 0 }}{{ 1 if n is number and s is string and d is mapping and items is iterable else 0 }}",
+    "{{ 1 if 'b' in s else 0 }}{{ 1 if 'W' in s else 0 }}{{ 1 if 'z' in d else 0 }}{{ 1 if 2 in [1, 2] else 0 }}{{ 1 if 'x' not in s else 0 }}|{{ 1 if n > 3 and f < 3 else 0 }}|{{ not t or n }}",
+    "{{ n + 1 }} {{ n * 2 }} {{ n // 2 }} {{ n % 3 }} {{ n / 2 }} {{ f * 2 }} {{ 2 ** 10 }} {{ 'ab' ~ n }}",
+    "{{ 'yes' if t else 'no' }}|{{ 'a' if n > 10 else 'b' if n > 5 else 'c' }}",
+    "  {%- if t -%}  trimmed  {%- endif -%}  |\n  {% if t %}\n    kept\n  {% endif %}\nend",
+    "{# comment #}\n{% for i in range(3) %}{% if i == 2 %}{% break %}{% endif %}{{ i }}{% endfor %}|{% for i in range(5) %}{% if i is even %}{% continue %}{% endif %}{{ i }}{% endfor %}",
+    "{{ d.a[2].k }}|{{ d['m']['q'] | length }}|{{ 1 if d.missing is defined else 0 }}|{{ (d.a | first) + (d.a[1]) }}|{{ d.a | last | tojson }}",
+    "{{ 1 if s.startswith('Hell') else 0 }}{{ 1 if s.endswith('ld') else 0 }}{{ s.rstrip() }}|{{ '  x ' | trim }}|{{ s | lower | capitalize }}",
+    "{% set content %}block {{ n }}{% endset %}{{ content | upper }}|{{ 'a\\nb' | indent(2, first=true) }}|{{ 3.7 | int }}{{ '12' | int + 1 }}{{ 2 | float }}",
+    "{%- for m in messages -%}\n  {%- if loop.first and m.role == 'system' %}[S:{{ m.content }}]\n  {%- elif m.role == 'user' %}[U:{{ m.content }}]\n  {%- else %}[A:{{ m.content }}]\n  {%- endif %}\n{%- endfor %}\n",
+    "{{ raise_exception('stop here: ' ~ n) }}",
+    "{{ d | dictsort | length }}|{{ items | map(attribute='n') | unique | list | length }}",
+    "{{ [1, 2] + [3] }}|{{ {'k': [1]} | tojson }}|{{ ('a', 'b') | join }}",
+  };
+  ojson cases = ojson::array();
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < templates.size(); ++i) {
+    cases.push_back({{"template", templates[i]}, {"context", ctx}});
+    names.push_back("feature template " + std::to_string(i) + ": " + templates[i]);
+  }
+  compare(cases, names);
+}
+
+TEST(ChatTemplate, UnsupportedConstructsAreRefusedAtParseNamingTheLine) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+    {"{{ x | frobnicate }}", "unsupported filter 'frobnicate'"},
+    {"{% include 'other.jinja' %}", "unsupported statement 'include'"},
+    {"a\n{% if x is prime %}{% endif %}", "line 2"},
+    {"{% for x in y %}", "'endfor'"},
+    {"{{ x ", "unclosed"},
+    {"{% if %}{% endif %}", "expected an expression"},
+  };
+  for (auto& [tpl, want] : bad) {
+    try {
+      Template::parse(tpl);
+      ADD_FAILURE() << "parsed: " << tpl;
+    } catch (const TemplateError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  // Through ChatTemplate: a typed error naming where the template came from.
+  try {
+    strata::model::ChatTemplate("{% import 'x' as y %}", "the chat_template of 'test'", "<s>", "</s>");
+    ADD_FAILURE();
+  } catch (const strata::model::Error& e) {
+    EXPECT_EQ(e.code(), strata::model::errc::unsupported);
+    EXPECT_NE(std::string(e.what()).find("the chat_template of 'test'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ChatTemplate, RaiseExceptionAndRuntimeErrorsAreTyped) {
+  const Template t = Template::parse("{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok");
+  Object g;
+  g.set("messages", Value::from_json(ojson::parse(R"([{"role": "system", "content": "x"}])")));
+  try {
+    t.render(g);
+    ADD_FAILURE();
+  } catch (const TemplateError& e) {
+    EXPECT_TRUE(e.raised());
+    EXPECT_EQ(e.message(), "System role not supported");
+  }
+  // Reading a field of something undefined is an error, not silence.
+  try {
+    Template::parse("{{ nothing.field }}").render({});
+    ADD_FAILURE();
+  } catch (const TemplateError& e) {
+    EXPECT_FALSE(e.raised());
+    EXPECT_NE(e.message().find("'nothing' is undefined"), std::string::npos) << e.message();
+  }
+  // A runaway template is stopped.
+  EXPECT_THROW(Template::parse("{% for i in range(2000000) %}x{% endfor %}").render({}), TemplateError);
+}
+
+TEST(ChatTemplate, PrintsValuesAsPythonJinjaDoes) {
+  // Where @huggingface/jinja differs from Python's Jinja (which transformers
+  // renders with), strata follows Python: True / None / reprs, floor modulo.
+  Object g;
+  g.set("l", Value::from_json(ojson::parse(R"([1, "a", null, true, 2.5])")));
+  g.set("d", Value::from_json(ojson::parse(R"({"k": "v"})")));
+  EXPECT_EQ(Template::parse("{{ true }} {{ none }} {{ l }} {{ d }} {{ -7 % 3 }} {{ 1e20 }} {{ 0.1 + 0.2 }} {{ [1, 2.5] | sum }}").render(g),
+            "True None [1, 'a', None, True, 2.5] {'k': 'v'} 2 1e+20 0.30000000000000004 3.5");
+  EXPECT_EQ(Template::parse("{% for i in range(3) %}{{ i }}{% if i == 1 %}{% break %}{% endif %}{% endfor %}|"
+                            "{{ 'x' * 3 }}|{{ 'Hello'.lstrip('H') }}|{{ 12 is divisibleby 4 }}|{{ [3, 1, 2] | max }}"
+                            "|{{ {'b': 1, 'a': 2} | dictsort | map('first') | join }}|{{ 'ab'.endswith(('x', 'b')) }}|{{ dict(a=1, b='x') | tojson }}").render({}),
+            "01|xxx|ello|True|3|ab|True|{\"a\": 1, \"b\": \"x\"}");
+}
+
+TEST(ChatTemplate, EncodeMapsSpecialTokenTextsToTheirIds) {
+  // The byte tokenizer does not know "<s>" as a token: the template's BOS text
+  // still becomes the model's BOS id.
+  auto tok = strata::model::Tokenizer::bytes();
+  strata::model::ModelConfig cfg;
+  cfg.bos_id = 1;
+  cfg.eos_ids = {2};
+  const strata::model::ChatTemplate t("{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}",
+                                      "test", "<s>", "</s>");
+  const std::string text = t.render(ojson::parse(R"([{"role": "user", "content": "hi"}])"), true);
+  EXPECT_EQ(text, "<s>hi</s>");
+  const auto ids = t.encode(text, *tok, cfg);
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 3 + 'h', 3 + 'i', 2}));
+}
+
+} // namespace
