@@ -20,6 +20,8 @@
 #include <cstring>
 #include <cstdio>
 #include <deque>
+#include <fstream>
+#include <sstream>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -71,6 +73,7 @@ struct ModelState {
   model::ModelConfig cfg;
   std::shared_ptr<model::Tokenizer> tok;
   std::string family;
+  std::shared_ptr<const model::ChatTemplate> chat; ///< the model's own template (null: the family's format)
 };
 
 } // namespace
@@ -142,6 +145,17 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
                          "server_error");
       model.id = opts.served_model_name.empty() ? default_served_name(facts.model) : opts.served_model_name;
       model.family = chat_family(model.cfg);
+      try {
+        if (!opts.chat_template.empty())
+          model.chat = std::make_shared<const model::ChatTemplate>(
+            model::ChatTemplate::from_file(opts.chat_template, model.cfg, model.tok.get()));
+        else if (auto t = model::ChatTemplate::for_model(model.cfg, model.tok.get(), opts.tokenizer))
+          model.chat = std::make_shared<const model::ChatTemplate>(std::move(*t));
+      } catch (const std::exception& e) {
+        return api_error(500, std::string("cannot use the model's chat template: ") + e.what(), "server_error");
+      }
+      log::info(model.chat ? "chat template: " + model.chat->origin()
+                           : "chat template: none found; chat uses the " + model.family + " format");
       model.loaded = true;
     }
     out = model;
@@ -345,7 +359,7 @@ private:
       return offload([srv = srv_] {
         return Reply{200, "text/plain; version=0.0.4; charset=utf-8", srv->metrics.render(srv->snapshot())};
       });
-    const bool api = path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+    const bool api = path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize" || path == "/apply-template";
     if (api && !authorized(req))
       return respond(Reply::error(api_error(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
                                             "invalid_request_error", "invalid_api_key")),
@@ -387,11 +401,14 @@ private:
       return offload([srv = srv_, body = req.body(), tokenize = path == "/tokenize"] {
         return tokenize ? tokenize_reply(*srv, body) : detokenize_reply(*srv, body);
       });
+    if (path == "/apply-template" && method == http::verb::post)
+      return offload([srv = srv_, body = req.body()] { return apply_template_reply(*srv, body); });
     if ((path == "/v1/completions" || path == "/v1/chat/completions") && method == http::verb::post)
       return start_generation(req.body(), path == "/v1/chat/completions");
     const bool known = path == "/" || path == "/health" || path == "/metrics" || path == "/v1/models" ||
                        path == "/v1/cluster" || path == "/v1/cluster/inject" || path == "/v1/completions" ||
-                       path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize";
+                       path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize" ||
+                       path == "/apply-template";
     endpoint_ = known ? path : "other";
     if (known)
       return respond(Reply::error(api_error(405, "method " + std::string(req.method_string()) + " is not allowed on " + path,
@@ -437,6 +454,29 @@ private:
       prev = id;
     }
     return Reply::json_body(200, json{{"tokens", tokens}});
+  }
+
+  // llama-server's shape: a chat body ({"messages", ...}) -> {"prompt": the text
+  // /v1/chat/completions would feed the model}.
+  static Reply apply_template_reply(Server::Impl& srv, const std::string& body) {
+    json j = json::parse(body, nullptr, false);
+    if (!j.is_object())
+      return Reply::error(bad_field("", "the request body must be a JSON object with 'messages'"));
+    auto r = parse_request(body, true);
+    if (auto* e = std::get_if<ApiError>(&r))
+      return Reply::error(*e);
+    const auto& req = std::get<ApiRequest>(r);
+    ModelState m;
+    if (auto e = model_with_tokenizer(srv, m))
+      return Reply::error(*e);
+    try {
+      auto p = chat_prompt(req.messages, m.chat.get(), m.family, *m.tok, m.cfg, req.template_kwargs);
+      if (auto* e = std::get_if<ApiError>(&p))
+        return Reply::error(*e);
+      return Reply::json_body(200, json{{"prompt", std::get<ChatPrompt>(p).text}});
+    } catch (const std::exception& e) {
+      return Reply::error(bad_field("messages", std::string("cannot render the chat: ") + e.what()));
+    }
   }
 
   // {"tokens": [ids]} -> {"content"}.
@@ -656,9 +696,13 @@ private:
       err = api_error(500, "the server has no tokenizer for " + m.id + " (start it with --tokenizer)", "server_error");
     if (!err) {
       try {
-        if (req_.chat)
-          prompt = encode_chat(req_.messages, m.family, *m.tok, m.cfg);
-        else if (req_.prompt_is_ids)
+        if (req_.chat) {
+          auto p = chat_prompt(req_.messages, m.chat.get(), m.family, *m.tok, m.cfg, req_.template_kwargs);
+          if (auto* e = std::get_if<ApiError>(&p))
+            err = *e;
+          else
+            prompt = std::move(std::get<ChatPrompt>(p).ids);
+        } else if (req_.prompt_is_ids)
           prompt = req_.prompt_ids;
         else
           prompt = m.tok->encode(req_.prompt, m.cfg.bos_id >= 0 && m.tok->bos_id() == m.cfg.bos_id);
@@ -691,7 +735,7 @@ private:
     g.session = msg::mint_session_id("http");
     g.prompt = prompt;
     g.max_tokens = max_tokens;
-    g.stop_ids = req_.chat && m.tok ? chat_stop_ids(m.family, *m.tok, m.cfg) : m.cfg.eos_ids;
+    g.stop_ids = req_.chat && m.tok ? chat_stop_ids(m.family, *m.tok, m.cfg, m.chat.get()) : m.cfg.eos_ids;
     model::SamplingParams sp;
     sp.temperature = req_.temperature;
     sp.top_p = req_.top_p;
@@ -1090,6 +1134,7 @@ int run_serve(int argc, char** argv) {
     .option("api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/* (or env STRATA_API_KEY)")
     .option("allow-inject", "", "enable POST /v1/cluster/inject (kill/freeze/evict nodes; off by default)")
     .option("served-model-name", "NAME", "the model's id in the API (default: its file or directory name)")
+    .option("chat-template", "FILE", "a Jinja chat template (or a tokenizer_config.json) overriding the model's own")
     .option("cors-origin", "ORIGIN", "let pages from ORIGIN (e.g. https://app.example) call the API (default: none)")
     .option("insecure", "", "allow a non-loopback HTTP address without authentication");
   runtime::add_network_options(a);
@@ -1097,7 +1142,10 @@ int run_serve(int argc, char** argv) {
   if (a.help_requested()) {
     std::cout << "usage: strata serve --cluster HOST:PORT [--http HOST:PORT] [options]\n\n"
               << "Serves the cluster over an OpenAI-compatible HTTP API (/v1/completions,\n"
-              << "/v1/chat/completions, /v1/models), with /health, /metrics (Prometheus) and a page at /.\n"
+              << "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /apply-template), with\n"
+              << "/health, /metrics (Prometheus) and a chat page at /. Chat prompts are rendered with\n"
+              << "the model's own chat template (tokenizer_config.json, chat_template.jinja, GGUF\n"
+              << "metadata) or --chat-template.\n"
               << "Stops gracefully on SIGINT/SIGTERM.\n\noptions:\n"
               << a.help_text();
     return 0;
@@ -1124,6 +1172,19 @@ int run_serve(int argc, char** argv) {
   o.allow_inject = a.has("allow-inject");
   o.cors_origin = a.str("cors-origin");
   o.served_model_name = a.str("served-model-name");
+  o.chat_template = a.str("chat-template");
+  if (a.has("chat-template")) {
+    // Checked now: a template the engine cannot run stops serve at start.
+    std::ifstream in(o.chat_template, std::ios::binary);
+    if (!in)
+      throw model::Error(model::errc::io, "cannot open --chat-template '" + o.chat_template + "'");
+    std::ostringstream text;
+    text << in.rdbuf();
+    const std::string t = text.str();
+    const auto first = t.find_first_not_of(" \t\r\n");
+    if (first == std::string::npos || t[first] != '{' || nlohmann::json::parse(t, nullptr, false).is_discarded())
+      model::ChatTemplate(t, "--chat-template '" + o.chat_template + "'", "", "");
+  }
   if (!runtime::is_loopback(o.host) && o.api_key.empty() && !a.has("insecure"))
     throw runtime::UsageError("serving HTTP on non-loopback address '" + o.host +
                               "' needs --api-key (and a TLS proxy in front) or an explicit --insecure");

@@ -46,6 +46,7 @@ struct ServerOptions {
   bool allow_inject = false;                       ///< POST /v1/cluster/inject (--allow-inject)
   std::string cors_origin;                         ///< the one origin CORS allows ("" = none)
   std::string served_model_name;                   ///< the model's id in the API ("" = file or directory name)
+  std::string chat_template;                       ///< a template file overriding the model's own ("" = the model's)
 };
 
 class Server {

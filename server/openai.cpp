@@ -134,6 +134,29 @@ std::optional<ApiError> unsupported(const json& j) {
 
 } // namespace
 
+std::optional<ApiError> parse_messages(const json& j, std::vector<ChatMessage>& out) {
+  if (!j.contains("messages"))
+    return bad("messages", "'messages' is required");
+  const auto& m = j["messages"];
+  if (!m.is_array() || m.empty())
+    return bad("messages", "'messages' must be a non-empty array");
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const std::string p = "messages[" + std::to_string(i) + "]";
+    if (!m[i].is_object())
+      return bad(p, "'" + p + "' must be an object with 'role' and 'content'");
+    const std::string role = m[i].contains("role") && m[i]["role"].is_string() ? m[i]["role"].get<std::string>() : "";
+    if (role != "system" && role != "user" && role != "assistant" && role != "developer")
+      return bad(p + ".role", "'" + p + ".role' must be one of system, developer, user, assistant");
+    if (!m[i].contains("content"))
+      return bad(p + ".content", "'" + p + ".content' is required");
+    ChatMessage msg{role == "developer" ? "system" : role, {}};
+    if (auto e = text_content(m[i]["content"], p + ".content", msg.content))
+      return e;
+    out.push_back(std::move(msg));
+  }
+  return std::nullopt;
+}
+
 std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool chat) {
   json j = json::parse(body, nullptr, false);
   if (j.is_discarded())
@@ -148,24 +171,15 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool cha
     r.model = j["model"].get<std::string>();
   }
   if (chat) {
-    if (!j.contains("messages"))
-      return bad("messages", "'messages' is required");
-    const auto& m = j["messages"];
-    if (!m.is_array() || m.empty())
-      return bad("messages", "'messages' must be a non-empty array");
-    for (std::size_t i = 0; i < m.size(); ++i) {
-      const std::string p = "messages[" + std::to_string(i) + "]";
-      if (!m[i].is_object())
-        return bad(p, "'" + p + "' must be an object with 'role' and 'content'");
-      const std::string role = m[i].contains("role") && m[i]["role"].is_string() ? m[i]["role"].get<std::string>() : "";
-      if (role != "system" && role != "user" && role != "assistant" && role != "developer")
-        return bad(p + ".role", "'" + p + ".role' must be one of system, developer, user, assistant");
-      if (!m[i].contains("content"))
-        return bad(p + ".content", "'" + p + ".content' is required");
-      ChatMessage msg{role == "developer" ? "system" : role, {}};
-      if (auto e = text_content(m[i]["content"], p + ".content", msg.content))
-        return *e;
-      r.messages.push_back(std::move(msg));
+    if (auto e = parse_messages(j, r.messages))
+      return *e;
+    if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_null()) {
+      if (!j["chat_template_kwargs"].is_object())
+        return bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+      for (auto& [k, v] : j["chat_template_kwargs"].items())
+        if (k == "messages" || k == "add_generation_prompt" || k == "bos_token" || k == "eos_token")
+          return bad("chat_template_kwargs", "'chat_template_kwargs' cannot set '" + k + "'");
+      r.template_kwargs = j["chat_template_kwargs"];
     }
   } else {
     if (!j.contains("prompt"))
@@ -284,14 +298,43 @@ std::string chat_family(const model::ModelConfig& cfg) {
 }
 
 std::vector<int32_t> chat_stop_ids(const std::string& family, const model::Tokenizer& tok,
-                                   const model::ModelConfig& cfg) {
+                                   const model::ModelConfig& cfg, const model::ChatTemplate* tpl) {
   std::vector<int32_t> ids = cfg.eos_ids;
-  if (family == "chatml") {
-    const auto end = tok.encode("<|im_end|>", false);
-    if (end.size() == 1 && std::find(ids.begin(), ids.end(), end.front()) == ids.end())
+  const auto add = [&](const std::string& text) {
+    if (text.empty())
+      return;
+    const auto end = tok.encode(text, false);
+    if (end.size() == 1 && end.front() < cfg.vocab_size && std::find(ids.begin(), ids.end(), end.front()) == ids.end())
       ids.push_back(end.front());
-  }
+  };
+  if (family == "chatml")
+    add("<|im_end|>");
+  if (tpl)
+    add(tpl->eos_token());
   return ids;
+}
+
+std::variant<ChatPrompt, ApiError> chat_prompt(const std::vector<ChatMessage>& messages, const model::ChatTemplate* tpl,
+                                               const std::string& family, const model::Tokenizer& tok,
+                                               const model::ModelConfig& cfg, const json& kwargs) {
+  ChatPrompt p;
+  if (!tpl) {
+    p.ids = encode_chat(messages, family, tok, cfg);
+    p.text = tok.decode(p.ids);
+    return p;
+  }
+  nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+  for (auto& m : messages)
+    msgs.push_back({{"role", m.role}, {"content", m.content}});
+  const auto extra = nlohmann::ordered_json::parse(kwargs.is_object() ? kwargs.dump() : "{}");
+  try {
+    p.text = tpl->render(msgs, true, extra);
+  } catch (const model::jinja::TemplateError& e) {
+    return bad("messages", std::string("the model's chat template ") +
+                             (e.raised() ? "refuses this conversation: " + e.message() : "failed on it: " + e.message()));
+  }
+  p.ids = tpl->encode(p.text, tok, cfg);
+  return p;
 }
 
 std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const std::string& family,

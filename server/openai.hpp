@@ -4,6 +4,7 @@
 // field), chat templates per model family, stop strings over streamed text,
 // and response bodies. Pure functions, unit-tested in tests/server.
 
+#include "model/chat_template.hpp"
 #include "model/config.hpp"
 #include "model/tokenizer.hpp"
 
@@ -49,6 +50,7 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;          ///< stream_options.include_usage
   std::string model;
+  nlohmann::json template_kwargs = nlohmann::json::object(); ///< chat_template_kwargs: extra template variables
 };
 
 /// Parses and validates a request body for /v1/completions (chat = false) or
@@ -73,9 +75,30 @@ std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const
 
 /// The ids a chat reply stops at: the model's stop ids, plus the family's
 /// end-of-turn token when the tokenizer has it as one token (ChatML's <|im_end|>:
-/// a Qwen base model's generation_config names only <|endoftext|>).
+/// a Qwen base model's generation_config names only <|endoftext|>), plus the
+/// chat template's EOS token (tokenizer_config.json's eos_token, e.g. Gemma's
+/// <end_of_turn>) when there is a template.
 std::vector<int32_t> chat_stop_ids(const std::string& family, const model::Tokenizer& tok,
-                                   const model::ModelConfig& cfg);
+                                   const model::ModelConfig& cfg, const model::ChatTemplate* tpl = nullptr);
+
+/// A chat's prompt: the text the model's template renders (or, without a
+/// template, the decoded family format) and its token ids.
+struct ChatPrompt {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+/// Renders `messages` with the model's own template when `tpl` is set (with
+/// add_generation_prompt and the request's chat_template_kwargs), else in the
+/// family's format. A template that refuses the conversation (its own
+/// raise_exception, e.g. "roles must alternate") or fails on it is a 400
+/// naming the template's message.
+std::variant<ChatPrompt, ApiError> chat_prompt(const std::vector<ChatMessage>& messages, const model::ChatTemplate* tpl,
+                                               const std::string& family, const model::Tokenizer& tok,
+                                               const model::ModelConfig& cfg,
+                                               const nlohmann::json& kwargs = nlohmann::json::object());
+/// Parses the messages of a chat body (as /v1/chat/completions and
+/// /apply-template take them) into `out`.
+std::optional<ApiError> parse_messages(const nlohmann::json& body, std::vector<ChatMessage>& out);
 
 /// 400 context_length_exceeded naming both numbers when prompt + completion do
 /// not fit the context.

@@ -268,6 +268,41 @@ TEST(ChatTemplate, PrintsValuesAsPythonJinjaDoes) {
             "01|xxx|ello|True|3|ab|True|{\"a\": 1, \"b\": \"x\"}");
 }
 
+TEST(ChatTemplate, FoundInTheModelDirectoryBesideTheTokenizerOrAsAFile) {
+  const fs::path dir = fs::temp_directory_path() / ("strata-chat-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "tok");
+  strata::model::ModelConfig cfg;
+  cfg.identity = dir.string();
+  cfg.bos_id = 1;
+  cfg.eos_ids = {2};
+  EXPECT_FALSE(strata::model::ChatTemplate::for_model(cfg, nullptr).has_value());
+  // A named list: the "default" one; bos/eos as {"content": ...} objects.
+  std::ofstream(dir / "tokenizer_config.json") << R"({"bos_token": {"content": "<s>"}, "eos_token": "</s>",
+    "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "{{ bos_token }}D{{ eos_token }}"}]})";
+  auto t = strata::model::ChatTemplate::for_model(cfg, nullptr);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->render(ojson::array(), true), "<s>D</s>");
+  // chat_template.jinja beside it wins (as transformers reads it).
+  std::ofstream(dir / "chat_template.jinja") << "J{{ messages | length }}\n";
+  EXPECT_EQ(strata::model::ChatTemplate::for_model(cfg, nullptr)->render(ojson::array({1, 2}), true), "J2");
+  // Beside a tokenizer given on its own.
+  std::ofstream(dir / "tok" / "tokenizer_config.json") << R"({"chat_template": "K"})";
+  cfg.identity = "builtin:tiny";
+  auto k = strata::model::ChatTemplate::for_model(cfg, nullptr, (dir / "tok" / "tokenizer.json").string());
+  std::ofstream(dir / "tok" / "tokenizer.json") << "{}";
+  k = strata::model::ChatTemplate::for_model(cfg, nullptr, (dir / "tok" / "tokenizer.json").string());
+  ASSERT_TRUE(k.has_value());
+  EXPECT_EQ(k->render(ojson::array(), false), "K");
+  // --chat-template: a bare template or a tokenizer_config.json.
+  EXPECT_EQ(strata::model::ChatTemplate::from_file((dir / "chat_template.jinja").string(), cfg, nullptr).render(ojson::array(), true), "J0");
+  EXPECT_EQ(strata::model::ChatTemplate::from_file((dir / "tok" / "tokenizer_config.json").string(), cfg, nullptr).render(ojson::array(), true), "K");
+  // A list without "default" is an error naming the file.
+  std::ofstream(dir / "tok" / "tokenizer_config.json") << R"({"chat_template": [{"name": "rag", "template": "R"}]})";
+  EXPECT_THROW(strata::model::ChatTemplate::for_model(cfg, nullptr, (dir / "tok" / "tokenizer.json").string()),
+               strata::model::Error);
+  fs::remove_all(dir);
+}
+
 TEST(ChatTemplate, EncodeMapsSpecialTokenTextsToTheirIds) {
   // The byte tokenizer does not know "<s>" as a token: the template's BOS text
   // still becomes the model's BOS id.

@@ -421,6 +421,58 @@ TEST_F(Server, ModelsByIdServedNameAndModelNotFound) {
   EXPECT_EQ(r["choices"][0]["text"], json::parse(right.body)["choices"][0]["text"]);
 }
 
+TEST_F(Server, ChatTemplateFileRendersTheChatAndApplyTemplateShowsIt) {
+  // A Zephyr-style template (TinyLlama-Chat ships this shape) given with
+  // --chat-template: /apply-template returns the prompt, a chat equals the
+  // completion of that prompt, a refusal by the template is a 400 naming it.
+  const auto dir = std::filesystem::temp_directory_path() / ("strata-tpl-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto file = dir / "chat.jinja";
+  std::ofstream(file) << "{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('start with a user turn') }}{% endif %}\n"
+                         "{% for message in messages %}\n"
+                         "{{ '<|' + message['role'] + '|>\\n' + message['content'] | trim }}\n"
+                         "{% endfor %}\n"
+                         "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}\n"
+                         "{% if greeting is defined %}{{ greeting }}{% endif %}\n";
+  Process served({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--chat-template", file.string()});
+  const auto line = served.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  const std::string base = "http://" + line.substr(11);
+  const auto post = [&](const std::string& path, const json& body) {
+    const auto out = sh("curl -s -w '\\n%{http_code}' --data-binary " + quote(body.dump()) + " " + base + path);
+    const auto nl = out.rfind('\n');
+    return Http{std::atoi(out.c_str() + nl + 1), out.substr(0, nl)};
+  };
+  const json messages = json::array({{{"role", "system"}, {"content", "Be brief. "}},
+                                     {{"role", "user"}, {"content", "  Once upon"}}});
+  auto applied = post("/apply-template", {{"messages", messages}});
+  ASSERT_EQ(applied.status, 200) << applied.body;
+  const std::string prompt = json::parse(applied.body)["prompt"];
+  // (The newline after each {{ }} stays: trim_blocks only eats one after a block tag.)
+  EXPECT_EQ(prompt, "<|system|>\nBe brief.\n<|user|>\nOnce upon\n<|assistant|>\n");
+  auto kw = post("/apply-template", {{"messages", messages}, {"chat_template_kwargs", {{"greeting", "Hi!"}}}});
+  EXPECT_EQ(json::parse(kw.body)["prompt"], prompt + "Hi!") << kw.body;
+  auto chat = post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  // The template decides about BOS (this one has none): the same ids as a completion.
+  auto ids = json::parse(post("/tokenize", {{"content", prompt}}).body)["tokens"];
+  auto completion = post("/v1/completions", {{"prompt", ids}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_EQ(completion.status, 200) << completion.body;
+  EXPECT_EQ(json::parse(chat.body)["choices"][0]["message"]["content"], json::parse(completion.body)["choices"][0]["text"]);
+  EXPECT_EQ(json::parse(chat.body)["usage"]["prompt_tokens"], json::parse(completion.body)["usage"]["prompt_tokens"]);
+  auto refused = post("/v1/chat/completions", {{"messages", json::array({{{"role", "assistant"}, {"content", "x"}}})}});
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("start with a user turn"), std::string::npos) << refused.body;
+  // A template the engine cannot run stops serve at start, naming the line.
+  std::ofstream(dir / "bad.jinja") << "ok\n{% include 'other.jinja' %}";
+  const auto err = sh(exe + " serve --cluster " + c().cluster + " --http 127.0.0.1:0 --chat-template " +
+                      quote((dir / "bad.jinja").string()) + " 2>&1; echo exit=$?");
+  EXPECT_NE(err.find("exit=1"), std::string::npos) << err;
+  EXPECT_NE(err.find("line 2"), std::string::npos) << err;
+  EXPECT_NE(err.find("unsupported statement 'include'"), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+}
+
 std::string unescape_html(std::string s) {
   for (auto [from, to] : std::vector<std::pair<std::string, std::string>>{
          {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&#39;", "'"}, {"&amp;", "&"}})
