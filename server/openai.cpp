@@ -304,7 +304,7 @@ std::vector<int32_t> chat_stop_ids(const std::string& family, const model::Token
     if (text.empty())
       return;
     const auto end = tok.encode(text, false);
-    if (end.size() == 1 && end.front() < cfg.vocab_size && std::find(ids.begin(), ids.end(), end.front()) == ids.end())
+    if (end.size() == 1 && (cfg.vocab_size <= 0 || end.front() < cfg.vocab_size) && std::find(ids.begin(), ids.end(), end.front()) == ids.end())
       ids.push_back(end.front());
   };
   if (family == "chatml")
