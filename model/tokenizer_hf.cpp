@@ -1,9 +1,10 @@
-// Hugging Face `tokenizer.json` byte-level BPE (GPT-2 / Qwen style):
+// Hugging Face `tokenizer.json` byte-level BPE (GPT-2 / Qwen / Llama 3 style):
 // added tokens are matched whole first, the rest is NFC-normalized, split by the
 // pre-tokenizer regex (PCRE2, Unicode properties), mapped byte -> printable
 // character, and merged by rank.
 
 #include "model/error.hpp"
+#include "model/tokenizer_hf_parts.hpp"
 #include "model/tokenizer_impl.hpp"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -52,13 +53,7 @@ struct Regex {
 
 class HfTokenizer final : public Tokenizer {
 public:
-  HfTokenizer(const std::string& path, const std::string& data) : path_(path) {
-    json j;
-    try {
-      j = json::parse(data);
-    } catch (const json::exception& e) {
-      throw Error(errc::bad_format, "tokenizer '" + path + "' is not valid JSON: " + e.what());
-    }
+  HfTokenizer(const std::string& path, const json& j) : path_(path) {
     auto fail = [&](const std::string& what) {
       throw Error(errc::unsupported, "tokenizer '" + path + "': " + what);
     };
@@ -122,85 +117,29 @@ public:
       byte_char_[static_cast<std::size_t>(b)] = utf8_of(cp);
       char_byte_[byte_char_[static_cast<std::size_t>(b)]] = static_cast<unsigned char>(b);
     }
-    // Vocabulary and merges.
-    int64_t max_id = -1;
-    for (auto& [tok, id] : model["vocab"].items()) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
-        throw Error(errc::bad_format, "tokenizer '" + path + "': vocab entry '" + tok + "' has a bad id");
-      vocab_[tok] = id.get<int32_t>();
-      max_id = std::max<int64_t>(max_id, id.get<int64_t>());
-    }
-    if (model.contains("merges")) {
-      int32_t rank = 0;
-      for (auto& m : model["merges"]) {
-        std::string a, b;
-        if (m.is_array() && m.size() == 2) {
-          a = m[0].get<std::string>();
-          b = m[1].get<std::string>();
-        } else if (m.is_string()) {
-          const auto s = m.get<std::string>();
-          const auto sp = s.find(' ', 1);
-          if (sp == std::string::npos)
-            throw Error(errc::bad_format, "tokenizer '" + path + "': merge '" + s + "' has no space");
-          a = s.substr(0, sp);
-          b = s.substr(sp + 1);
-        } else {
-          throw Error(errc::bad_format, "tokenizer '" + path + "': a merge is neither a pair nor a string");
-        }
-        ranks_.emplace(a + '\x01' + b, rank++);
-      }
-    }
-    if (j.contains("added_tokens")) {
-      for (auto& t : j["added_tokens"]) {
-        const auto content = t.value("content", std::string{});
-        const auto id = t.value("id", -1);
-        if (content.empty() || id < 0)
-          throw Error(errc::bad_format, "tokenizer '" + path + "': an added token lacks content or id");
-        added_.emplace_back(content, id);
-        added_by_id_[id] = content;
-        max_id = std::max<int64_t>(max_id, id);
-      }
-    }
-    // Longest first, so that a longer added token wins at the same offset.
-    std::sort(added_.begin(), added_.end(), [](auto& x, auto& y) { return x.first.size() > y.first.size(); });
-    id_to_token_.resize(static_cast<std::size_t>(max_id + 1));
-    for (auto& [tok, id] : vocab_)
-      id_to_token_[static_cast<std::size_t>(id)] = tok;
+    v_.load(j, path);
+    ignore_merges_ = model.value("ignore_merges", false);
+    for (const char* k : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"})
+      if (model.contains(k) && !model[k].is_null() && !(model[k].is_string() && model[k].get<std::string>().empty()))
+        fail(std::string("BPE ") + k + " is not supported");
   }
 
-  std::vector<int32_t> encode(std::string_view text, bool /*add_bos: no BOS in byte-level BPE*/) const override {
+  std::vector<int32_t> encode(std::string_view text, bool add_bos) const override {
     check_utf8(text);
     std::vector<int32_t> ids;
-    std::size_t pos = 0;
-    while (pos < text.size()) {
-      // Earliest added token; the longest one at that offset.
-      std::size_t best = std::string_view::npos;
-      const std::pair<std::string, int32_t>* hit = nullptr;
-      for (auto& a : added_) {
-        const auto f = text.find(a.first, pos);
-        if (f != std::string_view::npos && (f < best)) {
-          best = f;
-          hit = &a;
-        }
-      }
-      const std::size_t end = hit ? best : text.size();
-      if (end > pos)
-        encode_plain(text.substr(pos, end - pos), ids);
-      if (!hit)
-        break;
-      ids.push_back(hit->second);
-      pos = best + hit->first.size();
-    }
+    if (add_bos && v_.bos >= 0)
+      ids.push_back(v_.bos);
+    v_.split_added(text, ids, [&](std::string_view plain, int) { encode_plain(plain, ids); });
     return ids;
   }
 
   std::string token_bytes(int32_t id, int32_t) const override {
-    auto a = added_by_id_.find(id);
-    if (a != added_by_id_.end())
+    auto a = v_.added_by_id.find(id);
+    if (a != v_.added_by_id.end())
       return a->second;
-    if (id < 0 || id >= static_cast<int32_t>(id_to_token_.size()) || id_to_token_[static_cast<std::size_t>(id)].empty())
+    if (id < 0 || id >= static_cast<int32_t>(v_.id_to_token.size()) || v_.id_to_token[static_cast<std::size_t>(id)].empty())
       throw Error(errc::token_out_of_range, "token id " + std::to_string(id) + " is not in tokenizer '" + path_ + "'");
-    const std::string& tok = id_to_token_[static_cast<std::size_t>(id)];
+    const std::string& tok = v_.id_to_token[static_cast<std::size_t>(id)];
     std::string out;
     std::size_t i = 0;
     while (i < tok.size()) {
@@ -218,8 +157,8 @@ public:
     return out;
   }
 
-  int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token_.size()); }
-  int32_t bos_id() const override { return -1; }
+  int64_t vocab_size() const override { return static_cast<int64_t>(v_.id_to_token.size()); }
+  int32_t bos_id() const override { return v_.bos; }
   std::string kind() const override { return "hf-bpe"; }
 
 private:
@@ -268,29 +207,20 @@ private:
     sym.reserve(piece.size());
     for (unsigned char c : piece)
       sym.push_back(byte_char_[c]);
-    std::string key;
-    while (sym.size() > 1) {
-      int32_t best = INT32_MAX;
-      std::size_t at = 0;
-      for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
-        key = sym[i];
-        key += '\x01';
-        key += sym[i + 1];
-        auto it = ranks_.find(key);
-        if (it != ranks_.end() && it->second < best) {
-          best = it->second;
-          at = i;
-        }
+    if (ignore_merges_) { // a word the vocabulary has whole is taken as it is (Llama 3)
+      std::string whole;
+      for (auto& x : sym)
+        whole += x;
+      if (auto it = v_.vocab.find(whole); it != v_.vocab.end()) {
+        ids.push_back(it->second);
+        return;
       }
-      if (best == INT32_MAX)
-        break;
-      sym[at] += sym[at + 1];
-      sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(at) + 1);
     }
-    for (auto& s : sym) {
-      auto it = vocab_.find(s);
-      if (it == vocab_.end())
-        throw Error(errc::bad_text, "tokenizer '" + path_ + "' has no token for piece '" + s + "'");
+    v_.merge(sym);
+    for (auto& x : sym) {
+      auto it = v_.vocab.find(x);
+      if (it == v_.vocab.end())
+        throw Error(errc::bad_text, "tokenizer '" + path_ + "' has no token for piece '" + x + "'");
       ids.push_back(it->second);
     }
   }
@@ -300,17 +230,25 @@ private:
   Regex regex_;
   std::array<std::string, 256> byte_char_;
   std::unordered_map<std::string, unsigned char> char_byte_;
-  std::unordered_map<std::string, int32_t> vocab_;
-  std::unordered_map<std::string, int32_t> ranks_;
-  std::vector<std::pair<std::string, int32_t>> added_;
-  std::unordered_map<int32_t, std::string> added_by_id_;
-  std::vector<std::string> id_to_token_;
+  HfVocab v_;
+  bool ignore_merges_ = false;
 };
 
 } // namespace
 
 std::unique_ptr<Tokenizer> make_hf_tokenizer(const std::string& path, const std::string& data) {
-  return std::make_unique<HfTokenizer>(path, data);
+  json j;
+  try {
+    j = json::parse(data);
+  } catch (const json::exception& e) {
+    throw Error(errc::bad_format, "tokenizer '" + path + "' is not valid JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
+    throw Error(errc::bad_format, "tokenizer '" + path + "' has no \"model\" object (not a tokenizer.json)");
+  // SentencePiece-style files (Llama 2, Mistral, Gemma) have no ByteLevel step.
+  if (!hf_is_byte_level(j))
+    return make_hf_spm_tokenizer(path, j);
+  return std::make_unique<HfTokenizer>(path, j);
 }
 
 } // namespace strata::model::detail

@@ -1,0 +1,40 @@
+#pragma once
+// Internal to model/: what the two tokenizer.json readers share (byte-level BPE
+// in tokenizer_hf.cpp, SentencePiece-style BPE in tokenizer_hf_spm.cpp): the
+// vocabulary, merge ranks and added tokens, splitting text at added tokens,
+// a heap-driven BPE over symbols, and the BOS the post-processor adds.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace strata::model::detail {
+
+struct HfVocab {
+  std::unordered_map<std::string, int32_t> vocab;
+  std::unordered_map<std::string, int32_t> ranks; ///< "a\x01b" -> merge rank
+  std::vector<std::pair<std::string, int32_t>> added; ///< longest first
+  std::unordered_map<int32_t, std::string> added_by_id;
+  std::vector<std::string> id_to_token;
+  int32_t bos = -1; ///< the post-processor's leading special token, -1 when none
+
+  /// Reads model.vocab, model.merges (pairs or "a b" strings), added_tokens and
+  /// the post-processor's BOS. Throws Error(bad_format) naming `path`.
+  void load(const nlohmann::json& j, const std::string& path);
+  /// Calls plain(segment, index) for the text between added tokens and
+  /// pushes added tokens' ids into `ids`, left to right (the earliest match;
+  /// the longest at the same offset).
+  void split_added(std::string_view text, std::vector<int32_t>& ids,
+                   const std::function<void(std::string_view, int)>& plain) const;
+  /// Merges adjacent symbols by rank (lowest first, leftmost on ties) until
+  /// no pair has a rank. O(n log n).
+  void merge(std::vector<std::string>& symbols) const;
+  int32_t id_of(const std::string& token) const;
+};
+
+} // namespace strata::model::detail
