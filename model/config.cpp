@@ -108,8 +108,12 @@ void ModelConfig::validate() const {
   require(rope_theta > 0, "rope_theta must be > 0");
   require(norm_eps > 0 && norm_eps < 1, "norm_eps must be in (0, 1)");
   const RopeScaling& rs = rope_scaling;
-  require(rs.type == "none" || rs.type == "linear" || rs.type == "llama3" || rs.type == "yarn",
-          "rope_scaling type '" + rs.type + "' is not supported (linear, llama3, yarn)");
+  require(rs.type == "none" || rs.type == "linear" || rs.type == "dynamic" || rs.type == "llama3" || rs.type == "yarn",
+          "rope_scaling type '" + rs.type + "' is not supported (linear, dynamic, llama3, yarn)");
+  if (rs.type == "dynamic") // exact only up to the original context (see loaders.cpp)
+    require(rs.original_max_position > 0 && max_seq_len <= rs.original_max_position,
+            "rope_scaling dynamic holds the context to original_max_position_embeddings (" +
+              std::to_string(rs.original_max_position) + "), not " + std::to_string(max_seq_len));
   require(std::isfinite(rs.factor) && rs.factor > 0, "rope_scaling factor must be > 0");
   if (rs.type == "llama3")
     require(rs.original_max_position > 0 && rs.low_freq_factor > 0 && rs.high_freq_factor > rs.low_freq_factor,

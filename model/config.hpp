@@ -15,7 +15,8 @@ enum class RotaryLayout : uint8_t {
 
 /// How rotary frequencies are scaled for long contexts, as Hugging Face's
 /// `rope_scaling` defines each type (modeling_rope_utils): "none", "linear"
-/// (frequencies / factor), "llama3" (low frequencies / factor, high kept, a
+/// (frequencies / factor), "dynamic" (NTK: unscaled up to the original context,
+/// which is where strata holds such models), "llama3" (low frequencies / factor, high kept, a
 /// smooth blend between) and "yarn" (NTK-by-parts blend of interpolated and
 /// extrapolated frequencies, cos/sin scaled by the attention factor).
 /// `freq_factors` (GGUF `rope_freqs.weight`, how llama.cpp stores llama3

@@ -221,10 +221,19 @@ RopeScaling parse_rope_scaling(const json& r, const std::string& where, int64_t 
     rs.mscale_all_dim = num("mscale_all_dim", 0.0);
     if (r.contains("truncate") && r["truncate"].is_boolean())
       rs.truncate = r["truncate"].get<bool>();
+  } else if (type == "dynamic") {
+    // Dynamic NTK: transformers rescales the base only once a sequence grows
+    // past the original context, and then only for the positions computed from
+    // that step on (cached keys keep their old rotation), so a token's rotation
+    // would depend on how the sequence was batched, which a recovery or a
+    // shared prefix cannot repeat. Up to the original context the math is
+    // exactly the unscaled one: the context is held there.
+    rs.type = type;
+    rs.factor = num("factor", std::nullopt);
+    rs.original_max_position = static_cast<int64_t>(num("original_max_position_embeddings", double(max_position)));
   } else {
     throw Error(errc::unsupported, where + ": rope_scaling type '" + type +
-                                     "' is not supported (linear, llama3, yarn; 'dynamic' rescales with the "
-                                     "sequence length and would change cached positions)");
+                                     "' is not supported (linear, dynamic, llama3, yarn)");
   }
   return rs;
 }
@@ -286,6 +295,8 @@ public:
     cfg_.head_dim = get_int("head_dim", cfg_.n_heads > 0 ? cfg_.dim / cfg_.n_heads : 0);
     cfg_.vocab_size = get_int("vocab_size");
     cfg_.max_seq_len = get_int("max_position_embeddings", 2048);
+    if (cfg_.rope_scaling.type == "dynamic") // see parse_rope_scaling
+      cfg_.max_seq_len = std::min(cfg_.max_seq_len, cfg_.rope_scaling.original_max_position);
     // A sliding window (Mistral v0.1: 4096) changes attention only past the
     // window: sequences are held to it, so every position sees what it would.
     // Qwen2 windows only when use_sliding_window is set, and then only layers

@@ -27,6 +27,10 @@ let inv = [];
 for (let i = 0; i < half; i++) inv.push(1 / Math.pow(base, (2 * i) / dim));
 let att = 1;
 if (rs.type === "linear") inv = inv.map(f => f / rs.factor);
+if (rs.type === "dynamic" && rs.seq_len > rs.original) { // HF _compute_dynamic_ntk_parameters
+  const b = base * Math.pow((rs.factor * rs.seq_len) / rs.original - (rs.factor - 1), dim / (dim - 2));
+  inv = inv.map((f, i) => 1 / Math.pow(b, (2 * i) / dim));
+}
 if (rs.type === "llama3") {
   const lowW = rs.original / rs.low, highW = rs.original / rs.high;
   inv = inv.map(f => {
@@ -108,6 +112,14 @@ TEST(Rope, ScaledFrequenciesMatchAnIndependentComputation) {
   c.rope_scaling.original_max_position = 32768;
   expect_matches_reference(c, {{"type", "yarn"}, {"factor", 4.0}, {"original", 32768}, {"beta_fast", 32.0},
                                {"beta_slow", 1.0}});
+  // Dynamic NTK at the longest sequence strata allows (the original context):
+  // the reference's formula leaves the frequencies unscaled there.
+  c.rope_scaling = {};
+  c.rope_scaling.type = "dynamic";
+  c.rope_scaling.factor = 2.0;
+  c.rope_scaling.original_max_position = 32768;
+  expect_matches_reference(c, {{"type", "dynamic"}, {"factor", 2.0}, {"original", 32768}, {"seq_len", 32768}});
+  c.rope_scaling.type = "yarn";
   // YaRN with mscale / mscale_all_dim (DeepSeek style), head_dim 64.
   c.head_dim = 64;
   c.rope_theta = 10000.0;
@@ -144,8 +156,16 @@ TEST(Rope, ConfigFieldsAreReadOrRefusedByName) {
   EXPECT_EQ(c.rope_scaling.original_max_position, 32768) << "defaults to max_position_embeddings";
   c = model::read_config(hf_dir_with("default", {{"rope_scaling", {{"rope_type", "default"}}}}));
   EXPECT_EQ(c.rope_scaling.type, "none");
-  EXPECT_MODEL_ERROR(model::read_config(hf_dir_with("dynamic", {{"rope_scaling", {{"type", "dynamic"}, {"factor", 2.0}}}})),
-                     model::errc::unsupported, "dynamic");
+  // Dynamic NTK: held to the original context, where it is the unscaled math.
+  c = model::read_config(hf_dir_with("dynamic", {{"rope_scaling", {{"type", "dynamic"}, {"factor", 2.0}}},
+                                                 {"max_position_embeddings", 4096}}));
+  EXPECT_EQ(c.rope_scaling.type, "dynamic");
+  EXPECT_EQ(c.max_seq_len, 4096);
+  c = model::read_config(hf_dir_with("dynamic_orig", {{"rope_scaling", {{"type", "dynamic"}, {"factor", 4.0},
+                                                     {"original_max_position_embeddings", 2048}}}}));
+  EXPECT_EQ(c.max_seq_len, 2048);
+  EXPECT_MODEL_ERROR(model::read_config(hf_dir_with("dynamic_nofactor", {{"rope_scaling", {{"type", "dynamic"}}}})),
+                     model::errc::bad_config, "factor");
   EXPECT_MODEL_ERROR(model::read_config(hf_dir_with("longrope", {{"rope_scaling", {{"type", "longrope"}}}})),
                      model::errc::unsupported, "longrope");
   EXPECT_MODEL_ERROR(model::read_config(hf_dir_with("nofactor", {{"rope_scaling", {{"type", "linear"}}}})),
