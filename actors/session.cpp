@@ -3,6 +3,7 @@
 #include "messages/session_id.hpp"
 
 #include <algorithm>
+#include <map>
 
 namespace strata::actors {
 
@@ -90,7 +91,11 @@ void on_token(session_self self, int32_t token) {
     return finish(self, "stop");
   st.seq.push_back(token);
   st.result.ids.push_back(token);
-  self->send(st.client, msg::token_event{st.req.session, static_cast<int64_t>(st.result.ids.size()) - 1, token});
+  msg::token_event ev{st.req.session, static_cast<int64_t>(st.result.ids.size()) - 1, token};
+  ev.logprob = st.last_logprob;
+  ev.top_ids = std::move(st.last_top_ids);
+  ev.top_logprobs = std::move(st.last_top_logprobs);
+  self->send(st.client, std::move(ev));
   if (static_cast<int64_t>(st.result.ids.size()) >= st.req.max_tokens)
     return finish(self, "length");
   if (st.opts.max_context > 0 && static_cast<int64_t>(st.seq.size()) >= st.opts.max_context)
@@ -149,6 +154,9 @@ void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::ste
   st.lost.clear();
   st.avoid.clear(); // a step went through: forget old suspicions
   st.rng_state = rep.rng_state;
+  st.last_logprob = rep.logprob;
+  st.last_top_ids = std::move(rep.top_ids);
+  st.last_top_logprobs = std::move(rep.top_logprobs);
   on_token(self, rep.token);
 }
 
@@ -245,6 +253,22 @@ void go_stepping(session_self self) {
   r.hop_index = 0;
   r.sampling = st.req.sampling;
   r.sampling.rng_state = st.rng_state;
+  if (r.sampling.penalized()) {
+    // The tokens the penalties see: generated ones with their counts, and the
+    // prompt's (count 0) for the repetition penalty.
+    std::map<int32_t, int32_t> counts;
+    if (r.sampling.repetition_penalty != 1.0f)
+      for (auto id : st.req.prompt)
+        counts.emplace(id, 0);
+    for (auto id : st.result.ids)
+      ++counts[id];
+    r.sampling.penalty_ids.clear();
+    r.sampling.penalty_counts.clear();
+    for (auto [id, n] : counts) {
+      r.sampling.penalty_ids.push_back(id);
+      r.sampling.penalty_counts.push_back(n);
+    }
+  }
   const auto L = static_cast<int64_t>(st.seq.size());
   if (!st.prefilled) {
     // The prompt's prefill (again, if it failed): every hop opens its cache.
@@ -452,11 +476,14 @@ behavior session(session_self self, msg::supervisor_actor supervisor, msg::sessi
     return refuse("a session id must be 1-128 printable ASCII characters (use mint_session_id)");
   const auto& sp = st.req.sampling;
   if (!(sp.temperature >= 0 && sp.temperature <= 100) || sp.top_k < 0 || !(sp.top_p > 0 && sp.top_p <= 1) ||
-      !(sp.min_p >= 0 && sp.min_p <= 1))
+      !(sp.min_p >= 0 && sp.min_p <= 1) || !(sp.presence_penalty >= -2 && sp.presence_penalty <= 2) ||
+      !(sp.frequency_penalty >= -2 && sp.frequency_penalty <= 2) ||
+      !(sp.repetition_penalty > 0 && sp.repetition_penalty <= 10) || sp.logprobs < -1 || sp.logprobs > 20)
     return refuse("session '" + st.req.session + "': sampling settings out of range (temperature " +
                   std::to_string(sp.temperature) + " must be in [0, 100], top_k " + std::to_string(sp.top_k) +
                   " >= 0, top_p " + std::to_string(sp.top_p) + " in (0, 1], min_p " + std::to_string(sp.min_p) +
-                  " in [0, 1])");
+                  " in [0, 1], presence and frequency penalties in [-2, 2], repetition penalty in (0, 10], logprobs " +
+                  "in [-1, 20])");
   if (st.req.prompt.empty())
     return refuse("session '" + st.req.session + "': the prompt is empty");
   if (opts.max_context > 0 && static_cast<int64_t>(st.req.prompt.size()) > opts.max_context)

@@ -84,6 +84,9 @@ struct session_state {
   msg::session_key key;
   session_phase phase = session_phase::routing;
   std::vector<int32_t> seq;       // prompt + generated
+  float last_logprob = 0;          // the last reply's logprobs, for its token_event
+  std::vector<int32_t> last_top_ids;
+  std::vector<float> last_top_logprobs;
   msg::route_info route;
   bool prefilled = false;         // the prompt's prefill yielded its token (later steps decode)
   bool step_pending = false;      // a step was sent and has not yielded its token (resends keep its id)

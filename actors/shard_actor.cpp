@@ -428,7 +428,21 @@ void shard_state::round(self_ptr self) {
         r.kind = static_cast<uint8_t>(msg::reply_kind::token);
         r.recomputed = q.req.recomputed;
         try {
-          r.token = sampler.sample(res.out.logits);
+          const auto& sp = q.req.sampling;
+          if (sp.penalized()) {
+            std::vector<float> logits(res.out.logits.begin(), res.out.logits.end());
+            model::apply_penalties(logits, sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty,
+                                   sp.penalty_ids, sp.penalty_counts);
+            r.token = sampler.sample(logits);
+          } else {
+            r.token = sampler.sample(res.out.logits);
+          }
+          if (sp.logprobs >= 0) { // the model's own distribution, before penalties and sampling settings
+            auto lp = model::token_logprobs(res.out.logits, r.token, std::min<int32_t>(sp.logprobs, 20));
+            r.logprob = lp.logprob;
+            r.top_ids = std::move(lp.top_ids);
+            r.top_logprobs = std::move(lp.top_logprobs);
+          }
         } catch (const model::Error& e) {
           q.promise.deliver(to_caf(e));
           scheduler->erase(piece.step);

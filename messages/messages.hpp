@@ -359,12 +359,23 @@ struct sampling_state {
   float top_p = 1;
   uint64_t rng_state = 0;
   float min_p = 0;
+  float presence_penalty = 0;   ///< OpenAI: minus this from each generated token's logit
+  float frequency_penalty = 0;  ///< OpenAI: minus this times each generated token's count
+  float repetition_penalty = 1; ///< transformers / vLLM: prompt and generated tokens' logits / (or *) this
+  int32_t logprobs = -1;        ///< -1: none; 0: the chosen token's; k > 0: and the k most likely
+  /// The tokens the penalties apply to (the session fills these each step when
+  /// a penalty is set): distinct ids, and how often each was generated (0 for
+  /// a prompt token that only the repetition penalty sees).
+  std::vector<int32_t> penalty_ids;
+  std::vector<int32_t> penalty_counts;
+  bool penalized() const { return presence_penalty != 0 || frequency_penalty != 0 || repetition_penalty != 1; }
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_state& x) {
   return f(caf::meta::type_name("sampling_state"), raw(x.temperature), x.top_k, raw(x.top_p), x.rng_state,
-           raw(x.min_p));
+           raw(x.min_p), raw(x.presence_penalty), raw(x.frequency_penalty), raw(x.repetition_penalty), x.logprobs,
+           guard(x.penalty_ids), guard(x.penalty_counts));
 }
 
 enum class step_mode : uint8_t { prefill = 0, decode = 1 };
@@ -440,12 +451,15 @@ struct step_reply {
   int64_t miss_hop = -1; // which hop missed
   std::string detail;
   uint64_t recomputed = 0; // layer-tokens recomputed on the way (step_request::recomputed)
+  float logprob = 0;                 ///< the token's log-probability (sampling_state::logprobs >= 0)
+  std::vector<int32_t> top_ids;      ///< the most likely tokens, most likely first
+  std::vector<float> top_logprobs;   ///< and their log-probabilities
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_reply& x) {
   return f(caf::meta::type_name("step_reply"), x.session, x.epoch, x.step_id, x.kind, x.token, x.rng_state, x.miss,
-           x.miss_hop, x.detail, x.recomputed);
+           x.miss_hop, x.detail, x.recomputed, raw(x.logprob), guard(x.top_ids), guard(x.top_logprobs));
 }
 
 /// A shard's counters, for `status` and metrics.
@@ -490,11 +504,15 @@ struct token_event {
   std::string session;
   int64_t index = 0;
   int32_t token = 0;
+  float logprob = 0;               ///< when the request asked for logprobs
+  std::vector<int32_t> top_ids;    ///< top_logprobs: most likely first
+  std::vector<float> top_logprobs;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {
-  return f(caf::meta::type_name("token_event"), x.session, x.index, x.token);
+  return f(caf::meta::type_name("token_event"), x.session, x.index, x.token, raw(x.logprob), guard(x.top_ids),
+           guard(x.top_logprobs));
 }
 
 /// The end of a generation.

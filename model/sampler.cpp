@@ -103,4 +103,51 @@ int32_t Sampler::sample(std::span<const float> logits) {
   return scratch_[n - 1].second;
 }
 
+void apply_penalties(std::span<float> logits, float presence, float frequency, float repetition,
+                     std::span<const int32_t> ids, std::span<const int32_t> counts) {
+  if (ids.size() != counts.size())
+    throw Error(errc::bad_argument, "penalty lists differ in length (" + std::to_string(ids.size()) + " ids, " +
+                                      std::to_string(counts.size()) + " counts)");
+  if (!(repetition > 0) || !std::isfinite(repetition) || !std::isfinite(presence) || !std::isfinite(frequency))
+    throw Error(errc::bad_argument, "penalties must be finite and the repetition penalty > 0");
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    if (id < 0 || static_cast<std::size_t>(id) >= logits.size() || counts[i] < 0)
+      throw Error(errc::bad_argument, "penalty token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                        std::to_string(logits.size()));
+    float& l = logits[static_cast<std::size_t>(id)];
+    if (repetition != 1.0f)
+      l = l > 0 ? l / repetition : l * repetition;
+    if (counts[i] > 0)
+      l -= presence + frequency * static_cast<float>(counts[i]);
+  }
+}
+
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int32_t k) {
+  if (logits.empty() || token < 0 || static_cast<std::size_t>(token) >= logits.size())
+    throw Error(errc::bad_argument, "token " + std::to_string(token) + " is outside the logits");
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits)
+    sum += std::exp(static_cast<double>(l) - mx);
+  const double log_z = mx + std::log(sum);
+  TokenLogprobs out;
+  out.logprob = static_cast<float>(logits[static_cast<std::size_t>(token)] - log_z);
+  const auto n = static_cast<std::size_t>(std::clamp<int32_t>(k, 0, static_cast<int32_t>(logits.size())));
+  if (n > 0) {
+    std::vector<int32_t> idx(logits.size());
+    for (std::size_t i = 0; i < idx.size(); ++i)
+      idx[i] = static_cast<int32_t>(i);
+    std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(n), idx.end(), [&](int32_t a, int32_t b) {
+      const float x = logits[static_cast<std::size_t>(a)], y = logits[static_cast<std::size_t>(b)];
+      return x > y || (x == y && a < b);
+    });
+    for (std::size_t i = 0; i < n; ++i) {
+      out.top_ids.push_back(idx[i]);
+      out.top_logprobs.push_back(static_cast<float>(logits[static_cast<std::size_t>(idx[i])] - log_z));
+    }
+  }
+  return out;
+}
+
 } // namespace strata::model

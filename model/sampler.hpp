@@ -39,4 +39,22 @@ private:
   std::vector<std::pair<float, int32_t>> scratch_;
 };
 
+/// OpenAI's presence and frequency penalties (for tokens generated: minus
+/// presence, minus frequency x count) and transformers' repetition penalty (for
+/// prompt and generated tokens: a positive logit divided by it, a negative one
+/// multiplied), applied in place to the listed ids (repetition first, as vLLM
+/// does). `counts[i]` is how often ids[i] was generated (0: only in the prompt).
+/// Throws Error(bad_argument) for an id outside the logits or mismatched lists.
+void apply_penalties(std::span<float> logits, float presence, float frequency, float repetition,
+                     std::span<const int32_t> ids, std::span<const int32_t> counts);
+
+/// A token's log-probability under softmax(logits), and the `k` most likely
+/// tokens' (most likely first; ties: the lower id), as OpenAI's logprobs report.
+struct TokenLogprobs {
+  float logprob = 0;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int32_t k);
+
 } // namespace strata::model

@@ -80,17 +80,48 @@ struct ModelState {
 
 class Connection;
 
-// One generation, shared by its connection (io thread) and its driver thread.
+// One request's generations (one per choice, `n`), shared by its connection
+// (io thread) and its driver threads.
 struct Job {
   std::atomic<bool> cancelled{false};
   std::mutex mu;
-  msg::session_actor session;
+  std::vector<msg::session_actor> sessions; // per choice, once started
+  std::vector<bool> ended;                  // per choice: cancelled on its own (a stop string)
   void cancel() {
     cancelled = true;
     std::lock_guard<std::mutex> g(mu);
-    if (session)
-      caf::anon_send(session, atom::cancel_atom_v);
+    for (auto& s : sessions)
+      if (s)
+        caf::anon_send(s, atom::cancel_atom_v);
   }
+  void cancel_choice(std::size_t i) {
+    std::lock_guard<std::mutex> g(mu);
+    if (i < ended.size())
+      ended[i] = true;
+    if (i < sessions.size() && sessions[i])
+      caf::anon_send(sessions[i], atom::cancel_atom_v);
+  }
+  void started(std::size_t i, msg::session_actor s) {
+    std::lock_guard<std::mutex> g(mu);
+    if (i >= sessions.size())
+      return;
+    sessions[i] = s;
+    if (cancelled || ended[i])
+      caf::anon_send(s, atom::cancel_atom_v);
+  }
+};
+
+// What one choice of a request has produced so far (io thread).
+struct Choice {
+  std::optional<model::StreamDecoder> dec;
+  std::optional<StopMatcher> stop;
+  std::string text;
+  json logprobs = json::array(); // per token: {token, logprob, bytes, top_logprobs}
+  json pending = json::array();  // the entries a stream has not sent yet
+  std::vector<std::size_t> offsets; // completions' text_offset per token
+  std::size_t bytes = 0;            // token bytes so far
+  int32_t prev = -1;
+  const char* finish = nullptr;  // set once the choice has ended
 };
 
 struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
@@ -236,10 +267,9 @@ private:
   std::string id_, created_model_;
   int64_t created_ = 0;
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
-  std::optional<model::StreamDecoder> dec_;
-  std::optional<StopMatcher> stop_;
-  std::string text_;
-  bool streaming_ = false, finished_ = false, stopped_by_string_ = false;
+  std::vector<Choice> choices_;
+  std::size_t choices_done_ = 0, drivers_left_ = 0;
+  bool streaming_ = false, finished_ = false;
   std::atomic<bool> began_{false}; // the driver posted begin_response
   std::string finish_reason_;      // for the request log
   bool generation_pending_log_ = false; // the next logged response ends a generation request
@@ -647,15 +677,14 @@ private:
     ++srv_->in_flight;
     srv_->metrics.in_flight(+1);
     // A keep-alive connection carries one generation after another: start clean.
-    finished_ = streaming_ = stopped_by_string_ = close_after_write_ = false;
+    finished_ = streaming_ = close_after_write_ = false;
     began_ = false;
     finish_reason_.clear();
     id_.clear();
     generation_pending_log_ = true;
-    text_.clear();
+    choices_.clear();
+    choices_done_ = drivers_left_ = 0;
     prompt_tokens_ = completion_tokens_ = 0;
-    dec_.reset();
-    stop_.reset();
     timeout_.reset();
     job_ = std::make_shared<Job>();
     srv_->generating.insert(shared_from_this());
@@ -679,7 +708,7 @@ private:
     log::error("generation failed: " + why);
     net::post(sock_.get_executor(), [self = shared_from_this(), why, began = began_.load()] {
       if (began)
-        self->on_done({}, why);
+        self->on_done(0, {}, why);
       else
         self->fail_before_start(api_error(500, why, "server_error"));
     });
@@ -741,40 +770,68 @@ private:
     sp.top_p = req_.top_p;
     sp.top_k = req_.top_k;
     sp.min_p = req_.min_p;
-    sp.seed = req_.seed ? *req_.seed : std::random_device{}();
-    g.sampling = {sp.temperature, sp.top_k, sp.top_p, model::Sampler(sp).state(), sp.min_p};
+    const uint64_t seed = req_.seed ? *req_.seed : std::random_device{}();
     actors::SessionOptions so;
     so.max_context = m.cfg.max_seq_len;
+    const auto n = static_cast<std::size_t>(req_.n);
+    {
+      std::lock_guard<std::mutex> lk(job_->mu);
+      job_->sessions.assign(n, {});
+      job_->ended.assign(n, false);
+    }
     began_ = true;
-    net::post(sock_.get_executor(), [self = shared_from_this(), m, n = static_cast<int64_t>(prompt.size())] {
-      self->begin_response(m, n);
+    net::post(sock_.get_executor(), [self = shared_from_this(), m, np = static_cast<int64_t>(prompt.size())] {
+      self->begin_response(m, np);
     });
-    auto job = job_;
-    auto out = actors::run_generation(
-      srv_->sys, srv_->supervisor(), g, so, {}, {},
-      [self = shared_from_this()](const msg::token_event& ev) {
-        net::post(self->sock_.get_executor(), [self, id = ev.token] { self->on_token(id); });
-      },
-      srv_->reconnect,
-      [job](msg::session_actor s) {
-        std::lock_guard<std::mutex> lk(job->mu);
-        job->session = s;
-        if (job->cancelled)
-          caf::anon_send(s, atom::cancel_atom_v);
+    // One session per choice, each on its own thread (they block on the
+    // cluster); choice i samples with seed + i, so a seeded request repeats.
+    const auto run_choice = [&](std::size_t i) {
+      std::string error;
+      msg::generation_result result;
+      bool no_route = false;
+      try {
+        msg::generation_request gi = g;
+        gi.session = i == 0 ? g.session : msg::mint_session_id("http");
+        model::SamplingParams spi = sp;
+        spi.seed = seed + i;
+        gi.sampling = {sp.temperature, sp.top_k, sp.top_p, model::Sampler(spi).state(), sp.min_p};
+        gi.sampling.presence_penalty = req_.presence_penalty;
+        gi.sampling.frequency_penalty = req_.frequency_penalty;
+        gi.sampling.repetition_penalty = req_.repetition_penalty;
+        gi.sampling.logprobs = req_.logprobs;
+        auto job = job_;
+        auto out = actors::run_generation(
+          srv_->sys, srv_->supervisor(), gi, so, {}, {},
+          [self = shared_from_this(), i](const msg::token_event& ev) {
+            net::post(self->sock_.get_executor(), [self, i, ev] { self->on_token(i, ev); });
+          },
+          srv_->reconnect, [job, i](msg::session_actor s) { job->started(i, s); });
+        no_route = out.error == ec::no_route;
+        if (!out.ok())
+          error = srv_->sys.render(out.error);
+        else
+          srv_->metrics.generation(out.result);
+        result = std::move(out.result);
+      } catch (const std::exception& e) {
+        error = std::string("internal error: ") + e.what();
+      } catch (...) {
+        error = "internal error";
+      }
+      net::post(sock_.get_executor(), [self = shared_from_this(), i, r = std::move(result), error, no_route] {
+        if (no_route) // no complete route within the coordinator's --route-wait-ms: the cluster is unavailable
+          self->on_done(i, r, error,
+                        api_error(503, "no complete route covers the model's layers: " + error, "server_error",
+                                  "no_route"));
+        else
+          self->on_done(i, r, error);
       });
-    std::string error;
-    const bool no_route = out.error == ec::no_route;
-    if (!out.ok())
-      error = srv_->sys.render(out.error);
-    else
-      srv_->metrics.generation(out.result);
-    net::post(sock_.get_executor(), [self = shared_from_this(), r = out.result, error, no_route] {
-      if (no_route) // no complete route within the coordinator's --route-wait-ms: the cluster is unavailable
-        self->on_done(r, error, api_error(503, "no complete route covers the model's layers: " + error, "server_error",
-                                          "no_route"));
-      else
-        self->on_done(r, error);
-    });
+    };
+    std::vector<std::thread> others;
+    for (std::size_t i = 1; i < n; ++i)
+      others.emplace_back(run_choice, i);
+    run_choice(0);
+    for (auto& t : others)
+      t.join();
   }
 
   // The client went away mid-generation: end its session (which frees its caches).
@@ -803,8 +860,33 @@ private:
             {"total_tokens", prompt_tokens_ + completion_tokens_}};
   }
 
-  json chunk(const std::string& piece, const char* finish, bool role = false) const {
-    json choice = {{"index", 0}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
+  // OpenAI's logprobs object for `entries` (chat: {content}; completions: the
+  // legacy parallel lists).
+  json logprobs_json(const json& entries, const Choice& c, std::size_t first) const {
+    if (req_.chat)
+      return {{"content", entries}, {"refusal", nullptr}};
+    json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    for (std::size_t k = 0; k < entries.size(); ++k) {
+      const auto& e = entries[k];
+      tokens.push_back(e["token"]);
+      lps.push_back(e["logprob"]);
+      json top = json::object();
+      for (auto& t : e["top_logprobs"])
+        top[t["token"].get<std::string>()] = t["logprob"];
+      tops.push_back(top);
+      offsets.push_back(first + k < c.offsets.size() ? c.offsets[first + k] : 0);
+    }
+    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+
+  json chunk(std::size_t i, const std::string& piece, const char* finish, bool role = false) {
+    auto& c = choices_[i];
+    json choice = {{"index", i}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
+    json lp = nullptr;
+    if (req_.logprobs >= 0 && (!c.pending.empty() || finish)) {
+      lp = logprobs_json(c.pending, c, c.logprobs.size() - c.pending.size());
+      c.pending = json::array();
+    }
     if (req_.chat) {
       json delta = json::object();
       if (role)
@@ -812,9 +894,10 @@ private:
       if (!piece.empty() || role)
         delta["content"] = piece;
       choice["delta"] = delta;
+      choice["logprobs"] = lp;
     } else {
       choice["text"] = piece;
-      choice["logprobs"] = nullptr;
+      choice["logprobs"] = lp;
     }
     return {{"id", id_},
             {"object", req_.chat ? "chat.completion.chunk" : "text_completion"},
@@ -830,9 +913,14 @@ private:
     id_ = make_id(req_.chat ? "chatcmpl-" : "cmpl-");
     created_ = unix_now();
     created_model_ = m.id; // the served name, never whatever the client sent
-    if (m.tok)
-      dec_.emplace(*m.tok);
-    stop_.emplace(req_.stop);
+    choices_.clear();
+    choices_.resize(static_cast<std::size_t>(req_.n));
+    for (auto& c : choices_) {
+      if (m.tok)
+        c.dec.emplace(*m.tok);
+      c.stop.emplace(req_.stop);
+    }
+    drivers_left_ = choices_.size();
     last_token_ = started_;
     timeout_.emplace(sock_.get_executor());
     timeout_->expires_after(srv_->opts.request_timeout);
@@ -873,42 +961,71 @@ private:
                      extra + "\r\n");
       flush();
       if (req_.chat)
-        send_event(dump(chunk("", nullptr, true)));
+        for (std::size_t i = 0; i < choices_.size(); ++i)
+          send_event(dump(chunk(i, "", nullptr, true)));
     }
   }
 
-  void on_token(int32_t id) {
-    if (finished_)
+  void on_token(std::size_t i, const msg::token_event& ev) {
+    if (finished_ || i >= choices_.size() || choices_[i].finish)
       return;
+    auto& c = choices_[i];
     const auto now = clk::now();
     srv_->metrics.token(std::chrono::duration<double>(now - last_token_).count(), completion_tokens_ == 0);
     last_token_ = now;
     ++completion_tokens_;
-    std::string piece = dec_ ? dec_->push(id) : std::to_string(id) + " ";
-    piece = stop_->push(piece);
-    emit(piece);
-    if (stop_->stopped()) {
-      stopped_by_string_ = true;
-      job_->cancel(); // frees the caches now; on_done sees the cancel and ends with "stop"
-      complete("stop");
+    if (req_.logprobs >= 0 && model_.tok) {
+      const auto entry = [&](int32_t id, float lp) {
+        std::string t;
+        try {
+          t = model_.tok->token_bytes(id, c.prev);
+        } catch (const std::exception&) {
+        }
+        json bytes = json::array();
+        for (unsigned char b : t)
+          bytes.push_back(b);
+        return json{{"token", t}, {"logprob", lp}, {"bytes", bytes}};
+      };
+      json e = entry(ev.token, ev.logprob);
+      json top = json::array();
+      for (std::size_t k = 0; k < ev.top_ids.size() && k < ev.top_logprobs.size(); ++k)
+        top.push_back(entry(ev.top_ids[k], ev.top_logprobs[k]));
+      e["top_logprobs"] = top;
+      c.offsets.push_back(c.bytes);
+      c.bytes += e["bytes"].size();
+      c.logprobs.push_back(e);
+      c.pending.push_back(std::move(e));
+    }
+    c.prev = ev.token;
+    std::string piece = c.dec ? c.dec->push(ev.token) : std::to_string(ev.token) + " ";
+    piece = c.stop->push(piece);
+    emit(i, piece);
+    if (c.stop->stopped()) {
+      job_->cancel_choice(i); // frees the caches now; on_done then sees the cancel
+      end_choice(i, "stop");
     }
   }
 
-  void emit(const std::string& piece) {
+  void emit(std::size_t i, const std::string& piece) {
     if (piece.empty())
-      return;
-    text_ += piece;
+      return; // (logprobs of held-back text go out with the next piece)
+    choices_[i].text += piece;
     if (streaming_)
-      send_event(dump(chunk(piece, nullptr)));
+      send_event(dump(chunk(i, piece, nullptr)));
   }
 
-  void on_done(const msg::generation_result& r, const std::string& error, std::optional<ApiError> why = std::nullopt) {
+  void on_done(std::size_t i, const msg::generation_result& r, const std::string& error,
+               std::optional<ApiError> why = std::nullopt) {
+    const bool last = drivers_left_ > 0 && --drivers_left_ == 0;
     if (finished_) {
-      end_job();
+      if (last)
+        end_job();
       return;
     }
     if (!error.empty()) {
-      end_job();
+      job_->cancel(); // the other choices end too
+      if (last)
+        end_job();
       const auto e =
         why ? *why : api_error(502, "the generation failed in the cluster: " + error, "server_error", "cluster_error");
       if (streaming_) {
@@ -918,43 +1035,66 @@ private:
       finished_ = true;
       return respond(Reply::error(e), false);
     }
-    if (dec_)
-      emit(stop_->push(dec_->finish()));
-    if (!stop_->stopped())
-      emit(stop_->flush());
-    end_job();
-    complete(stop_->stopped() || r.finish == "stop" ? "stop" : "length");
+    if (last)
+      end_job();
+    if (i >= choices_.size() || choices_[i].finish)
+      return;
+    auto& c = choices_[i];
+    if (c.dec)
+      emit(i, c.stop->push(c.dec->finish()));
+    if (!c.stop->stopped())
+      emit(i, c.stop->flush());
+    end_choice(i, c.stop->stopped() || r.finish == "stop" ? "stop" : "length");
   }
 
-  void complete(const char* finish) {
+  // One choice has ended; the response completes when all have.
+  void end_choice(std::size_t i, const char* finish) {
+    auto& c = choices_[i];
+    if (c.finish || finished_)
+      return;
+    c.finish = finish;
+    if (streaming_)
+      send_event(dump(chunk(i, "", finish)));
+    if (++choices_done_ == choices_.size())
+      complete();
+  }
+
+  void complete() {
     if (finished_)
       return;
-    finish_reason_ = finish;
+    finish_reason_ = choices_.empty() || !choices_[0].finish ? "stop" : choices_[0].finish;
     if (timeout_)
       timeout_->cancel();
     if (streaming_) {
-      send_event(dump(chunk("", finish)));
       if (req_.include_usage) {
-        json u = chunk("", nullptr);
-        u["choices"] = json::array();
-        u["usage"] = usage();
+        json u = {{"id", id_},
+                  {"object", req_.chat ? "chat.completion.chunk" : "text_completion"},
+                  {"created", created_},
+                  {"model", created_model_},
+                  {"choices", json::array()},
+                  {"usage", usage()}};
         send_event(dump(u));
       }
       return finish_stream();
     }
     finished_ = true;
-    json choice = {{"index", 0}, {"finish_reason", finish}};
-    if (req_.chat)
-      choice["message"] = {{"role", "assistant"}, {"content", text_}};
-    else {
-      choice["text"] = text_;
-      choice["logprobs"] = nullptr;
+    json list = json::array();
+    for (std::size_t i = 0; i < choices_.size(); ++i) {
+      const auto& c = choices_[i];
+      json choice = {{"index", i}, {"finish_reason", c.finish ? c.finish : "stop"}};
+      const json lp = req_.logprobs >= 0 ? logprobs_json(c.logprobs, c, 0) : json(nullptr);
+      if (req_.chat)
+        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      else
+        choice["text"] = c.text;
+      choice["logprobs"] = lp;
+      list.push_back(std::move(choice));
     }
     respond(Reply::json_body(200, json{{"id", id_},
                                        {"object", req_.chat ? "chat.completion" : "text_completion"},
                                        {"created", created_},
                                        {"model", created_model_},
-                                       {"choices", json::array({choice})},
+                                       {"choices", list},
                                        {"usage", usage()}}),
             keep_alive_);
   }

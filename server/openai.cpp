@@ -109,16 +109,12 @@ std::optional<ApiError> unsupported(const json& j) {
   auto is_zero = [](const json& v) { return v.is_number() && v.get<double>() == 0.0; };
   auto is_false = [](const json& v) { return v.is_boolean() && !v.get<bool>(); };
   auto is_empty = [](const json& v) { return (v.is_object() || v.is_array()) && v.empty(); };
-  if (j.contains("n") && !j["n"].is_null() && !is_one(j["n"]))
-    return bad("n", "'n' = " + j["n"].dump() + ": only one choice per request is supported (n must be 1)");
   auto is_unit = [](const json& v) { return v.is_number() && v.get<double>() == 1.0; };
   // (Extensions vLLM and llama-server accept that would change the sampling are
   // refused the same way, never ignored.)
-  for (auto r : {neutral("best_of", is_one), neutral("presence_penalty", is_zero), neutral("frequency_penalty", is_zero),
-                 neutral("repetition_penalty", is_unit), neutral("typical_p", is_unit), neutral("length_penalty", is_unit),
-                 neutral("ignore_eos", is_false), neutral("mirostat", is_zero),
-                 neutral("logprobs", [&](const json& v) { return is_false(v) || is_zero(v); }),
-                 neutral("top_logprobs", is_zero), neutral("echo", is_false), neutral("logit_bias", is_empty),
+  for (auto r : {neutral("best_of", is_one), neutral("typical_p", is_unit), neutral("length_penalty", is_unit),
+                 neutral("ignore_eos", is_false), neutral("mirostat", is_zero), neutral("echo", is_false),
+                 neutral("logit_bias", is_empty),
                  neutral("tools", is_empty), neutral("functions", is_empty), neutral("suffix", [](const json& v) {
                    return v.is_string() && v.get<std::string>().empty();
                  })})
@@ -258,6 +254,45 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool cha
       if (!o["include_usage"].is_boolean())
         return bad("stream_options.include_usage", "'stream_options.include_usage' must be a boolean");
       r.include_usage = o["include_usage"].get<bool>();
+    }
+  }
+  if (j.contains("n") && !j["n"].is_null()) {
+    int64_t v = 0;
+    if (auto e = integer(j, "n", v, 1, 16))
+      return *e;
+    r.n = static_cast<int32_t>(v);
+  }
+  if (auto e = number(j, "presence_penalty", r.presence_penalty, -2.0, 2.0, false))
+    return *e;
+  if (auto e = number(j, "frequency_penalty", r.frequency_penalty, -2.0, 2.0, false))
+    return *e;
+  if (auto e = number(j, "repetition_penalty", r.repetition_penalty, 0.0, 10.0, true))
+    return *e;
+  // logprobs: completions take how many top tokens (0..20); chat takes
+  // logprobs: true and top_logprobs (0..20).
+  const bool has_lp = j.contains("logprobs") && !j["logprobs"].is_null();
+  const bool has_top = j.contains("top_logprobs") && !j["top_logprobs"].is_null();
+  if (chat) {
+    if (has_lp && !j["logprobs"].is_boolean())
+      return bad("logprobs", std::string("'logprobs' must be a boolean, not ") + type_name(j["logprobs"]));
+    const bool want = has_lp && j["logprobs"].get<bool>();
+    int64_t top = 0;
+    if (has_top) {
+      if (auto e = integer(j, "top_logprobs", top, 0, 20))
+        return *e;
+      if (!want && top > 0)
+        return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+    if (want)
+      r.logprobs = static_cast<int32_t>(top);
+  } else {
+    if (has_top)
+      return bad("top_logprobs", "'top_logprobs' is a chat field; completions take 'logprobs': N");
+    if (has_lp) {
+      int64_t top = 0;
+      if (auto e = integer(j, "logprobs", top, 0, 20))
+        return *e;
+      r.logprobs = static_cast<int32_t>(top);
     }
   }
   if (auto e = unsupported(j))

@@ -46,6 +46,11 @@ struct ApiRequest {
   float min_p = 0;          ///< 0 = off
   int32_t top_k = 0;
   std::optional<uint64_t> seed;
+  int32_t n = 1;                  ///< choices (each its own generation; choice i uses seed + i)
+  int32_t logprobs = -1;          ///< -1: none; else how many top_logprobs besides the chosen token's
+  float presence_penalty = 0;     ///< [-2, 2]
+  float frequency_penalty = 0;    ///< [-2, 2]
+  float repetition_penalty = 1;   ///< (0, 10]
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;          ///< stream_options.include_usage

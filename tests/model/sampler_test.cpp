@@ -88,5 +88,33 @@ TEST(Sampler, RejectsBadSettings) {
   EXPECT_MODEL_ERROR(model::Sampler({1.0f, 0, 1.5f, 0}), model::errc::bad_argument, "top_p");
 }
 
+TEST(Sampler, PenaltiesFollowOpenAIAndTransformers) {
+  std::vector<float> l = {2.0f, -1.0f, 0.5f, 3.0f};
+  // id 0 generated twice, id 1 only in the prompt (count 0), id 3 generated once.
+  const std::vector<int32_t> ids = {0, 1, 3}, counts = {2, 0, 1};
+  model::apply_penalties(l, 0.5f, 0.25f, 2.0f, ids, counts);
+  EXPECT_FLOAT_EQ(l[0], 2.0f / 2 - 0.5f - 0.25f * 2); // repetition divides a positive logit, then presence + frequency
+  EXPECT_FLOAT_EQ(l[1], -1.0f * 2);                    // a negative one is multiplied; a prompt token gets no presence
+  EXPECT_FLOAT_EQ(l[2], 0.5f);                         // untouched
+  EXPECT_FLOAT_EQ(l[3], 3.0f / 2 - 0.5f - 0.25f);
+  EXPECT_MODEL_ERROR(model::apply_penalties(l, 0, 0, 1, std::vector<int32_t>{9}, std::vector<int32_t>{1}),
+                     model::errc::bad_argument, "outside the vocabulary");
+  EXPECT_MODEL_ERROR(model::apply_penalties(l, 0, 0, 1, std::vector<int32_t>{1}, std::vector<int32_t>{}),
+                     model::errc::bad_argument, "differ in length");
+}
+
+TEST(Sampler, LogprobsAreTheLogSoftmaxAndTheTopInOrder) {
+  const std::vector<float> l = {1.0f, 3.0f, 3.0f, -2.0f};
+  double z = 0;
+  for (float x : l)
+    z += std::exp(static_cast<double>(x));
+  const auto lp = model::token_logprobs(l, 0, 3);
+  EXPECT_NEAR(lp.logprob, 1.0 - std::log(z), 1e-6);
+  EXPECT_EQ(lp.top_ids, (std::vector<int32_t>{1, 2, 0})); // ties: the lower id first
+  EXPECT_NEAR(lp.top_logprobs[0], 3.0 - std::log(z), 1e-6);
+  EXPECT_TRUE(model::token_logprobs(l, 3, 0).top_ids.empty());
+  EXPECT_MODEL_ERROR(model::token_logprobs(l, 4, 1), model::errc::bad_argument, "outside the logits");
+}
+
 } // namespace
 } // namespace strata

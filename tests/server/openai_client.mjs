@@ -50,4 +50,18 @@ try {
 } catch (e) {
   out.wrong_model = `${e.status} ${e.code}`;
 }
+// Fields beyond one plain choice: n, logprobs / top_logprobs, penalties, seed.
+const many = await client.completions.create({...common, prompt, n: 2, logprobs: 2, temperature: 1, seed: 5});
+out.n_texts = many.choices.map((c) => c.text);
+out.n_indices = many.choices.map((c) => c.index);
+out.completion_logprobs = many.choices[0].logprobs;
+const chatlp = await client.chat.completions.create({...common, messages, logprobs: true, top_logprobs: 3});
+out.chat_logprobs = chatlp.choices[0].logprobs.content;
+out.chat_text = chatlp.choices[0].message.content;
+const pen = {...common, prompt, presence_penalty: 1, frequency_penalty: 1.5, repetition_penalty: 1.3, temperature: 1, seed: 9};
+out.penalized = [(await client.completions.create(pen)).choices[0].text, (await client.completions.create(pen)).choices[0].text];
+let streamedLp = 0;
+for await (const chunk of await client.chat.completions.create({...common, messages, stream: true, logprobs: true}))
+  streamedLp += chunk.choices[0]?.logprobs?.content?.length ?? 0;
+out.chat_stream_logprobs = streamedLp;
 console.log(JSON.stringify(out));

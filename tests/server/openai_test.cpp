@@ -53,12 +53,32 @@ TEST(OpenAI, EveryRuleNamesTheField) {
   EXPECT_EQ(err(R"({"prompt":"x","stop":["a","b","c","d","e"]})").param, "stop");
   EXPECT_EQ(err(R"({"prompt":"x","stop":[""]})").param, "stop");
   EXPECT_EQ(err(R"({"prompt":"x","stream":"yes"})").param, "stream");
-  EXPECT_NE(err(R"({"prompt":"x","n":2})").message.find("n must be 1"), std::string::npos);
-  EXPECT_EQ(err(R"({"prompt":"x","logprobs":5})").param, "logprobs");
-  EXPECT_EQ(err(R"({"prompt":"x","presence_penalty":0.5})").param, "presence_penalty");
+  EXPECT_EQ(err(R"({"prompt":"x","n":0})").param, "n");
+  EXPECT_EQ(err(R"({"prompt":"x","n":17})").param, "n");
+  EXPECT_EQ(err(R"({"prompt":"x","logprobs":21})").param, "logprobs");
+  EXPECT_EQ(err(R"({"prompt":"x","logprobs":true})").param, "logprobs");
+  EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"logprobs":3})", true).param, "logprobs");
+  EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})", true).param, "top_logprobs");
+  EXPECT_EQ(err(R"({"prompt":"x","presence_penalty":2.5})").param, "presence_penalty");
+  EXPECT_EQ(err(R"({"prompt":"x","frequency_penalty":-3})").param, "frequency_penalty");
+  EXPECT_EQ(err(R"({"prompt":"x","repetition_penalty":0})").param, "repetition_penalty");
+  {
+    auto r = std::get<ApiRequest>(parse_request(
+      R"({"prompt":"x","n":3,"logprobs":2,"presence_penalty":0.5,"frequency_penalty":-0.5,"repetition_penalty":1.3})",
+      false));
+    EXPECT_EQ(r.n, 3);
+    EXPECT_EQ(r.logprobs, 2);
+    EXPECT_FLOAT_EQ(r.presence_penalty, 0.5f);
+    EXPECT_FLOAT_EQ(r.frequency_penalty, -0.5f);
+    EXPECT_FLOAT_EQ(r.repetition_penalty, 1.3f);
+    auto c = std::get<ApiRequest>(
+      parse_request(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":4})", true));
+    EXPECT_EQ(c.logprobs, 4);
+    c = std::get<ApiRequest>(parse_request(R"({"messages":[{"role":"user","content":"x"}],"logprobs":false})", true));
+    EXPECT_EQ(c.logprobs, -1);
+  }
   // Sampling extensions of other servers: refused, never silently ignored; their
   // neutral values pass.
-  EXPECT_EQ(err(R"({"prompt":"x","repetition_penalty":1.1})").param, "repetition_penalty");
   EXPECT_EQ(err(R"({"prompt":"x","typical_p":0.9})").param, "typical_p");
   EXPECT_EQ(err(R"({"prompt":"x","ignore_eos":true})").param, "ignore_eos");
   EXPECT_EQ(err(R"({"prompt":"x","mirostat":2})").param, "mirostat");
@@ -72,7 +92,7 @@ TEST(OpenAI, EveryRuleNamesTheField) {
   EXPECT_EQ(err(R"({"messages":[{"role":"user"}]})", true).param, "messages[0].content");
   EXPECT_EQ(err(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true).param,
             "messages[0].content");
-  for (auto& e : {err("{nope"), err(R"({"prompt":"x","n":2})")})
+  for (auto& e : {err("{nope"), err(R"({"prompt":"x","n":0})")})
     EXPECT_EQ(e.body()["error"]["type"], "invalid_request_error");
 }
 

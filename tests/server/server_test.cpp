@@ -345,6 +345,19 @@ TEST_F(Server, OfficialOpenAINpmClient) {
   EXPECT_EQ(j["retrieved"], "builtin:tiny"); // models.retrieve()
   EXPECT_EQ(j["missing"], "404 model_not_found");
   EXPECT_EQ(j["wrong_model"], "404 model_not_found");
+  // n, logprobs and penalties through the official client.
+  EXPECT_EQ(j["n_indices"], json::array({0, 1}));
+  ASSERT_EQ(j["n_texts"].size(), 2u);
+  EXPECT_EQ(j["completion_logprobs"]["tokens"].size(), 30u) << j["completion_logprobs"];
+  EXPECT_EQ(j["completion_logprobs"]["top_logprobs"][0].size(), 2u);
+  std::string spelled;
+  for (auto& e : j["chat_logprobs"]) {
+    spelled += e["token"].get<std::string>();
+    EXPECT_EQ(e["top_logprobs"].size(), 3u);
+  }
+  EXPECT_EQ(spelled, j["chat_text"]);
+  EXPECT_EQ(j["penalized"][0], j["penalized"][1]) << "seeded: the same text twice";
+  EXPECT_EQ(j["chat_stream_logprobs"], 30);
 }
 
 TEST_F(Server, MinPIsReproducibleWithASeedAndEqualsTheSingleProcessRun) {
@@ -471,6 +484,100 @@ TEST_F(Server, ChatTemplateFileRendersTheChatAndApplyTemplateShowsIt) {
   EXPECT_NE(err.find("line 2"), std::string::npos) << err;
   EXPECT_NE(err.find("unsupported statement 'include'"), std::string::npos) << err;
   std::filesystem::remove_all(dir);
+}
+
+TEST_F(Server, LogprobsChoicesAndPenalties) {
+  // Completions' logprobs: greedy takes the most likely token, every token has
+  // its entry, the tokens spell the text.
+  auto r = c().call("/v1/completions", R"({"prompt":"Once upon","max_tokens":6,"temperature":0,"logprobs":3})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = json::parse(r.body);
+  const auto& lp = j["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), j["usage"]["completion_tokens"].get<size_t>()) << lp;
+  std::string spelled;
+  for (std::size_t k = 0; k < lp["tokens"].size(); ++k) {
+    spelled += lp["tokens"][k].get<std::string>();
+    const auto& top = lp["top_logprobs"][k];
+    ASSERT_FALSE(top.empty());
+    EXPECT_LE(top.size(), 3u);
+    double best = -1e30, total = 0;
+    for (auto& [tok, v] : top.items()) {
+      best = std::max(best, v.get<double>());
+      total += std::exp(v.get<double>());
+    }
+    EXPECT_NEAR(lp["token_logprobs"][k].get<double>(), best, 1e-6) << "greedy picks the most likely";
+    EXPECT_LE(total, 1.0 + 1e-5);
+    EXPECT_LE(lp["token_logprobs"][k].get<double>(), 0.0);
+  }
+  EXPECT_EQ(spelled, j["choices"][0]["text"]);
+  // Chat: logprobs.content, streamed the same as not streamed.
+  const json chat = {{"messages", json::array({{{"role", "user"}, {"content", "Once upon"}}})}, {"max_tokens", 5},
+                     {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}};
+  auto whole = json::parse(c().call("/v1/chat/completions", chat.dump()).body);
+  const auto content = whole["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), whole["usage"]["completion_tokens"].get<size_t>()) << whole;
+  EXPECT_EQ(content[0]["top_logprobs"].size(), 2u);
+  EXPECT_TRUE(content[0]["bytes"].is_array());
+  json streamed = chat;
+  streamed["stream"] = true;
+  const auto body = c().call("/v1/chat/completions", streamed.dump()).body;
+  json got = json::array();
+  std::istringstream is(body);
+  for (std::string line; std::getline(is, line);)
+    if (line.rfind("data: {", 0) == 0) {
+      auto ev = json::parse(line.substr(6));
+      for (auto& ch : ev["choices"])
+        if (ch.contains("logprobs") && ch["logprobs"].is_object())
+          for (auto& e : ch["logprobs"]["content"])
+            got.push_back(e);
+    }
+  EXPECT_EQ(got, content);
+  // n choices: choice i is what a request alone with seed + i gives.
+  auto three = json::parse(c().call("/v1/completions", R"({"prompt":"Once","max_tokens":8,"temperature":1,"seed":40,"n":3})").body);
+  ASSERT_EQ(three["choices"].size(), 3u) << three;
+  int64_t completion = 0;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(three["choices"][i]["index"], i);
+    auto alone = json::parse(c().call("/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 8}, {"temperature", 1},
+                                                              {"seed", 40 + i}}.dump()).body);
+    EXPECT_EQ(three["choices"][i]["text"], alone["choices"][0]["text"]) << "choice " << i;
+    completion += alone["usage"]["completion_tokens"].get<int64_t>();
+  }
+  EXPECT_EQ(three["usage"]["completion_tokens"], completion);
+  // Streamed choices carry their index; each ends with its own finish_reason.
+  const auto sbody = c().call("/v1/completions", R"({"prompt":"Once","max_tokens":4,"temperature":1,"seed":40,"n":2,"stream":true})").body;
+  std::map<int, std::string> texts;
+  std::map<int, int> finishes;
+  std::istringstream ss(sbody);
+  for (std::string line; std::getline(ss, line);)
+    if (line.rfind("data: {", 0) == 0) {
+      const json ev = json::parse(line.substr(6));
+      for (auto& ch : ev["choices"]) {
+        texts[ch["index"].get<int>()] += ch["text"].get<std::string>();
+        finishes[ch["index"].get<int>()] += ch["finish_reason"].is_null() ? 0 : 1;
+      }
+    }
+  ASSERT_EQ(texts.size(), 2u) << sbody;
+  EXPECT_EQ(finishes[0], 1);
+  EXPECT_EQ(finishes[1], 1);
+  EXPECT_EQ(texts[0], json::parse(c().call("/v1/completions", R"({"prompt":"Once","max_tokens":4,"temperature":1,"seed":40})").body)["choices"][0]["text"]);
+  // Penalties: reproducible with a seed, and they change what is sampled.
+  const std::string pen = R"({"prompt":"Once upon a time","max_tokens":24,"temperature":0,"frequency_penalty":2,"presence_penalty":1,"repetition_penalty":1.5})";
+  auto p1 = json::parse(c().call("/v1/completions", pen).body);
+  auto p2 = json::parse(c().call("/v1/completions", pen).body);
+  ASSERT_TRUE(p1.contains("choices")) << p1;
+  EXPECT_EQ(p1["choices"][0]["text"], p2["choices"][0]["text"]);
+  auto plain = json::parse(c().call("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":24,"temperature":0})").body);
+  EXPECT_NE(p1["choices"][0]["text"], plain["choices"][0]["text"]);
+  // With a strong frequency penalty a greedy run repeats tokens less.
+  const auto repeats = [](const std::string& t) {
+    std::map<char, int> n;
+    int rep = 0;
+    for (char ch : t)
+      rep += n[ch]++ > 0;
+    return rep;
+  };
+  EXPECT_LE(repeats(p1["choices"][0]["text"]), repeats(plain["choices"][0]["text"]));
 }
 
 std::string unescape_html(std::string s) {
