@@ -7,6 +7,7 @@
 #include "model/chat_template.hpp"
 #include "model/error.hpp"
 #include "model/jinja.hpp"
+#include "tests/model/gguf_writer.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -301,6 +302,25 @@ TEST(ChatTemplate, FoundInTheModelDirectoryBesideTheTokenizerOrAsAFile) {
   EXPECT_THROW(strata::model::ChatTemplate::for_model(cfg, nullptr, (dir / "tok" / "tokenizer.json").string()),
                strata::model::Error);
   fs::remove_all(dir);
+}
+
+TEST(ChatTemplate, FromGgufMetadataWithItsTokenNames) {
+  strata::test::GgufWriter w;
+  w.kv_string("general.architecture", "llama");
+  w.kv_string("tokenizer.chat_template",
+              "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}{{ eos_token }}{% endfor %}");
+  w.kv_strings("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "a"});
+  w.kv_u32("tokenizer.ggml.bos_token_id", 1);
+  w.kv_u32("tokenizer.ggml.eos_token_id", 2);
+  const fs::path file = fs::temp_directory_path() / ("strata-chat-" + std::to_string(::getpid()) + ".gguf");
+  std::ofstream(file, std::ios::binary) << w.bytes();
+  strata::model::ModelConfig cfg;
+  cfg.identity = file.string();
+  auto t = strata::model::ChatTemplate::for_model(cfg, nullptr);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_NE(t->origin().find("tokenizer.chat_template"), std::string::npos) << t->origin();
+  EXPECT_EQ(t->render(ojson::parse(R"([{"role": "user", "content": "hi"}])"), true), "<s>[user] hi</s>");
+  fs::remove(file);
 }
 
 TEST(ChatTemplate, EncodeMapsSpecialTokenTextsToTheirIds) {

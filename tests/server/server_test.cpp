@@ -204,8 +204,9 @@ TEST_F(Server, BadRequestsGetClearErrors) {
   expect("/v1/completions", R"({"prompt":"x","temperature":9})", 400, "'temperature' must be between 0 and 2");
   expect("/v1/completions", R"({"prompt":"x","top_p":-1})", 400, "'top_p' must be greater than 0");
   expect("/v1/completions", R"({"prompt":"x","top_k":-3})", 400, "'top_k' must be between 0");
-  expect("/v1/completions", R"({"prompt":"x","n":3})", 400, "n must be 1");
-  expect("/v1/completions", R"({"prompt":"x","logprobs":2})", 400, "not supported");
+  expect("/v1/completions", R"({"prompt":"x","n":30})", 400, "'n' must be between 1 and 16");
+  expect("/v1/completions", R"({"prompt":"x","logprobs":99})", 400, "'logprobs' must be between 0 and 20");
+  expect("/v1/completions", R"({"prompt":"x","echo":true})", 400, "not supported");
   expect("/v1/chat/completions", R"({"messages":"hi"})", 400, "'messages' must be a non-empty array");
   expect("/v1/completions", R"({"prompt":"x","pad":")" + std::string(70000, 'a') + "\"}", 413, "larger than the limit");
   expect("/v1/nothing", "", 404, "no such endpoint");
@@ -266,7 +267,7 @@ TEST_F(Server, MetricsParseAndMoveWithRequestsAndAnEviction) {
   const std::string lru = R"(strata_session_cache_misses_total{reason="evicted_lru"})";
   ASSERT_EQ(c().call("/v1/completions", completion_body("Once", 10, false)).status, 200);
   ASSERT_EQ(c().call("/v1/completions", completion_body("Twice", 10, false)).status, 200);
-  ASSERT_EQ(c().call("/v1/completions", R"({"prompt":"x","n":2})").status, 400);
+  ASSERT_EQ(c().call("/v1/completions", R"({"prompt":"x","n":0})").status, 400);
   // A long stream; once it runs, every shard drops all its sessions.
   const std::string prompt = "Once upon a time";
   const auto expected = local_text(prompt, 480);
@@ -1010,25 +1011,38 @@ TEST(Listeners, EveryProcessListensOnlyWhereConfigured) {
 }
 
 // Last: it kills a node (its range has a replica).
-TEST_F(Server, PageInChromiumStreamsAndSurvivesAKill) {
+TEST_F(Server, ChatPageInChromiumStreamsSurvivesAKillAndStops) {
   const std::filesystem::path npm = std::filesystem::path(STRATA_BINARY_DIR) / "npm";
   if (!have("chromium") || !have("node") || !std::filesystem::exists(npm / "node_modules" / "playwright-core"))
     GTEST_SKIP() << "chromium or playwright-core is not installed (scripts/test installs them)";
-  const std::string prompt = "Once upon a time";
-  const auto expected = local_text(prompt, 200);
+  const std::string message = "Once upon a time";
+  // What the API answers to the same chat (greedy), asked before the page runs.
+  auto api = c().call("/v1/chat/completions",
+                      json{{"messages", json::array({{{"role", "user"}, {"content", message}}})}, {"max_tokens", 480},
+                           {"temperature", 0}}.dump());
+  ASSERT_EQ(api.status, 200) << api.body;
+  const std::string expected = json::parse(api.body)["choices"][0]["message"]["content"];
   auto page = c().call("/");
   EXPECT_EQ(page.status, 200);
-  EXPECT_NE(page.body.find("<textarea id=\"prompt\""), std::string::npos);
+  EXPECT_NE(page.body.find("<textarea id=\"message\""), std::string::npos);
+  EXPECT_NE(page.body.find("/v1/chat/completions"), std::string::npos);
   EXPECT_EQ(page.body.find("URLSearchParams"), std::string::npos) << "the page never acts on URL parameters";
-  // The page in Chromium, driven by clicks: Generate, then "kill" on node 1
-  // (layers 2-3, which has a replica) once 20 tokens have streamed.
+  EXPECT_EQ(page.body.find("innerHTML"), std::string::npos) << "model text is never parsed as HTML";
+  // The page in Chromium, driven by typing and clicks: Send, then "kill" on node
+  // 1 (layers 2-3, which has a replica) once 20 tokens have streamed; then a
+  // second turn stopped with the Stop button.
   std::filesystem::copy_file(STRATA_PAGE_SCRIPT, npm / "page_client.mjs", std::filesystem::copy_options::overwrite_existing);
-  const auto out = sh("node " + (npm / "page_client.mjs").string() + " " + c().base + " " + quote(prompt) + " 200 2>&1");
+  const auto shot = std::filesystem::path(STRATA_BINARY_DIR) / "chat-page.png";
+  const auto out = sh("STRATA_SCREENSHOT=" + quote(shot.string()) + " node " + (npm / "page_client.mjs").string() + " " +
+                      c().base + " " + quote(message) + " 480 2>&1");
   auto j = json::parse(out.substr(std::min(out.find('{'), out.size())), nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << out;
   EXPECT_EQ(j["text"], expected);
   EXPECT_EQ(j["finish"], "length");
   EXPECT_NE(j["status"].get<std::string>().find("kill sent to node"), std::string::npos) << out;
+  EXPECT_EQ(j["second"]["finish"], "stopped") << out;
+  EXPECT_EQ(j["second"]["bubbles"], 4) << "a new chat: two user messages and two answers";
+  EXPECT_EQ(j["second"]["send_enabled"], true);
   EXPECT_EQ(cluster_->nodes[1]->wait_exit(std::chrono::seconds(10)), 137);
 }
 
