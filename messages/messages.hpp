@@ -80,10 +80,36 @@ guarded<T> guard(std::vector<T>& xs) {
   return {xs};
 }
 
+template <class F>
+struct bits;
+template <class F>
+bits<F> raw(F& x);
+
+/// One element: floating point travels as its bit pattern (see `bits`).
+template <class Inspector, class T>
+typename Inspector::result_type element(Inspector& f, T& v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    auto b = raw(v);
+    return f(b);
+  } else {
+    return f(v);
+  }
+}
+
 template <class Inspector, class T>
 typename Inspector::result_type inspect(Inspector& f, guarded<T>& g) {
   if constexpr (Inspector::reads_state) {
-    return f(g.xs);
+    if constexpr (std::is_floating_point_v<T> && std::is_base_of_v<caf::serializer, Inspector>) {
+      size_t n = g.xs.size();
+      if (auto err = f.begin_sequence(n))
+        return err;
+      for (auto& v : g.xs)
+        if (auto err = element(f, v))
+          return err;
+      return f.end_sequence();
+    } else {
+      return f(g.xs);
+    }
   } else {
     size_t n = 0;
     if (auto err = f.begin_sequence(n))
@@ -104,7 +130,7 @@ typename Inspector::result_type inspect(Inspector& f, guarded<T>& g) {
     } else {
       for (size_t i = 0; i < n; ++i) {
         T v{};
-        if (auto err = f(v))
+        if (auto err = element(f, v))
           return err;
         g.xs.push_back(std::move(v));
       }

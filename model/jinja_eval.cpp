@@ -47,9 +47,10 @@ private:
       const Value* m = a.get(0, "message");
       throw TemplateError(m ? m->str() : std::string("raise_exception() was called"), line_, true);
     });
-    g["namespace"] = Value::function("namespace", [](const Args& a) {
+    // namespace(...) and dict(...): the dicts given and the keyword arguments.
+    const auto object_of = [](const Args& a, bool ns) {
       Object o;
-      o.is_namespace = true;
+      o.is_namespace = ns;
       for (auto& p : a.positional)
         if (p.is_object())
           for (auto& [k, v] : p.object().items)
@@ -57,17 +58,9 @@ private:
       for (auto& [k, v] : a.named)
         o.set(k, v);
       return Value(std::move(o));
-    });
-    g["dict"] = Value::function("dict", [](const Args& a) {
-      Object o;
-      for (auto& p : a.positional)
-        if (p.is_object())
-          for (auto& [k, v] : p.object().items)
-            o.set(k, v);
-      for (auto& [k, v] : a.named)
-        o.set(k, v);
-      return Value(std::move(o));
-    });
+    };
+    g["namespace"] = Value::function("namespace", [object_of](const Args& a) { return object_of(a, true); });
+    g["dict"] = Value::function("dict", [object_of](const Args& a) { return object_of(a, false); });
     g["range"] = Value::function("range", [this](const Args& a) {
       int64_t start = 0, stop = 0, step = 1;
       const auto num = [this](const Value& v) {

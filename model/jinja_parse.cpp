@@ -335,18 +335,24 @@ private:
     e->args.push_back(std::move(b));
     return e;
   }
-  ExprPtr parse_or() {
-    auto e = parse_and();
-    while (skip_name("or"))
-      e = binary("or", std::move(e), parse_and());
-    return e;
+  // One precedence level of left-associative binary operators: symbols, or
+  // words such as "or".
+  ExprPtr level(std::initializer_list<const char*> ops, bool words, ExprPtr (ExprParser::*next)()) {
+    auto e = (this->*next)();
+    for (;;) {
+      const char* hit = nullptr;
+      for (const char* op : ops)
+        if (words ? skip_name(op) : skip_op(op)) {
+          hit = op;
+          break;
+        }
+      if (!hit)
+        return e;
+      e = binary(hit, std::move(e), (this->*next)());
+    }
   }
-  ExprPtr parse_and() {
-    auto e = parse_not();
-    while (skip_name("and"))
-      e = binary("and", std::move(e), parse_not());
-    return e;
-  }
+  ExprPtr parse_or() { return level({"or"}, true, &ExprParser::parse_and); }
+  ExprPtr parse_and() { return level({"and"}, true, &ExprParser::parse_not); }
   ExprPtr parse_not() {
     if (skip_name("not")) {
       auto e = make(Expr::Kind::unary);
@@ -381,44 +387,11 @@ private:
       return e;
     }
   }
-  ExprPtr parse_math1() {
-    auto e = parse_concat();
-    for (;;) {
-      if (skip_op("+"))
-        e = binary("+", std::move(e), parse_concat());
-      else if (skip_op("-"))
-        e = binary("-", std::move(e), parse_concat());
-      else
-        return e;
-    }
-  }
-  ExprPtr parse_concat() {
-    auto e = parse_math2();
-    while (skip_op("~"))
-      e = binary("~", std::move(e), parse_math2());
-    return e;
-  }
-  ExprPtr parse_math2() {
-    auto e = parse_pow();
-    for (;;) {
-      static const char* ops[] = {"*", "/", "//", "%"};
-      bool any = false;
-      for (const char* op : ops)
-        if (skip_op(op)) {
-          e = binary(op, std::move(e), parse_pow());
-          any = true;
-          break;
-        }
-      if (!any)
-        return e;
-    }
-  }
-  ExprPtr parse_pow() {
-    auto e = parse_unary(true);
-    while (skip_op("**"))
-      e = binary("**", std::move(e), parse_unary(true));
-    return e;
-  }
+  ExprPtr parse_math1() { return level({"+", "-"}, false, &ExprParser::parse_concat); }
+  ExprPtr parse_concat() { return level({"~"}, false, &ExprParser::parse_math2); }
+  ExprPtr parse_math2() { return level({"*", "/", "//", "%"}, false, &ExprParser::parse_pow); }
+  ExprPtr parse_pow() { return level({"**"}, false, &ExprParser::parse_operand); }
+  ExprPtr parse_operand() { return parse_unary(true); }
   ExprPtr parse_unary(bool with_filter) {
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
@@ -533,6 +506,13 @@ private:
     }
     expect_op(")");
   }
+  // callee(arguments), after the "(".
+  ExprPtr call_of(ExprPtr callee) {
+    auto c = make(Expr::Kind::call);
+    c->args.push_back(std::move(callee));
+    call_args(*c);
+    return c;
+  }
   ExprPtr postfix(ExprPtr e) {
     for (;;) {
       if (skip_op(".")) {
@@ -570,10 +550,7 @@ private:
           s->args.push_back(std::move(parts[0]));
         e = std::move(s);
       } else if (skip_op("(")) {
-        auto c = make(Expr::Kind::call);
-        c->args.push_back(std::move(e));
-        call_args(*c);
-        e = std::move(c);
+        e = call_of(std::move(e));
       } else {
         return e;
       }
@@ -607,10 +584,7 @@ private:
         }
         e = std::move(t);
       } else if (skip_op("(")) {
-        auto c = make(Expr::Kind::call);
-        c->args.push_back(std::move(e));
-        call_args(*c);
-        e = std::move(c);
+        e = call_of(std::move(e));
       } else {
         return e;
       }
@@ -680,6 +654,14 @@ private:
     return body;
   }
 
+  // The body up to one of `ends`, whose tag must say nothing more; `end` gets which.
+  Body block(const std::set<std::string>& ends, std::string& end) {
+    std::unique_ptr<ExprParser> tail;
+    Body b = parse_body(ends, end, &tail);
+    tail->expect_end();
+    return b;
+  }
+
   NodePtr node(Node::Kind k, int line) {
     auto n = std::make_unique<Node>();
     n->kind = k;
@@ -703,8 +685,7 @@ private:
         }
         tail->expect_end();
         if (end == "else") {
-          n->bodies.push_back(parse_body({"endif"}, end, &tail));
-          tail->expect_end();
+          n->bodies.push_back(block({"endif"}, end));
         }
         return n;
       }
@@ -726,12 +707,9 @@ private:
         throw TemplateError("recursive for loops are not supported", line);
       p.expect_end();
       std::string end;
-      std::unique_ptr<ExprParser> tail;
-      n->bodies.push_back(parse_body({"else", "endfor"}, end, &tail));
-      tail->expect_end();
+      n->bodies.push_back(block({"else", "endfor"}, end));
       if (end == "else") {
-        n->bodies.push_back(parse_body({"endfor"}, end, &tail));
-        tail->expect_end();
+        n->bodies.push_back(block({"endfor"}, end));
       }
       return n;
     }
@@ -753,9 +731,7 @@ private:
       if (n->targets.size() != 1 || !n->attr.empty())
         throw TemplateError("a block set takes one name", line);
       std::string end;
-      std::unique_ptr<ExprParser> tail;
-      n->bodies.push_back(parse_body({"endset"}, end, &tail));
-      tail->expect_end();
+      n->bodies.push_back(block({"endset"}, end));
       return n;
     }
     if (kw == "macro") {
@@ -774,8 +750,7 @@ private:
       p.expect_op(")");
       p.expect_end();
       std::string end;
-      std::unique_ptr<ExprParser> tail;
-      n->bodies.push_back(parse_body({"endmacro"}, end, &tail));
+      n->bodies.push_back(block({"endmacro"}, end));
       return n;
     }
     if (kw == "break" || kw == "continue") {
@@ -786,9 +761,7 @@ private:
       p.expect_end();
       auto n = node(Node::Kind::body, line);
       std::string end;
-      std::unique_ptr<ExprParser> tail;
-      n->bodies.push_back(parse_body({"endgeneration"}, end, &tail));
-      tail->expect_end();
+      n->bodies.push_back(block({"endgeneration"}, end));
       return n;
     }
     if (kw == "filter") {
@@ -821,9 +794,7 @@ private:
       p.expect_end();
       n->expr = std::move(chain);
       std::string end;
-      std::unique_ptr<ExprParser> tail;
-      n->bodies.push_back(parse_body({"endfilter"}, end, &tail));
-      tail->expect_end();
+      n->bodies.push_back(block({"endfilter"}, end));
       return n;
     }
     throw TemplateError("unsupported statement '" + kw + "'", line);

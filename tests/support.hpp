@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 
 namespace strata::test {
@@ -40,6 +42,28 @@ inline void write_file(const std::filesystem::path& p, const std::string& bytes)
 inline std::string read_file(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+/// What a shell command prints on stdout.
+inline std::string command_output(const std::string& cmd) {
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  std::string out;
+  char buf[65536];
+  std::size_t n;
+  while (p && (n = fread(buf, 1, sizeof buf, p.get())) > 0)
+    out.append(buf, n);
+  return out;
+}
+
+/// Why a reference in Node cannot run ("" when node and `package` are installed
+/// under the build tree's npm/ folder, where scripts/test puts them).
+inline std::string npm_missing(const std::string& package) {
+  if (command_output("command -v node").empty())
+    return "node is not installed (scripts/test installs it)";
+  const auto dir = std::filesystem::path(STRATA_BINARY_DIR) / "npm";
+  if (!std::filesystem::exists(dir / "node_modules" / package))
+    return package + " is not installed in " + dir.string() + " (scripts/test installs it)";
+  return {};
 }
 
 } // namespace strata::test

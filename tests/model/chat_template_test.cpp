@@ -8,6 +8,7 @@
 #include "model/error.hpp"
 #include "model/jinja.hpp"
 #include "tests/model/gguf_writer.hpp"
+#include "tests/support.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -30,31 +31,11 @@ using strata::model::jinja::Value;
 const fs::path data_dir = fs::path(STRATA_SOURCE_DIR) / "tests" / "data" / "chat_templates";
 const fs::path npm_dir = fs::path(STRATA_BINARY_DIR) / "npm";
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string slurp(const fs::path& p) { return strata::test::read_file(p); }
 
-std::string run(const std::string& cmd) {
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::string out;
-  char buf[65536];
-  std::size_t n;
-  while (p && (n = fread(buf, 1, sizeof buf, p.get())) > 0)
-    out.append(buf, n);
-  return out;
-}
+std::string run(const std::string& cmd) { return strata::test::command_output(cmd); }
 
-// The reference renderer, or a reason it is not there.
-std::string reference_missing() {
-  if (run("command -v node").empty())
-    return "node is not installed (scripts/test installs it)";
-  if (!fs::exists(npm_dir / "node_modules" / "@huggingface" / "jinja"))
-    return "@huggingface/jinja is not installed in " + npm_dir.string() + " (scripts/test installs it)";
-  return {};
-}
+std::string reference_missing() { return strata::test::npm_missing("@huggingface/jinja"); }
 
 // Renders every case with @huggingface/jinja.
 ojson reference(const ojson& cases) {

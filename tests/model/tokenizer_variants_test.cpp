@@ -9,6 +9,7 @@
 // without them these tests skip and say why.
 
 #include "model/tokenizer.hpp"
+#include "tests/support.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -28,28 +29,16 @@ using strata::model::Tokenizer;
 
 const fs::path npm_dir = fs::path(STRATA_BINARY_DIR) / "npm";
 
-std::string run(const std::string& cmd) {
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::string out;
-  char buf[65536];
-  std::size_t n;
-  while (p && (n = fread(buf, 1, sizeof buf, p.get())) > 0)
-    out.append(buf, n);
-  return out;
-}
+std::string run(const std::string& cmd) { return strata::test::command_output(cmd); }
 
 fs::path package_models(const std::string& package) {
   return npm_dir / "node_modules" / "@lenml" / package / "models";
 }
 
 std::string missing(const std::string& package) {
-  if (run("command -v node").empty())
-    return "node is not installed (scripts/test installs it)";
-  if (!fs::exists(npm_dir / "node_modules" / "@lenml" / "tokenizers"))
-    return "@lenml/tokenizers is not installed in " + npm_dir.string() + " (scripts/test installs it)";
-  if (!fs::exists(package_models(package) / "tokenizer.json"))
-    return "@lenml/" + package + " is not installed in " + npm_dir.string() + " (scripts/test installs it)";
-  return {};
+  if (auto why = strata::test::npm_missing("@lenml/tokenizers"); !why.empty())
+    return why;
+  return strata::test::npm_missing("@lenml/" + package);
 }
 
 json texts() {
