@@ -8,6 +8,7 @@
 // the reference's. The files come from npm packages scripts/test installs;
 // without them these tests skip and say why.
 
+#include "model/chat_template.hpp"
 #include "model/tokenizer.hpp"
 #include "tests/support.hpp"
 
@@ -162,6 +163,56 @@ TEST(TokenizerVariants, MistralNemoTekkenByteLevel) {
     GTEST_SKIP() << why;
   const auto m = package_models("tokenizer-mistral_nemo");
   compare(m / "tokenizer.json", m / "tokenizer_config.json", {"<s>[INST]Hi[/INST]Hello</s>"});
+}
+
+// The prompt a chat becomes, end to end: strata's template engine and
+// tokenizer against @huggingface/jinja and transformers.js's tokenizers (the
+// rendered text, then its ids without added special tokens, as transformers'
+// apply_chat_template(tokenize=True) makes them).
+TEST(TokenizerVariants, ChatPromptIdsEqualApplyChatTemplate) {
+  if (auto why = strata::test::npm_missing("@huggingface/jinja"); !why.empty())
+    GTEST_SKIP() << why;
+  const json chats = json::array({
+    {{"messages", json::array({{{"role", "user"}, {"content", "Hello there!"}}})}},
+    {{"messages", json::array({{{"role", "system"}, {"content", "Be brief."}},
+                               {{"role", "user"}, {"content", "What is 2+2?"}},
+                               {{"role", "assistant"}, {"content", "4"}},
+                               {{"role", "user"}, {"content", "And 3+3, in Ünïcödé 🙂?"}}})}},
+  });
+  int compared = 0;
+  for (const std::string package : {"tokenizer-llama3_2", "tokenizer-gemma3", "tokenizer-mistral_nemo"}) {
+    if (!missing(package).empty())
+      continue;
+    SCOPED_TRACE(package);
+    const auto m = package_models(package);
+    const fs::path in = fs::temp_directory_path() / ("strata-chats-" + std::to_string(::getpid()) + ".json");
+    std::ofstream(in) << chats.dump();
+    fs::copy_file(fs::path(STRATA_SOURCE_DIR) / "tests" / "model" / "encode_reference.mjs",
+                  npm_dir / "encode_reference.mjs", fs::copy_options::overwrite_existing);
+    const json ref = json::parse(run("node " + (npm_dir / "encode_reference.mjs").string() + " " +
+                                     (m / "tokenizer.json").string() + " " + (m / "tokenizer_config.json").string() +
+                                     " " + in.string() + " 2>/dev/null"),
+                                 nullptr, false);
+    fs::remove(in);
+    ASSERT_TRUE(ref.is_array());
+    auto tok = Tokenizer::load((m / "tokenizer.json").string());
+    strata::model::ModelConfig cfg;
+    cfg.identity = m.string(); // the package's models/ folder holds tokenizer_config.json
+    cfg.bos_id = tok->bos_id();
+    auto tpl = strata::model::ChatTemplate::for_model(cfg, tok.get());
+    ASSERT_TRUE(tpl.has_value());
+    for (std::size_t i = 0; i < chats.size(); ++i) {
+      nlohmann::ordered_json messages = nlohmann::ordered_json::parse(chats[i]["messages"].dump());
+      const auto text = tpl->render(messages, true, {{"date_string", "26 Jul 2024"}});
+      const auto ids = tpl->encode(text, *tok, cfg);
+      EXPECT_EQ(text, ref[i]["prompt"].get<std::string>());
+      EXPECT_EQ(json(ids), ref[i]["chat"]) << text;
+      ++compared;
+    }
+  }
+  if (compared == 0)
+    GTEST_SKIP() << missing("tokenizer-llama3_2");
+  std::printf("%d chat prompts (text and ids) equal to @huggingface/jinja + transformers.js\n", compared);
 }
 
 } // namespace
