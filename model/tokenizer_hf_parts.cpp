@@ -53,6 +53,8 @@ void HfVocab::load(const json& j, const std::string& path) {
     }
   }
   std::stable_sort(added.begin(), added.end(), [](auto& x, auto& y) { return x.first.size() > y.first.size(); });
+  for (std::size_t k = 0; k < added.size(); ++k)
+    added_by_first[static_cast<unsigned char>(added[k].first[0])].push_back(static_cast<uint32_t>(k));
   id_to_token.resize(static_cast<std::size_t>(max_id + 1));
   for (auto& [tok, id] : vocab)
     id_to_token[static_cast<std::size_t>(id)] = tok;
@@ -85,33 +87,31 @@ int32_t HfVocab::id_of(const std::string& token) const {
 
 void HfVocab::split_added(std::string_view text, std::vector<int32_t>& ids,
                           const std::function<void(std::string_view, int)>& plain) const {
-  std::size_t pos = 0;
+  // One pass: at each offset, the added tokens that start with its byte, longest
+  // first; the earliest match wins, and the longest one at that offset.
+  std::size_t start = 0;
   int segment = 0;
-  // The next occurrence of each added token (npos: none left), refreshed lazily.
-  std::vector<std::size_t> next(added.size(), 0);
-  std::vector<bool> known(added.size(), false);
-  while (pos < text.size()) {
-    std::size_t best = std::string_view::npos;
-    std::size_t hit = added.size();
-    for (std::size_t k = 0; k < added.size(); ++k) {
-      if (!known[k] || (next[k] != std::string_view::npos && next[k] < pos)) {
-        next[k] = text.find(added[k].first, pos);
-        known[k] = true;
+  for (std::size_t pos = 0; pos < text.size();) {
+    const auto& candidates = added_by_first[static_cast<unsigned char>(text[pos])];
+    const std::pair<std::string, int32_t>* hit = nullptr;
+    for (uint32_t k : candidates)
+      if (text.compare(pos, added[k].first.size(), added[k].first) == 0) {
+        hit = &added[k];
+        break;
       }
-      if (next[k] != std::string_view::npos && next[k] < best) { // longest first: ties keep the earlier k
-        best = next[k];
-        hit = k;
-      }
+    if (!hit) {
+      ++pos;
+      continue;
     }
-    const std::size_t end = hit < added.size() ? best : text.size();
-    if (end > pos)
-      plain(text.substr(pos, end - pos), segment++);
-    if (hit == added.size())
-      break;
-    ids.push_back(added[hit].second);
-    pos = best + added[hit].first.size();
+    if (pos > start)
+      plain(text.substr(start, pos - start), segment++);
+    ids.push_back(hit->second);
     ++segment;
+    pos += hit->first.size();
+    start = pos;
   }
+  if (start < text.size())
+    plain(text.substr(start), segment);
 }
 
 void HfVocab::merge(std::vector<std::string>& sym) const {

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -22,6 +23,7 @@ struct HfVocab {
   std::unordered_map<int32_t, std::string> added_by_id;
   std::vector<std::string> id_to_token;
   int32_t bos = -1; ///< the post-processor's leading special token, -1 when none
+  std::array<std::vector<uint32_t>, 256> added_by_first; ///< indices into `added` by first byte
 
   /// Reads model.vocab, model.merges (pairs or "a b" strings), added_tokens and
   /// the post-processor's BOS. Throws Error(bad_format) naming `path`.
