@@ -269,6 +269,7 @@ private:
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
   std::vector<Choice> choices_;
   std::size_t choices_done_ = 0, drivers_left_ = 0;
+  std::size_t in_flight_places_ = 1; // places this request holds in --max-in-flight
   bool streaming_ = false, finished_ = false;
   std::atomic<bool> began_{false}; // the driver posted begin_response
   std::string finish_reason_;      // for the request log
@@ -668,14 +669,23 @@ private:
     req_ = std::get<ApiRequest>(std::move(parsed));
     if (srv_->draining)
       return respond(Reply::error(api_error(503, "the server is shutting down", "server_error")), false);
-    if (srv_->in_flight.load() >= srv_->opts.max_in_flight)
+    // Each choice is a generation: a request with n choices takes n places.
+    const auto places = static_cast<std::size_t>(req_.n);
+    if (places > srv_->opts.max_in_flight) {
+      auto e = api_error(400, "'n' = " + std::to_string(places) + " is more than the server's --max-in-flight of " +
+                                std::to_string(srv_->opts.max_in_flight), "invalid_request_error");
+      e.param = "n";
+      return respond(Reply::error(e), keep_alive_);
+    }
+    if (srv_->in_flight.load() + places > srv_->opts.max_in_flight)
       return respond(Reply::error(api_error(429,
                                             "too many generations in flight (limit " +
                                               std::to_string(srv_->opts.max_in_flight) + "); retry later",
                                             "rate_limit_exceeded")),
                      keep_alive_);
-    ++srv_->in_flight;
-    srv_->metrics.in_flight(+1);
+    srv_->in_flight += places;
+    in_flight_places_ = places;
+    srv_->metrics.in_flight(static_cast<int>(places));
     // A keep-alive connection carries one generation after another: start clean.
     finished_ = streaming_ = close_after_write_ = false;
     began_ = false;
@@ -849,8 +859,8 @@ private:
   void end_job() {
     if (!job_)
       return;
-    --srv_->in_flight;
-    srv_->metrics.in_flight(-1);
+    srv_->in_flight -= in_flight_places_;
+    srv_->metrics.in_flight(-static_cast<int>(in_flight_places_));
     srv_->job_ended(shared_from_this());
   }
 

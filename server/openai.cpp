@@ -175,6 +175,18 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool cha
       for (auto& [k, v] : j["chat_template_kwargs"].items())
         if (k == "messages" || k == "add_generation_prompt" || k == "bos_token" || k == "eos_token")
           return bad("chat_template_kwargs", "'chat_template_kwargs' cannot set '" + k + "'");
+      // The template engine walks values recursively: nesting is bounded (counted
+      // here without recursion).
+      std::vector<std::pair<const json*, int>> todo{{&j["chat_template_kwargs"], 1}};
+      while (!todo.empty()) {
+        auto [v, depth] = todo.back();
+        todo.pop_back();
+        if (depth > 32)
+          return bad("chat_template_kwargs", "'chat_template_kwargs' is nested deeper than 32 levels");
+        if (v->is_structured())
+          for (auto& e : *v)
+            todo.emplace_back(&e, depth + 1);
+      }
       r.template_kwargs = j["chat_template_kwargs"];
     }
   } else {

@@ -60,6 +60,15 @@ TEST(OpenAI, EveryRuleNamesTheField) {
   EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"logprobs":3})", true).param, "logprobs");
   EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})", true).param, "top_logprobs");
   EXPECT_EQ(err(R"({"prompt":"x","presence_penalty":2.5})").param, "presence_penalty");
+  EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"messages":[]}})", true).param,
+            "chat_template_kwargs");
+  EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[1]})", true).param,
+            "chat_template_kwargs");
+  EXPECT_EQ(err(std::string(R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"a":)") +
+                  std::string(100000, '[') + std::string(100000, ']') + "}}",
+                true)
+              .message,
+            "'chat_template_kwargs' is nested deeper than 32 levels");
   EXPECT_EQ(err(R"({"prompt":"x","frequency_penalty":-3})").param, "frequency_penalty");
   EXPECT_EQ(err(R"({"prompt":"x","repetition_penalty":0})").param, "repetition_penalty");
   {
