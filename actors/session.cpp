@@ -3,7 +3,6 @@
 #include "messages/session_id.hpp"
 
 #include <algorithm>
-#include <map>
 
 namespace strata::actors {
 
@@ -91,6 +90,8 @@ void on_token(session_self self, int32_t token) {
     return finish(self, "stop");
   st.seq.push_back(token);
   st.result.ids.push_back(token);
+  if (st.req.sampling.penalized())
+    ++st.penalty_counts[token];
   msg::token_event ev{st.req.session, static_cast<int64_t>(st.result.ids.size()) - 1, token};
   ev.logprob = st.last_logprob;
   ev.top_ids = std::move(st.last_top_ids);
@@ -254,17 +255,9 @@ void go_stepping(session_self self) {
   r.sampling = st.req.sampling;
   r.sampling.rng_state = st.rng_state;
   if (r.sampling.penalized()) {
-    // The tokens the penalties see: generated ones with their counts, and the
-    // prompt's (count 0) for the repetition penalty.
-    std::map<int32_t, int32_t> counts;
-    if (r.sampling.repetition_penalty != 1.0f)
-      for (auto id : st.req.prompt)
-        counts.emplace(id, 0);
-    for (auto id : st.result.ids)
-      ++counts[id];
     r.sampling.penalty_ids.clear();
     r.sampling.penalty_counts.clear();
-    for (auto [id, n] : counts) {
+    for (auto [id, n] : st.penalty_counts) {
       r.sampling.penalty_ids.push_back(id);
       r.sampling.penalty_counts.push_back(n);
     }
@@ -463,6 +456,9 @@ behavior session(session_self self, msg::supervisor_actor supervisor, msg::sessi
     st.req.session = msg::mint_session_id("s");
   st.seq = st.req.prompt;
   st.rng_state = st.req.sampling.rng_state;
+  if (st.req.sampling.penalized() && st.req.sampling.repetition_penalty != 1.0f)
+    for (auto id : st.req.prompt) // the repetition penalty sees the prompt too (count 0)
+      st.penalty_counts.emplace(id, 0);
   st.result.session = st.req.session;
   st.result.misses.assign(msg::miss_reason_count, 0);
   st.started = clk::now();

@@ -47,6 +47,7 @@
 #include <caf/all.hpp>
 
 #include <chrono>
+#include <map>
 
 namespace strata::actors {
 
@@ -84,6 +85,7 @@ struct session_state {
   msg::session_key key;
   session_phase phase = session_phase::routing;
   std::vector<int32_t> seq;       // prompt + generated
+  std::map<int32_t, int32_t> penalty_counts; // with a penalty: prompt ids (0) and how often each id was generated
   float last_logprob = 0;          // the last reply's logprobs, for its token_event
   std::vector<int32_t> last_top_ids;
   std::vector<float> last_top_logprobs;

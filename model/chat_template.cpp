@@ -68,23 +68,36 @@ std::string token_name(const Tokenizer* tok, int32_t id) {
   }
 }
 
-std::optional<ChatTemplate> from_dir(const fs::path& dir, const ModelConfig& cfg, const Tokenizer* tok) {
+// A tokenizer_config.json, or an empty object when the file is not there.
+// Throws Error(bad_format) naming it when it is not JSON.
+ojson read_config(const fs::path& file) {
   std::error_code ec;
-  const fs::path jinja_file = dir / "chat_template.jinja";
-  const fs::path config_file = dir / "tokenizer_config.json";
-  ojson config = ojson::object();
-  if (fs::is_regular_file(config_file, ec)) {
-    try {
-      config = ojson::parse(read_text(config_file));
-    } catch (const ojson::exception& e) {
-      throw Error(errc::bad_format, "'" + config_file.string() + "' is not valid JSON: " + e.what());
-    }
+  if (!fs::is_regular_file(file, ec))
+    return ojson::object();
+  try {
+    return ojson::parse(read_text(file));
+  } catch (const ojson::exception& e) {
+    throw Error(errc::bad_format, "'" + file.string() + "' is not valid JSON: " + e.what());
   }
+}
+
+// The BOS / EOS texts a template gets: the config's, else the tokenizer's names
+// for the model's ids.
+std::pair<std::string, std::string> token_texts(const ojson& config, const ModelConfig& cfg, const Tokenizer* tok) {
   std::string bos = token_text(config, "bos_token"), eos = token_text(config, "eos_token");
   if (bos.empty())
     bos = token_name(tok, cfg.bos_id);
   if (eos.empty() && !cfg.eos_ids.empty())
     eos = token_name(tok, cfg.eos_ids.front());
+  return {bos, eos};
+}
+
+std::optional<ChatTemplate> from_dir(const fs::path& dir, const ModelConfig& cfg, const Tokenizer* tok) {
+  std::error_code ec;
+  const fs::path jinja_file = dir / "chat_template.jinja";
+  const fs::path config_file = dir / "tokenizer_config.json";
+  const ojson config = read_config(config_file);
+  const auto [bos, eos] = token_texts(config, cfg, tok);
   if (fs::is_regular_file(jinja_file, ec))
     return ChatTemplate(read_text(jinja_file), "'" + jinja_file.string() + "'", bos, eos);
   if (auto t = template_in(config, "'" + config_file.string() + "'"))
@@ -97,19 +110,16 @@ std::optional<ChatTemplate> from_gguf(const std::string& path, const ModelConfig
   const auto t = f.opt_string("tokenizer.chat_template");
   if (!t)
     return std::nullopt;
-  std::string bos, eos;
+  ojson names = ojson::object(); // the GGUF's own token texts, as a config would name them
   if (const auto* tokens = f.opt_strings("tokenizer.ggml.tokens")) {
     const auto name = [&](std::optional<int64_t> id) {
       return id && *id >= 0 && *id < static_cast<int64_t>(tokens->size()) ? (*tokens)[static_cast<std::size_t>(*id)]
                                                                          : std::string();
     };
-    bos = name(f.opt_int("tokenizer.ggml.bos_token_id"));
-    eos = name(f.opt_int("tokenizer.ggml.eos_token_id"));
+    names["bos_token"] = name(f.opt_int("tokenizer.ggml.bos_token_id"));
+    names["eos_token"] = name(f.opt_int("tokenizer.ggml.eos_token_id"));
   }
-  if (bos.empty())
-    bos = token_name(tok, cfg.bos_id);
-  if (eos.empty() && !cfg.eos_ids.empty())
-    eos = token_name(tok, cfg.eos_ids.front());
+  const auto [bos, eos] = token_texts(names, cfg, tok);
   return ChatTemplate(*t, "the tokenizer.chat_template of '" + path + "'", bos, eos);
 }
 
@@ -126,8 +136,7 @@ ChatTemplate::ChatTemplate(std::string text, std::string origin, std::string bos
   try {
     tpl_ = std::make_shared<const jinja::Template>(jinja::Template::parse(text_));
   } catch (const jinja::TemplateError& e) {
-    const bool unsupported = e.message().rfind("unsupported", 0) == 0 || e.message().find("not supported") != std::string::npos;
-    throw Error(unsupported ? errc::unsupported : errc::bad_format, origin_ + ": " + e.what());
+    throw Error(e.unsupported() ? errc::unsupported : errc::bad_format, origin_ + ": " + e.what());
   }
 }
 
@@ -147,31 +156,22 @@ ChatTemplate ChatTemplate::from_file(const std::string& path, const ModelConfig&
       auto t = template_in(config, where);
       if (!t)
         throw Error(errc::bad_format, where + " is a JSON object without a chat_template");
-      std::string bos = token_text(config, "bos_token"), eos = token_text(config, "eos_token");
-      if (bos.empty())
-        bos = token_name(tok, cfg.bos_id);
-      if (eos.empty() && !cfg.eos_ids.empty())
-        eos = token_name(tok, cfg.eos_ids.front());
+      const auto [bos, eos] = token_texts(config, cfg, tok);
       return ChatTemplate(*t, "the chat_template of " + where, bos, eos);
     }
   }
   // A bare template: the BOS / EOS texts come from the model directory's
-  // tokenizer_config.json when there is one, else from the tokenizer.
-  std::string bos, eos;
+  // tokenizer_config.json when there is one (an unreadable one is passed over:
+  // the file given is what counts), else from the tokenizer.
+  ojson config = ojson::object();
   std::error_code ec;
-  const fs::path config_file = fs::path(cfg.identity) / "tokenizer_config.json";
-  if (fs::is_directory(cfg.identity, ec) && fs::is_regular_file(config_file, ec)) {
+  if (fs::is_directory(cfg.identity, ec)) {
     try {
-      const ojson config = ojson::parse(read_text(config_file));
-      bos = token_text(config, "bos_token");
-      eos = token_text(config, "eos_token");
-    } catch (const ojson::exception&) {
+      config = read_config(fs::path(cfg.identity) / "tokenizer_config.json");
+    } catch (const Error&) {
     }
   }
-  if (bos.empty())
-    bos = token_name(tok, cfg.bos_id);
-  if (eos.empty() && !cfg.eos_ids.empty())
-    eos = token_name(tok, cfg.eos_ids.front());
+  const auto [bos, eos] = token_texts(config, cfg, tok);
   return ChatTemplate(text, where, bos, eos);
 }
 
@@ -195,7 +195,7 @@ std::optional<ChatTemplate> ChatTemplate::for_model(const ModelConfig& cfg, cons
   return std::nullopt;
 }
 
-std::string ChatTemplate::render(const ojson& messages, bool add_generation_prompt, const ojson& extra) const {
+std::string ChatTemplate::render(const ojson& messages, bool add_generation_prompt, const nlohmann::json& extra) const {
   jinja::Object g;
   if (extra.is_object())
     for (auto& [k, v] : extra.items())

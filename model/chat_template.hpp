@@ -40,7 +40,7 @@ public:
   /// Throws jinja::TemplateError (raised() for the template's own
   /// raise_exception, e.g. "roles must alternate").
   std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+                     const nlohmann::json& extra = nlohmann::json::object()) const;
   /// Token ids of a rendered prompt: the BOS / EOS token texts become their ids
   /// (a tokenizer that does not match them whole still gets them right), the
   /// rest is encoded without adding BOS.

@@ -12,6 +12,7 @@
 
 #include "model/jinja_value.hpp"
 
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -20,18 +21,22 @@
 namespace strata::model::jinja {
 
 /// A template that cannot be parsed or rendered. `line` is 1-based (0 when
-/// unknown); `raised` marks the template's own raise_exception(message).
+/// unknown). The kind says whose fault it is: the template's own
+/// raise_exception(message), a construct the engine does not implement, or
+/// anything else (a syntax or type error).
 class TemplateError : public std::runtime_error {
 public:
-  TemplateError(const std::string& message, int line, bool raised = false);
+  enum class Kind : uint8_t { error, unsupported, raised };
+  TemplateError(const std::string& message, int line, Kind kind = Kind::error);
   int line() const { return line_; }
-  bool raised() const { return raised_; }
+  bool raised() const { return kind_ == Kind::raised; }
+  bool unsupported() const { return kind_ == Kind::unsupported; }
   /// The message without the line.
   const std::string& message() const { return message_; }
 
 private:
   int line_;
-  bool raised_;
+  Kind kind_;
   std::string message_;
 };
 

@@ -13,6 +13,9 @@ namespace strata::model::jinja {
 namespace {
 
 [[noreturn]] void fail(const std::string& what, int line) { throw TemplateError(what, line); }
+[[noreturn]] void unsupported(const std::string& what, int line) {
+  throw TemplateError(what, line, TemplateError::Kind::unsupported);
+}
 
 const std::set<std::string>& filters() {
   static const std::set<std::string> f = {
@@ -240,7 +243,7 @@ Array select(const Value& in, const Args& a, bool keep, bool by_attr, int line) 
   if (test && !test->is_string())
     fail("the test must be named by a string", line);
   if (test && !tests().count(test->as_string()))
-    fail("unsupported test '" + test->as_string() + "'", line);
+    unsupported("unsupported test '" + test->as_string() + "'", line);
   for (auto& item : as_list(in, line)) {
     const Value v = by_attr ? attr_path(item, attr, line) : item;
     const bool pass = test ? apply_test(test->as_string(), v, rest, line) : v.truthy();
@@ -562,9 +565,9 @@ Value apply_filter(const std::string& name, const Value& in, const Args& a, int 
     const Value* ind = a.get(1, "indent");
     const Value* ascii = a.get(0, "ensure_ascii");
     if (ascii && ascii->truthy())
-      fail("tojson(ensure_ascii=true) is not supported", line);
+      unsupported("tojson(ensure_ascii=true) is not supported", line);
     if (a.get(2, "separators") && !a.get(2, "separators")->is_none())
-      fail("tojson(separators=...) is not supported", line);
+      unsupported("tojson(separators=...) is not supported", line);
     int indent = -1;
     if (ind && !ind->is_none()) {
       if (ind->kind() != Value::Kind::integer || ind->as_int() < 0 || ind->as_int() > 64)
@@ -732,7 +735,7 @@ Value apply_filter(const std::string& name, const Value& in, const Args& a, int 
       fail("map() needs attribute=NAME or a filter name", line);
     const std::string f = a.positional[0].as_string();
     if (!filters().count(f))
-      fail("unsupported filter '" + f + "'", line);
+      unsupported("unsupported filter '" + f + "'", line);
     Args rest;
     rest.positional.assign(a.positional.begin() + 1, a.positional.end());
     rest.named = a.named;
@@ -793,7 +796,7 @@ Value apply_filter(const std::string& name, const Value& in, const Args& a, int 
     }
     return real ? Value(d) : Value(i);
   }
-  fail("unsupported filter '" + name + "'", line);
+  unsupported("unsupported filter '" + name + "'", line);
 }
 
 bool apply_test(const std::string& name, const Value& in, const Args& a, int line) {
@@ -867,7 +870,7 @@ bool apply_test(const std::string& name, const Value& in, const Args& a, int lin
       return c > 0;
     return c >= 0;
   }
-  fail("unsupported test '" + name + "'", line);
+  unsupported("unsupported test '" + name + "'", line);
 }
 
 } // namespace strata::model::jinja

@@ -45,7 +45,8 @@ private:
   void install_globals(Scope& g) {
     g["raise_exception"] = Value::function("raise_exception", [this](const Args& a) -> Value {
       const Value* m = a.get(0, "message");
-      throw TemplateError(m ? m->str() : std::string("raise_exception() was called"), line_, true);
+      throw TemplateError(m ? m->str() : std::string("raise_exception() was called"), line_,
+                          TemplateError::Kind::raised);
     });
     // namespace(...) and dict(...): the dicts given and the keyword arguments.
     const auto object_of = [](const Args& a, bool ns) {

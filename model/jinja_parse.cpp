@@ -11,10 +11,10 @@
 
 namespace strata::model::jinja {
 
-TemplateError::TemplateError(const std::string& message, int line, bool raised)
+TemplateError::TemplateError(const std::string& message, int line, Kind kind)
     : std::runtime_error(line > 0 ? "chat template line " + std::to_string(line) + ": " + message
                                   : "chat template: " + message),
-      line_(line), raised_(raised), message_(message) {}
+      line_(line), kind_(kind), message_(message) {}
 
 namespace {
 
@@ -562,7 +562,7 @@ private:
         auto f = make(Expr::Kind::filter);
         f->name = expect_name();
         if (!known_filter(f->name))
-          throw TemplateError("unsupported filter '" + f->name + "'", line_);
+          throw TemplateError("unsupported filter '" + f->name + "'", line_, TemplateError::Kind::unsupported);
         f->args.push_back(std::move(e));
         if (skip_op("("))
           call_args(*f);
@@ -572,7 +572,7 @@ private:
         t->negate = skip_name("not");
         t->name = expect_name();
         if (!known_test(t->name))
-          throw TemplateError("unsupported test '" + t->name + "'", line_);
+          throw TemplateError("unsupported test '" + t->name + "'", line_, TemplateError::Kind::unsupported);
         t->args.push_back(std::move(e));
         const auto& n = t_[p_];
         static const std::set<std::string> stop = {"else", "or", "and", "if", "in", "is", "not"};
@@ -704,7 +704,7 @@ private:
       if (p.skip_name("if"))
         n->cond = p.expression();
       if (p.is_name("recursive"))
-        throw TemplateError("recursive for loops are not supported", line);
+        throw TemplateError("recursive for loops are not supported", line, TemplateError::Kind::unsupported);
       p.expect_end();
       std::string end;
       n->bodies.push_back(block({"else", "endfor"}, end));
@@ -778,7 +778,7 @@ private:
         fe->line = line;
         fe->name = p.expect_name();
         if (!known_filter(fe->name))
-          throw TemplateError("unsupported filter '" + fe->name + "'", line);
+          throw TemplateError("unsupported filter '" + fe->name + "'", line, TemplateError::Kind::unsupported);
         fe->args.push_back(std::move(chain));
         if (p.skip_op("(")) {
           // Reuse the expression parser for the arguments by parsing a call.
@@ -797,7 +797,7 @@ private:
       n->bodies.push_back(block({"endfilter"}, end));
       return n;
     }
-    throw TemplateError("unsupported statement '" + kw + "'", line);
+    throw TemplateError("unsupported statement '" + kw + "'", line, TemplateError::Kind::unsupported);
   }
 
   std::vector<Segment> s_;

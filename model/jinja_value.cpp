@@ -52,40 +52,6 @@ Value Value::function(std::string name, Function f) {
   return v;
 }
 
-Value Value::from_json(const nlohmann::ordered_json& j) {
-  switch (j.type()) {
-  case nlohmann::ordered_json::value_t::null:
-    return none();
-  case nlohmann::ordered_json::value_t::boolean:
-    return Value(j.get<bool>());
-  case nlohmann::ordered_json::value_t::number_integer:
-    return Value(j.get<int64_t>());
-  case nlohmann::ordered_json::value_t::number_unsigned: {
-    const auto u = j.get<uint64_t>();
-    return u > static_cast<uint64_t>(INT64_MAX) ? Value(static_cast<double>(u)) : Value(static_cast<int64_t>(u));
-  }
-  case nlohmann::ordered_json::value_t::number_float:
-    return Value(j.get<double>());
-  case nlohmann::ordered_json::value_t::string:
-    return Value(j.get<std::string>());
-  case nlohmann::ordered_json::value_t::array: {
-    Array a;
-    a.reserve(j.size());
-    for (auto& e : j)
-      a.push_back(from_json(e));
-    return Value(std::move(a));
-  }
-  case nlohmann::ordered_json::value_t::object: {
-    Object o;
-    for (auto& [k, e] : j.items())
-      o.items.emplace_back(k, from_json(e));
-    return Value(std::move(o));
-  }
-  default:
-    return Value();
-  }
-}
-
 bool Value::truthy() const {
   switch (kind_) {
   case Kind::undefined:
@@ -206,9 +172,27 @@ void json_write(std::string& out, const Value& v, int indent, bool sort_keys, in
     out += '\n';
     out.append(static_cast<std::size_t>(indent * d), ' ');
   };
+  // [a, b] or {k: v}: `n` items that `item(i)` writes, with json.dumps's
+  // separators (", " on one line; "," and a newline with an indent).
+  const auto list = [&](char open, char close, std::size_t n, auto&& item) {
+    out += open;
+    if (n > 0) {
+      for (std::size_t i = 0; i < n; ++i) {
+        if (i)
+          out += indent >= 0 ? "," : ", ";
+        if (indent >= 0)
+          newline(depth + 1);
+        item(i);
+      }
+      if (indent >= 0)
+        newline(depth);
+    }
+    out += close;
+  };
   switch (v.kind()) {
   case Value::Kind::undefined:
   case Value::Kind::none:
+  case Value::Kind::callable:
     out += "null";
     return;
   case Value::Kind::boolean:
@@ -225,26 +209,9 @@ void json_write(std::string& out, const Value& v, int indent, bool sort_keys, in
   case Value::Kind::string:
     json_string(out, v.as_string());
     return;
-  case Value::Kind::callable:
-    out += "null";
-    return;
   case Value::Kind::array: {
     const auto& a = v.array();
-    if (a.empty()) {
-      out += "[]";
-      return;
-    }
-    out += '[';
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      if (i)
-        out += indent >= 0 ? "," : ", ";
-      if (indent >= 0)
-        newline(depth + 1);
-      json_write(out, a[i], indent, sort_keys, depth + 1);
-    }
-    if (indent >= 0)
-      newline(depth);
-    out += ']';
+    list('[', ']', a.size(), [&](std::size_t i) { json_write(out, a[i], indent, sort_keys, depth + 1); });
     return;
   }
   case Value::Kind::object: {
@@ -253,23 +220,11 @@ void json_write(std::string& out, const Value& v, int indent, bool sort_keys, in
       items.push_back(&kv);
     if (sort_keys)
       std::sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
-    if (items.empty()) {
-      out += "{}";
-      return;
-    }
-    out += '{';
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      if (i)
-        out += indent >= 0 ? "," : ", ";
-      if (indent >= 0)
-        newline(depth + 1);
+    list('{', '}', items.size(), [&](std::size_t i) {
       json_string(out, items[i]->first);
       out += ": ";
       json_write(out, items[i]->second, indent, sort_keys, depth + 1);
-    }
-    if (indent >= 0)
-      newline(depth);
-    out += '}';
+    });
     return;
   }
   }

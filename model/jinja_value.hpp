@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -50,8 +51,9 @@ public:
   Value(Array a);
   Value(Object o);
   static Value function(std::string name, Function f);
-  /// From JSON (objects keep their key order when `j` is ordered_json).
-  static Value from_json(const nlohmann::ordered_json& j);
+  /// From JSON, nlohmann::json or ordered_json (objects keep the key order `j` has).
+  template <class Json>
+  static Value from_json(const Json& j);
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::undefined; }
@@ -96,5 +98,41 @@ private:
   std::shared_ptr<Object> o_;
   std::shared_ptr<Function> f_;
 };
+
+template <class Json>
+Value Value::from_json(const Json& j) {
+  using t = typename Json::value_t;
+  switch (j.type()) {
+  case t::null:
+    return none();
+  case t::boolean:
+    return Value(j.template get<bool>());
+  case t::number_integer:
+    return Value(j.template get<int64_t>());
+  case t::number_unsigned: {
+    const auto u = j.template get<uint64_t>();
+    return u > static_cast<uint64_t>(INT64_MAX) ? Value(static_cast<double>(u)) : Value(static_cast<int64_t>(u));
+  }
+  case t::number_float:
+    return Value(j.template get<double>());
+  case t::string:
+    return Value(j.template get<std::string>());
+  case t::array: {
+    Array a;
+    a.reserve(j.size());
+    for (auto& e : j)
+      a.push_back(from_json(e));
+    return Value(std::move(a));
+  }
+  case t::object: {
+    Object o;
+    for (auto& [k, e] : j.items())
+      o.items.emplace_back(k, from_json(e));
+    return Value(std::move(o));
+  }
+  default:
+    return Value();
+  }
+}
 
 } // namespace strata::model::jinja

@@ -49,6 +49,7 @@ void HfVocab::load(const json& j, const std::string& path) {
         throw Error(errc::bad_format, "tokenizer '" + path + "': an added token lacks content or id");
       added.emplace_back(content, id);
       added_by_id[id] = content;
+      added_ids.emplace(content, id); // the first one, as a scan in file order would find
       max_id = std::max<int64_t>(max_id, id);
     }
   }
@@ -78,9 +79,8 @@ void HfVocab::load(const json& j, const std::string& path) {
 }
 
 int32_t HfVocab::id_of(const std::string& token) const {
-  for (auto& [content, id] : added)
-    if (content == token)
-      return id;
+  if (auto it = added_ids.find(token); it != added_ids.end())
+    return it->second;
   auto it = vocab.find(token);
   return it == vocab.end() ? -1 : it->second;
 }

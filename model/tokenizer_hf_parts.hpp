@@ -21,6 +21,7 @@ struct HfVocab {
   std::unordered_map<std::string, int32_t> ranks; ///< "a\x01b" -> merge rank
   std::vector<std::pair<std::string, int32_t>> added; ///< longest first
   std::unordered_map<int32_t, std::string> added_by_id;
+  std::unordered_map<std::string, int32_t> added_ids;
   std::vector<std::string> id_to_token;
   int32_t bos = -1; ///< the post-processor's leading special token, -1 when none
   std::array<std::vector<uint32_t>, 256> added_by_first; ///< indices into `added` by first byte

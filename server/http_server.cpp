@@ -20,8 +20,6 @@
 #include <cstring>
 #include <cstdio>
 #include <deque>
-#include <fstream>
-#include <sstream>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -490,9 +488,6 @@ private:
   // llama-server's shape: a chat body ({"messages", ...}) -> {"prompt": the text
   // /v1/chat/completions would feed the model}.
   static Reply apply_template_reply(Server::Impl& srv, const std::string& body) {
-    json j = json::parse(body, nullptr, false);
-    if (!j.is_object())
-      return Reply::error(bad_field("", "the request body must be a JSON object with 'messages'"));
     auto r = parse_request(body, true);
     if (auto* e = std::get_if<ApiError>(&r))
       return Reply::error(*e);
@@ -904,16 +899,16 @@ private:
       if (!piece.empty() || role)
         delta["content"] = piece;
       choice["delta"] = delta;
-      choice["logprobs"] = lp;
     } else {
       choice["text"] = piece;
-      choice["logprobs"] = lp;
     }
-    return {{"id", id_},
-            {"object", req_.chat ? "chat.completion.chunk" : "text_completion"},
-            {"created", created_},
-            {"model", created_model_},
-            {"choices", json::array({choice})}};
+    choice["logprobs"] = lp;
+    return envelope(req_.chat ? "chat.completion.chunk" : "text_completion", json::array({choice}));
+  }
+
+  // What every response and stream event carries around its choices.
+  json envelope(const char* object, json choices) const {
+    return {{"id", id_}, {"object", object}, {"created", created_}, {"model", created_model_}, {"choices", choices}};
   }
 
   void begin_response(const ModelState& m, int64_t prompt_tokens) {
@@ -1077,12 +1072,8 @@ private:
       timeout_->cancel();
     if (streaming_) {
       if (req_.include_usage) {
-        json u = {{"id", id_},
-                  {"object", req_.chat ? "chat.completion.chunk" : "text_completion"},
-                  {"created", created_},
-                  {"model", created_model_},
-                  {"choices", json::array()},
-                  {"usage", usage()}};
+        json u = envelope(req_.chat ? "chat.completion.chunk" : "text_completion", json::array());
+        u["usage"] = usage();
         send_event(dump(u));
       }
       return finish_stream();
@@ -1100,13 +1091,9 @@ private:
       choice["logprobs"] = lp;
       list.push_back(std::move(choice));
     }
-    respond(Reply::json_body(200, json{{"id", id_},
-                                       {"object", req_.chat ? "chat.completion" : "text_completion"},
-                                       {"created", created_},
-                                       {"model", created_model_},
-                                       {"choices", list},
-                                       {"usage", usage()}}),
-            keep_alive_);
+    json body = envelope(req_.chat ? "chat.completion" : "text_completion", std::move(list));
+    body["usage"] = usage();
+    respond(Reply::json_body(200, body), keep_alive_);
   }
 
   void send_event(const std::string& data) {
@@ -1324,16 +1311,9 @@ int run_serve(int argc, char** argv) {
   o.served_model_name = a.str("served-model-name");
   o.chat_template = a.str("chat-template");
   if (a.has("chat-template")) {
-    // Checked now: a template the engine cannot run stops serve at start.
-    std::ifstream in(o.chat_template, std::ios::binary);
-    if (!in)
-      throw model::Error(model::errc::io, "cannot open --chat-template '" + o.chat_template + "'");
-    std::ostringstream text;
-    text << in.rdbuf();
-    const std::string t = text.str();
-    const auto first = t.find_first_not_of(" \t\r\n");
-    if (first == std::string::npos || t[first] != '{' || nlohmann::json::parse(t, nullptr, false).is_discarded())
-      model::ChatTemplate(t, "--chat-template '" + o.chat_template + "'", "", "");
+    // Checked now: a template the engine cannot run stops serve at start
+    // (the model's token names come later, with the model).
+    (void)model::ChatTemplate::from_file(o.chat_template, model::ModelConfig{}, nullptr);
   }
   if (!runtime::is_loopback(o.host) && o.api_key.empty() && !a.has("insecure"))
     throw runtime::UsageError("serving HTTP on non-loopback address '" + o.host +

@@ -373,9 +373,8 @@ std::variant<ChatPrompt, ApiError> chat_prompt(const std::vector<ChatMessage>& m
   nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
   for (auto& m : messages)
     msgs.push_back({{"role", m.role}, {"content", m.content}});
-  const auto extra = nlohmann::ordered_json::parse(kwargs.is_object() ? kwargs.dump() : "{}");
   try {
-    p.text = tpl->render(msgs, true, extra);
+    p.text = tpl->render(msgs, true, kwargs);
   } catch (const model::jinja::TemplateError& e) {
     return bad("messages", std::string("the model's chat template ") +
                              (e.raised() ? "refuses this conversation: " + e.message() : "failed on it: " + e.message()));
