@@ -581,6 +581,128 @@ TEST_F(Server, LogprobsChoicesAndPenalties) {
   EXPECT_LE(repeats(p1["choices"][0]["text"]), repeats(plain["choices"][0]["text"]));
 }
 
+// The new fields the way users send them: many clients at once (chats through
+// the model's template with logprobs, n choices, penalties), every shard's
+// sessions evicted while they stream; each answer must equal the same request
+// served alone afterwards.
+TEST_F(Server, TemplateChatsLogprobsChoicesAndPenaltiesInACrowdWithAnEvictionEqualEachAlone) {
+  const auto dir = std::filesystem::temp_directory_path() / ("strata-crowd-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "chat.jinja") << "{% for m in messages %}<|{{ m.role }}|>{{ m.content | trim }}\n{% endfor %}"
+                                       "{% if add_generation_prompt %}<|assistant|>{% endif %}";
+  Process served({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--chat-template",
+                  (dir / "chat.jinja").string()});
+  const auto line = served.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  const std::string base = "http://" + line.substr(11);
+  struct Req {
+    std::string path;
+    json body;
+  };
+  std::vector<Req> reqs;
+  for (int i = 0; i < 12; ++i) {
+    const std::string who = "Client " + std::to_string(i);
+    switch (i % 4) {
+      case 0: // a streamed chat with logprobs
+        reqs.push_back({"/v1/chat/completions",
+                        {{"messages", json::array({{{"role", "system"}, {"content", "Tell a story."}},
+                                                   {{"role", "user"}, {"content", who}}})},
+                         {"max_tokens", 96}, {"temperature", 0}, {"stream", true}, {"logprobs", true},
+                         {"top_logprobs", 2}}});
+        break;
+      case 1: // two seeded choices
+        reqs.push_back({"/v1/completions",
+                        {{"prompt", who}, {"max_tokens", 96}, {"temperature", 1}, {"seed", i}, {"n", 2}}});
+        break;
+      case 2: // penalties, sampled with a seed
+        reqs.push_back({"/v1/completions",
+                        {{"prompt", who}, {"max_tokens", 96}, {"temperature", 0.8}, {"seed", i},
+                         {"presence_penalty", 0.5}, {"frequency_penalty", 1.0}, {"repetition_penalty", 1.2}}});
+        break;
+      default: // a chat with completions' logprobs shape
+        reqs.push_back({"/v1/completions", {{"prompt", who}, {"max_tokens", 96}, {"temperature", 0}, {"logprobs", 3}}});
+    }
+  }
+  // What a response says: per choice, the text and [token, logprob] pairs.
+  const auto summary = [](const std::string& body) {
+    json out = json::array();
+    if (body.rfind("data: ", 0) == 0 || body.find("\ndata: ") != std::string::npos) {
+      std::string text;
+      json lps = json::array();
+      std::istringstream is(body);
+      for (std::string l; std::getline(is, l);)
+        if (l.rfind("data: {", 0) == 0) {
+          const json ev = json::parse(l.substr(6));
+          for (auto& ch : ev["choices"]) {
+            text += ch["delta"].value("content", "");
+            if (ch["logprobs"].is_object())
+              for (auto& e : ch["logprobs"]["content"])
+                lps.push_back({e["token"], e["logprob"]});
+          }
+        }
+      out.push_back({text, lps});
+      return out;
+    }
+    const json j = json::parse(body, nullptr, false);
+    if (!j.is_object() || !j.contains("choices"))
+      return json(body);
+    for (auto& ch : j["choices"]) {
+      json lps = json::array();
+      if (ch["logprobs"].is_object())
+        for (std::size_t k = 0; k < ch["logprobs"]["tokens"].size(); ++k)
+          lps.push_back({ch["logprobs"]["tokens"][k], ch["logprobs"]["token_logprobs"][k]});
+      out.push_back({ch.contains("message") ? ch["message"]["content"] : ch["text"], lps});
+    }
+    return out;
+  };
+  const auto metric = [&](const std::string& name) {
+    std::istringstream is(sh("curl -s " + base + "/metrics"));
+    for (std::string l; std::getline(is, l);)
+      if (l.rfind(name + " ", 0) == 0)
+        return std::stod(l.substr(name.size() + 1));
+    return 0.0;
+  };
+  const double reprefills_before = metric("strata_reprefills_total");
+  std::vector<std::unique_ptr<Process>> running;
+  for (auto& r : reqs)
+    running.push_back(std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c", "curl -sN -m 120 --data-binary " + quote(r.body.dump()) + " " + base + r.path}));
+  // Once the first stream runs, every shard drops all its sessions.
+  ASSERT_FALSE(running[0]->wait_line("data: ").empty());
+  for (int node = 0; node < 4; ++node)
+    EXPECT_EQ(c().call("/v1/cluster/inject", R"({"kind":"evict","node":)" + std::to_string(node) + "}",
+                       "-H 'Content-Type: application/json'").status,
+              200);
+  std::vector<json> crowd;
+  double max_diff = 0;
+  for (auto& r : running)
+    crowd.push_back(summary(r->drain()));
+  EXPECT_GE(metric("strata_reprefills_total") - reprefills_before, 1) << "the eviction hit generations in flight";
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    const auto alone = sh("curl -sN -m 120 --data-binary " + quote(reqs[i].body.dump()) + " " + base + reqs[i].path);
+    SCOPED_TRACE(reqs[i].body.dump());
+    const json one = summary(alone);
+    ASSERT_TRUE(crowd[i].is_array()) << crowd[i];
+    ASSERT_EQ(crowd[i].size(), one.size()) << one;
+    EXPECT_EQ(crowd[i].size(), reqs[i].body.value("n", 1));
+    for (std::size_t k = 0; k < one.size(); ++k) {
+      EXPECT_EQ(crowd[i][k][0], one[k][0]) << "the same text";
+      ASSERT_EQ(crowd[i][k][1].size(), one[k][1].size());
+      for (std::size_t t = 0; t < one[k][1].size(); ++t) {
+        EXPECT_EQ(crowd[i][k][1][t][0], one[k][1][t][0]) << "the same tokens";
+        // (A rebuilt cache computes the same positions in other groupings: the
+        // log-probabilities agree to float rounding, the tokens exactly.)
+        const double d = std::fabs(crowd[i][k][1][t][1].get<double>() - one[k][1][t][1].get<double>());
+        max_diff = std::max(max_diff, d);
+        EXPECT_LE(d, 1e-4);
+      }
+    }
+  }
+  std::printf("%zu requests in a crowd with an eviction equal each alone; largest logprob difference %.2e\n",
+              reqs.size(), max_diff);
+  std::filesystem::remove_all(dir);
+}
+
 std::string unescape_html(std::string s) {
   for (auto [from, to] : std::vector<std::pair<std::string, std::string>>{
          {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&#39;", "'"}, {"&amp;", "&"}})
