@@ -325,7 +325,6 @@ public:
     return t;
   }
 
-  std::size_t pos() const { return p_; }
 
 private:
   ExprPtr binary(std::string op, ExprPtr a, ExprPtr b) {

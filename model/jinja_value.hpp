@@ -71,7 +71,6 @@ public:
   Array& array() const { return *a_; }
   Object& object() const { return *o_; }
   const Function& fn() const { return *f_; }
-  const std::string& fn_name() const { return s_; }
 
   /// Python truthiness (undefined is false).
   bool truthy() const;

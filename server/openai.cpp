@@ -128,8 +128,7 @@ std::optional<ApiError> unsupported(const json& j) {
   return std::nullopt;
 }
 
-} // namespace
-
+// The messages of a chat body (as /v1/chat/completions and /apply-template take them).
 std::optional<ApiError> parse_messages(const json& j, std::vector<ChatMessage>& out) {
   if (!j.contains("messages"))
     return bad("messages", "'messages' is required");
@@ -152,6 +151,8 @@ std::optional<ApiError> parse_messages(const json& j, std::vector<ChatMessage>& 
   }
   return std::nullopt;
 }
+
+} // namespace
 
 std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool chat) {
   json j = json::parse(body, nullptr, false);

@@ -101,9 +101,6 @@ std::variant<ChatPrompt, ApiError> chat_prompt(const std::vector<ChatMessage>& m
                                                const std::string& family, const model::Tokenizer& tok,
                                                const model::ModelConfig& cfg,
                                                const nlohmann::json& kwargs = nlohmann::json::object());
-/// Parses the messages of a chat body (as /v1/chat/completions and
-/// /apply-template take them) into `out`.
-std::optional<ApiError> parse_messages(const nlohmann::json& body, std::vector<ChatMessage>& out);
 
 /// 400 context_length_exceeded naming both numbers when prompt + completion do
 /// not fit the context.
