@@ -21,7 +21,7 @@
 // * the clock is injectable; counters are exposed for metrics.
 
 #include "messages/messages.hpp"
-#include "model/kv_cache.hpp"
+#include "model/transformer/kv_cache.hpp"
 
 #include <chrono>
 #include <deque>

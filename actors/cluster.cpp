@@ -2,7 +2,7 @@
 
 #include "actors/shard_actor.hpp"
 #include "messages/session_id.hpp"
-#include "model/error.hpp"
+#include "model/base/error.hpp"
 
 #include <algorithm>
 #include <charconv>

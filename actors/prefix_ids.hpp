@@ -11,7 +11,7 @@
 // see tokens, learn them from the step (step_request::blocks).
 
 #include "messages/messages.hpp"
-#include "model/kv_cache.hpp"
+#include "model/transformer/kv_cache.hpp"
 
 #include <cstdint>
 #include <span>

@@ -1,7 +1,7 @@
 #include "actors/shard_actor.hpp"
 
-#include "model/error.hpp"
-#include "model/sampler.hpp"
+#include "model/base/error.hpp"
+#include "model/transformer/sampler.hpp"
 
 #include <cstring>
 

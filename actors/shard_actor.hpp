@@ -27,7 +27,7 @@
 #include "actors/cache_store.hpp"
 #include "actors/prefix_ids.hpp"
 #include "actors/scheduler.hpp"
-#include "model/shard.hpp"
+#include "model/transformer/shard.hpp"
 
 #include <caf/all.hpp>
 

@@ -12,7 +12,7 @@
 
 #include "actors/cluster.hpp"
 #include "messages/session_id.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 #include "runtime/cluster.hpp"
 
 #include <caf/all.hpp>

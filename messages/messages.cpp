@@ -1,6 +1,6 @@
 #include "messages/messages.hpp"
 
-#include "model/error.hpp"
+#include "model/base/error.hpp"
 
 #include <cstring>
 

@@ -3,7 +3,7 @@
 // type-ID block that registers them (plus the atoms). Torch-free.
 
 #include "messages/error.hpp"
-#include "model/shard.hpp"
+#include "model/transformer/shard.hpp"
 
 #include <caf/all.hpp>
 

@@ -2,7 +2,7 @@
 // which the wire-only code (and the fuzz target) does not need.
 
 #include "messages/messages.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 
 namespace strata::msg {
 

@@ -1,6 +1,6 @@
 #include "runtime/certs.hpp"
 
-#include "model/error.hpp"
+#include "model/base/error.hpp"
 #include "runtime/args.hpp"
 
 #include <cerrno>

@@ -1,7 +1,7 @@
 #include "runtime/cluster.hpp"
 
 #include "actors/shard_actor.hpp"
-#include "model/error.hpp"
+#include "model/base/error.hpp"
 #include "runtime/args.hpp"
 #include "runtime/frame_guard.hpp"
 #include "runtime/log.hpp"

@@ -1,6 +1,6 @@
 #include "runtime/generator.hpp"
 
-#include "model/error.hpp"
+#include "model/base/error.hpp"
 
 #include <algorithm>
 #include <chrono>

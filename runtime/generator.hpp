@@ -3,8 +3,8 @@
 // decode, sampling and stop rules. The actor runtime reuses the same stop rules
 // (GenerationRules) so every path stops at the same token.
 
-#include "model/sampler.hpp"
-#include "model/shard.hpp"
+#include "model/transformer/sampler.hpp"
+#include "model/transformer/shard.hpp"
 
 #include <functional>
 #include <memory>

@@ -2,8 +2,8 @@
 
 #include "actors/cluster.hpp"
 #include "messages/session_id.hpp"
-#include "model/error.hpp"
-#include "model/sampler.hpp"
+#include "model/base/error.hpp"
+#include "model/transformer/sampler.hpp"
 #include "runtime/args.hpp"
 #include "runtime/cluster.hpp"
 #include "runtime/log.hpp"

@@ -4,9 +4,9 @@
 // field), chat templates per model family, stop strings over streamed text,
 // and response bodies. Pure functions, unit-tested in tests/server.
 
-#include "model/chat_template.hpp"
-#include "model/config.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/chat_template.hpp"
+#include "model/base/config.hpp"
+#include "model/text/tokenizer.hpp"
 
 #include <nlohmann/json.hpp>
 

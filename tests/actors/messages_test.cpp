@@ -2,7 +2,7 @@
 
 #include "actors/cluster.hpp"
 #include "messages/session_id.hpp"
-#include "model/error.hpp"
+#include "model/base/error.hpp"
 #include "tests/support.hpp"
 
 #include <caf/binary_deserializer.hpp>

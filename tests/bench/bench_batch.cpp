@@ -8,7 +8,7 @@
 
 #include "actors/cluster.hpp"
 #include "messages/session_id.hpp"
-#include "model/shard.hpp"
+#include "model/transformer/shard.hpp"
 #include "runtime/cluster.hpp"
 #include "tests/bench/measure.hpp"
 #include "tests/bench/process_cluster.hpp"

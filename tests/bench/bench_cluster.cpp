@@ -2,7 +2,7 @@
 // clusters on loopback (separate `strata node` processes). Not tests.
 
 #include "messages/session_id.hpp"
-#include "model/sampler.hpp"
+#include "model/transformer/sampler.hpp"
 #include "runtime/cluster.hpp"
 #include "runtime/generator.hpp"
 #include "tests/bench/measure.hpp"

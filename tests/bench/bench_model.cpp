@@ -3,10 +3,10 @@
 // prefill / memory per weight type (also alone: strata_bench dtypes).
 // A benchmark, not a test: it prints a table and asserts nothing.
 
-#include "model/kernels.hpp"
-#include "model/quant.hpp"
-#include "model/safetensors.hpp"
-#include "model/shard.hpp"
+#include "model/kernels/kernels.hpp"
+#include "model/formats/quant.hpp"
+#include "model/formats/safetensors.hpp"
+#include "model/transformer/shard.hpp"
 #include "runtime/generator.hpp"
 
 #include <algorithm>

@@ -11,7 +11,7 @@
 
 #include "actors/cluster.hpp"
 #include "messages/session_id.hpp"
-#include "model/shard.hpp"
+#include "model/transformer/shard.hpp"
 #include "tests/bench/measure.hpp"
 
 #include <algorithm>

@@ -4,8 +4,8 @@
 // escaping, a crash, a sanitizer report or an allocation over -malloc_limit_mb
 // is a failure.
 
-#include "model/error.hpp"
-#include "model/gguf.hpp"
+#include "model/base/error.hpp"
+#include "model/formats/gguf.hpp"
 
 #include <cstdint>
 

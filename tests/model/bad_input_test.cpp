@@ -1,8 +1,8 @@
 // Bad checkpoints and bad calls give typed errors that name the file or field.
 
-#include "model/error.hpp"
-#include "model/safetensors.hpp"
-#include "model/shard.hpp"
+#include "model/base/error.hpp"
+#include "model/formats/safetensors.hpp"
+#include "model/transformer/shard.hpp"
 #include "tests/support.hpp"
 
 #include <cstring>

@@ -3,10 +3,10 @@
 // through three), a prompt fed in pieces fills the same cache as one prefill, a
 // bad sequence fails alone, and the pool's blocks are counted and returned.
 
-#include "model/error.hpp"
-#include "model/kv_cache.hpp"
-#include "model/sampler.hpp"
-#include "model/shard.hpp"
+#include "model/base/error.hpp"
+#include "model/transformer/kv_cache.hpp"
+#include "model/transformer/sampler.hpp"
+#include "model/transformer/shard.hpp"
 #include "tests/support.hpp"
 
 #include <algorithm>

@@ -3,7 +3,7 @@
 // blocks are reclaimed least recently released first; turning the cache off
 // frees them.
 
-#include "model/kv_cache.hpp"
+#include "model/transformer/kv_cache.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // builtin:tiny is deterministic, loads per range, and its cache grows in blocks.
 
-#include "model/error.hpp"
-#include "model/shard.hpp"
+#include "model/base/error.hpp"
+#include "model/transformer/shard.hpp"
 #include "tests/support.hpp"
 
 namespace strata {

@@ -4,9 +4,9 @@
 // the same text (or both refuse). The reference runs in Node from the npm
 // package scripts/test installs; without it these tests skip and say why.
 
-#include "model/chat_template.hpp"
-#include "model/error.hpp"
-#include "model/jinja.hpp"
+#include "model/text/chat_template.hpp"
+#include "model/base/error.hpp"
+#include "model/text/jinja/jinja.hpp"
 #include "tests/model/gguf_writer.hpp"
 #include "tests/support.hpp"
 

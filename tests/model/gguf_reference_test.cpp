@@ -3,8 +3,8 @@
 // that folder's README; the same checkpoint through llama2.c, safetensors and
 // GGUF f32.
 
-#include "model/shard.hpp"
-#include "model/tokenizer.hpp"
+#include "model/transformer/shard.hpp"
+#include "model/text/tokenizer.hpp"
 #include "runtime/generator.hpp"
 #include "tests/support.hpp"
 

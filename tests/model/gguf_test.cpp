@@ -2,11 +2,11 @@
 // f32 and q8_0 that loads and runs, its metadata, the gpt2 tokenizer path, and
 // every kind of lying or unsupported file as a typed error naming what is wrong.
 
-#include "model/error.hpp"
-#include "model/gguf.hpp"
-#include "model/quant.hpp"
-#include "model/shard.hpp"
-#include "model/tokenizer.hpp"
+#include "model/base/error.hpp"
+#include "model/formats/gguf.hpp"
+#include "model/formats/quant.hpp"
+#include "model/transformer/shard.hpp"
+#include "model/text/tokenizer.hpp"
 #include "tests/model/gguf_writer.hpp"
 #include "tests/support.hpp"
 

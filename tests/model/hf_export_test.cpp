@@ -2,10 +2,10 @@
 // (safetensors; q/k rows permuted for rotate-half RoPE, as HF's converter does),
 // loads through the HF path and gives the reference ids.
 
-#include "model/error.hpp"
-#include "model/safetensors.hpp"
-#include "model/shard.hpp"
-#include "model/tokenizer.hpp"
+#include "model/base/error.hpp"
+#include "model/formats/safetensors.hpp"
+#include "model/transformer/shard.hpp"
+#include "model/text/tokenizer.hpp"
 #include "runtime/generator.hpp"
 #include "tests/support.hpp"
 

@@ -3,7 +3,7 @@
 // grouped attention kernel against the one-row kernel, for the head sizes of
 // the models we run.
 
-#include "model/kernels.hpp"
+#include "model/kernels/kernels.hpp"
 
 #include <gtest/gtest.h>
 

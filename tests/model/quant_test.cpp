@@ -3,12 +3,12 @@
 // (dequantize, then double-precision dot products) for every type and shape
 // class, tails included; a row's result must not depend on the other rows.
 
-#include "model/error.hpp"
-#include "model/kernels.hpp"
-#include "model/kernels_q.hpp"
-#include "model/quant.hpp"
-#include "model/safetensors.hpp"
-#include "model/wmatrix.hpp"
+#include "model/base/error.hpp"
+#include "model/kernels/kernels.hpp"
+#include "model/kernels/kernels_q.hpp"
+#include "model/formats/quant.hpp"
+#include "model/formats/safetensors.hpp"
+#include "model/formats/wmatrix.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // stories260K through strata equals the llama2.c reference outputs.
 
-#include "model/shard.hpp"
+#include "model/transformer/shard.hpp"
 #include "runtime/generator.hpp"
 #include "tests/support.hpp"
 

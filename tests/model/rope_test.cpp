@@ -4,9 +4,9 @@
 // precision; strata's must agree. Config parsing of rope_scaling and
 // sliding_window, and GGUF's per-frequency factors against linear scaling.
 
-#include "model/config.hpp"
-#include "model/error.hpp"
-#include "model/shard.hpp"
+#include "model/base/config.hpp"
+#include "model/base/error.hpp"
+#include "model/transformer/shard.hpp"
 #include "tests/model/gguf_writer.hpp"
 #include "tests/support.hpp"
 

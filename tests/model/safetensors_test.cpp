@@ -1,5 +1,5 @@
-#include "model/error.hpp"
-#include "model/safetensors.hpp"
+#include "model/base/error.hpp"
+#include "model/formats/safetensors.hpp"
 #include "tests/support.hpp"
 
 #include <cmath>

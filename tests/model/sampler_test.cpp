@@ -1,5 +1,5 @@
-#include "model/error.hpp"
-#include "model/sampler.hpp"
+#include "model/base/error.hpp"
+#include "model/transformer/sampler.hpp"
 #include "tests/support.hpp"
 
 #include <cmath>

@@ -2,8 +2,8 @@
 // the ids of the unsharded model, and the logits stay within 1e-4 of a
 // stateless recomputation of the whole prefix at every step.
 
-#include "model/sampler.hpp"
-#include "model/shard.hpp"
+#include "model/transformer/sampler.hpp"
+#include "model/transformer/shard.hpp"
 #include "runtime/generator.hpp"
 #include "tests/support.hpp"
 

@@ -1,7 +1,7 @@
 // Tokenizers against the reference encodings in ../shared/models.
 
-#include "model/error.hpp"
-#include "model/tokenizer.hpp"
+#include "model/base/error.hpp"
+#include "model/text/tokenizer.hpp"
 #include "tests/support.hpp"
 
 #include <random>

@@ -1,5 +1,5 @@
-#include "model/error.hpp"
-#include "model/tokenizer.hpp"
+#include "model/base/error.hpp"
+#include "model/text/tokenizer.hpp"
 #include "tests/support.hpp"
 
 namespace strata {

@@ -8,8 +8,8 @@
 // the reference's. The files come from npm packages scripts/test installs;
 // without them these tests skip and say why.
 
-#include "model/chat_template.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/chat_template.hpp"
+#include "model/text/tokenizer.hpp"
 #include "tests/support.hpp"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "model/error.hpp"
+#include "model/base/error.hpp"
 #include "runtime/generator.hpp"
 #include "tests/support.hpp"
 

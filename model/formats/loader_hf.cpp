@@ -1,0 +1,299 @@
+// Hugging Face model directories: config.json (+ generation_config.json) and
+// model.safetensors or a sharded index, f32/f16/bf16 converted to f32 on load.
+
+#include "model/base/error.hpp"
+#include "model/formats/safetensors.hpp"
+#include "model/formats/source.hpp"
+
+#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <unordered_map>
+
+namespace strata::model::detail {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+json read_json_file(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in)
+    throw Error(errc::io, "cannot open '" + p.string() + "'");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(errc::bad_format, "'" + p.string() + "' is not valid JSON: " + e.what());
+  }
+}
+
+// Adds the ids of `c`'s "eos_token_id" (an integer or a list; null or absent:
+// none) to `out`, skipping ids already there.
+void add_eos_ids(const json& c, const std::string& where, std::vector<int32_t>& out) {
+  if (!c.contains("eos_token_id") || c["eos_token_id"].is_null())
+    return;
+  const auto& e = c["eos_token_id"];
+  std::vector<int32_t> ids;
+  if (e.is_number_integer())
+    ids.push_back(e.get<int32_t>());
+  else if (e.is_array())
+    for (auto& x : e) {
+      if (!x.is_number_integer())
+        throw Error(errc::bad_config, where + ": eos_token_id list holds a non-integer");
+      ids.push_back(x.get<int32_t>());
+    }
+  else
+    throw Error(errc::bad_config, where + ": eos_token_id must be an integer or a list");
+  for (auto id : ids)
+    if (std::find(out.begin(), out.end(), id) == out.end())
+      out.push_back(id);
+}
+
+// Hugging Face's rope_scaling object ("rope_type" or the older "type").
+RopeScaling parse_rope_scaling(const json& r, const std::string& where, int64_t max_position) {
+  if (!r.is_object())
+    throw Error(errc::bad_config, where + ": rope_scaling is not an object");
+  const std::string type = r.contains("rope_type") ? r.value("rope_type", std::string{}) : r.value("type", std::string{});
+  auto num = [&](const char* key, std::optional<double> dflt) -> double {
+    if (r.contains(key) && !r[key].is_null()) {
+      if (!r[key].is_number())
+        throw Error(errc::bad_config, where + ": rope_scaling." + key + " is not a number");
+      return r[key].get<double>();
+    }
+    if (!dflt)
+      throw Error(errc::bad_config, where + ": rope_scaling type '" + type + "' needs " + key);
+    return *dflt;
+  };
+  RopeScaling rs;
+  if (type == "default" || type.empty())
+    return rs;
+  if (type == "linear") {
+    rs.type = type;
+    rs.factor = num("factor", std::nullopt);
+  } else if (type == "llama3") {
+    rs.type = type;
+    rs.factor = num("factor", std::nullopt);
+    rs.low_freq_factor = num("low_freq_factor", std::nullopt);
+    rs.high_freq_factor = num("high_freq_factor", std::nullopt);
+    rs.original_max_position = static_cast<int64_t>(num("original_max_position_embeddings", std::nullopt));
+  } else if (type == "yarn") {
+    rs.type = type;
+    rs.factor = num("factor", std::nullopt);
+    rs.original_max_position = static_cast<int64_t>(num("original_max_position_embeddings", double(max_position)));
+    rs.beta_fast = num("beta_fast", 32.0);
+    rs.beta_slow = num("beta_slow", 1.0);
+    rs.attention_factor = num("attention_factor", 0.0);
+    rs.mscale = num("mscale", 0.0);
+    rs.mscale_all_dim = num("mscale_all_dim", 0.0);
+    if (r.contains("truncate") && r["truncate"].is_boolean())
+      rs.truncate = r["truncate"].get<bool>();
+  } else if (type == "dynamic") {
+    // Dynamic NTK: transformers rescales the base only once a sequence grows
+    // past the original context, and then only for the positions computed from
+    // that step on (cached keys keep their old rotation), so a token's rotation
+    // would depend on how the sequence was batched, which a recovery or a
+    // shared prefix cannot repeat. Up to the original context the math is
+    // exactly the unscaled one: the context is held there.
+    rs.type = type;
+    rs.factor = num("factor", std::nullopt);
+    rs.original_max_position = static_cast<int64_t>(num("original_max_position_embeddings", double(max_position)));
+  } else {
+    throw Error(errc::unsupported, where + ": rope_scaling type '" + type +
+                                     "' is not supported (linear, dynamic, llama3, yarn)");
+  }
+  return rs;
+}
+
+class HfSource final : public TensorSource {
+public:
+  explicit HfSource(const std::string& dir) : dir_(dir) {
+    const auto cfg_path = dir_ / "config.json";
+    const json c = read_json_file(cfg_path);
+    const std::string where = "'" + cfg_path.string() + "'";
+    auto get_int = [&](const char* key, std::optional<int64_t> dflt = std::nullopt) -> int64_t {
+      if (c.contains(key) && !c[key].is_null()) {
+        if (!c[key].is_number_integer())
+          throw Error(errc::bad_config, where + ": field " + key + " is not an integer");
+        return c[key].get<int64_t>();
+      }
+      if (dflt)
+        return *dflt;
+      throw Error(errc::bad_config, where + ": field " + key + " is missing");
+    };
+    auto get_num = [&](const char* key, double dflt) -> double {
+      if (c.contains(key) && !c[key].is_null()) {
+        if (!c[key].is_number())
+          throw Error(errc::bad_config, where + ": field " + key + " is not a number");
+        return c[key].get<double>();
+      }
+      return dflt;
+    };
+    auto get_bool = [&](const char* key, bool dflt) -> bool {
+      if (c.contains(key) && !c[key].is_null()) {
+        if (!c[key].is_boolean())
+          throw Error(errc::bad_config, where + ": field " + key + " is not a boolean");
+        return c[key].get<bool>();
+      }
+      return dflt;
+    };
+    const std::string mt = c.value("model_type", std::string{});
+    if (mt == "llama" || mt == "mistral")
+      cfg_.architecture = "llama";
+    else if (mt == "qwen2")
+      cfg_.architecture = "qwen2";
+    else
+      throw Error(errc::unsupported, where + ": model_type '" + mt + "' is not supported (llama, mistral, qwen2)");
+    if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
+      cfg_.rope_scaling = parse_rope_scaling(c["rope_scaling"], where, get_int("max_position_embeddings", 2048));
+    // Fields that change the math: refused unless they say what strata computes.
+    if (c.contains("hidden_act") && c["hidden_act"] != "silu")
+      throw Error(errc::unsupported, where + ": hidden_act " + c["hidden_act"].dump() + " is not supported (silu)");
+    if (get_bool("mlp_bias", false))
+      throw Error(errc::unsupported, where + ": mlp_bias is not supported");
+    if (get_num("partial_rotary_factor", 1.0) != 1.0)
+      throw Error(errc::unsupported, where + ": partial_rotary_factor is not supported (the whole head rotates)");
+    cfg_.identity = fs::absolute(dir_).lexically_normal().string();
+    cfg_.dim = get_int("hidden_size");
+    cfg_.hidden_dim = get_int("intermediate_size");
+    cfg_.n_layers = get_int("num_hidden_layers");
+    cfg_.n_heads = get_int("num_attention_heads");
+    cfg_.n_kv_heads = get_int("num_key_value_heads", cfg_.n_heads);
+    cfg_.head_dim = get_int("head_dim", cfg_.n_heads > 0 ? cfg_.dim / cfg_.n_heads : 0);
+    cfg_.vocab_size = get_int("vocab_size");
+    cfg_.max_seq_len = get_int("max_position_embeddings", 2048);
+    if (cfg_.rope_scaling.type == "dynamic") // see parse_rope_scaling
+      cfg_.max_seq_len = std::min(cfg_.max_seq_len, cfg_.rope_scaling.original_max_position);
+    // A sliding window (Mistral v0.1: 4096) changes attention only past the
+    // window: sequences are held to it, so every position sees what it would.
+    // Qwen2 windows only when use_sliding_window is set, and then only layers
+    // from max_window_layers on (as transformers' Qwen2 reads its config).
+    const bool windowed = mt != "qwen2" || (get_bool("use_sliding_window", false) &&
+                                             get_int("max_window_layers", cfg_.n_layers) < cfg_.n_layers);
+    if (windowed && c.contains("sliding_window") && !c["sliding_window"].is_null()) {
+      const int64_t w = get_int("sliding_window");
+      if (w <= 0)
+        throw Error(errc::bad_config, where + ": sliding_window must be positive");
+      cfg_.max_seq_len = std::min(cfg_.max_seq_len, w);
+    } else if (mt == "qwen2" && get_bool("use_sliding_window", false) && windowed) {
+      throw Error(errc::bad_config, where + ": use_sliding_window without a sliding_window size");
+    }
+    cfg_.rope_theta = get_num("rope_theta", 10000.0);
+    cfg_.rotary = RotaryLayout::half;
+    cfg_.norm_eps = get_num("rms_norm_eps", 1e-6);
+    cfg_.tied_embeddings = get_bool("tie_word_embeddings", false);
+    cfg_.attention_bias = cfg_.architecture == "qwen2" ? true : get_bool("attention_bias", false);
+    cfg_.bos_id = static_cast<int32_t>(get_int("bos_token_id", -1));
+    add_eos_ids(c, where, cfg_.eos_ids);
+    // The stop ids a model ships for generation (e.g. Llama 3 Instruct's <|eot_id|>)
+    // live in generation_config.json: added to config.json's.
+    const auto gen_path = dir_ / "generation_config.json";
+    if (fs::exists(gen_path)) {
+      const json g = read_json_file(gen_path);
+      const std::string gen_where = "'" + gen_path.string() + "'";
+      if (!g.is_object())
+        throw Error(errc::bad_config, gen_where + ": not a JSON object");
+      add_eos_ids(g, gen_where, cfg_.eos_ids);
+    }
+    try {
+      cfg_.validate();
+    } catch (const Error& e) {
+      throw Error(errc::bad_config, where + ": " + e.message());
+    }
+    // Tensor files: a single model.safetensors or an index of shards.
+    const auto single = dir_ / "model.safetensors";
+    const auto index = dir_ / "model.safetensors.index.json";
+    if (fs::exists(index)) {
+      const json idx = read_json_file(index);
+      if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
+        throw Error(errc::bad_format, "'" + index.string() + "' has no weight_map object");
+      for (auto& [name, file] : idx["weight_map"].items()) {
+        if (!file.is_string())
+          throw Error(errc::bad_format, "'" + index.string() + "': weight_map entry '" + name + "' is not a string");
+        const auto f = file.get<std::string>();
+        if (f.find('/') != std::string::npos || f == "..")
+          throw Error(errc::bad_format, "'" + index.string() + "': weight_map file '" + f + "' leaves the directory");
+        weight_map_[name] = f;
+      }
+    } else if (!fs::exists(single)) {
+      throw Error(errc::io, "HF model directory '" + dir + "' has neither model.safetensors nor model.safetensors.index.json");
+    }
+  }
+
+  const ModelConfig& config() const override { return cfg_; }
+
+  at::Tensor load(const std::string& name, const std::vector<int64_t>& shape) override {
+    const std::string hf = hf_name(name);
+    const SafetensorsFile& f = file_for(hf);
+    const TensorView& v = f.at(hf);
+    if (v.shape != shape)
+      throw Error(errc::corrupt, "safetensors file '" + f.path() + "': tensor '" + hf + "' has shape " +
+                                   shape_str(v.shape) + ", expected " + shape_str(shape));
+    at::Tensor out = at::empty(shape, at::kFloat);
+    float* dst = out.data_ptr<float>();
+    const int64_t n = v.numel();
+    if (v.dtype == DType::f32) {
+      std::memcpy(dst, v.data, static_cast<std::size_t>(n) * 4);
+    } else {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(v.data);
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + i, 2);
+        dst[i] = v.dtype == DType::f16 ? f16_to_f32(h) : bf16_to_f32(h);
+      }
+    }
+    return out;
+  }
+
+private:
+  std::string hf_name(const std::string& name) const {
+    if (name == "embed")
+      return "model.embed_tokens.weight";
+    if (name == "cls")
+      return cfg_.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    if (name == "norm")
+      return "model.norm.weight";
+    auto l = split_layer_name(name);
+    static const std::map<std::string, std::string> parts = {
+      {"attn_norm", "input_layernorm.weight"},     {"ffn_norm", "post_attention_layernorm.weight"},
+      {"wq", "self_attn.q_proj.weight"},           {"wk", "self_attn.k_proj.weight"},
+      {"wv", "self_attn.v_proj.weight"},           {"wo", "self_attn.o_proj.weight"},
+      {"bq", "self_attn.q_proj.bias"},             {"bk", "self_attn.k_proj.bias"},
+      {"bv", "self_attn.v_proj.bias"},             {"w1", "mlp.gate_proj.weight"},
+      {"w3", "mlp.up_proj.weight"},                {"w2", "mlp.down_proj.weight"},
+    };
+    return "model.layers." + std::to_string(l->first) + "." + parts.at(l->second);
+  }
+
+  const SafetensorsFile& file_for(const std::string& hf) {
+    std::lock_guard<std::mutex> lock(files_mutex_); // layers load in parallel
+    std::string fname = "model.safetensors";
+    if (!weight_map_.empty()) {
+      auto it = weight_map_.find(hf);
+      if (it == weight_map_.end())
+        throw Error(errc::missing_tensor, "HF model directory '" + dir_.string() + "': index has no tensor '" + hf + "'");
+      fname = it->second;
+    }
+    auto it = files_.find(fname);
+    if (it == files_.end())
+      it = files_.emplace(fname, std::make_unique<SafetensorsFile>((dir_ / fname).string())).first;
+    return *it->second;
+  }
+
+  fs::path dir_;
+  ModelConfig cfg_;
+  std::map<std::string, std::string> weight_map_;
+  std::mutex files_mutex_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+};
+
+} // namespace
+
+std::unique_ptr<TensorSource> open_hf_dir(const std::string& dir) {
+  return std::make_unique<HfSource>(dir);
+}
+
+} // namespace strata::model::detail

@@ -1,0 +1,515 @@
+// Why our own kernel for few rows: at one token per step libtorch's per-call
+// dispatch costs more than the arithmetic on small models, BLAS libraries are
+// slow for 2-16 rows (measured: oneDNN took 2.6x as long for 8 rows as for 1,
+// where 8 rows read the weights no more than 1 row does), and a batch must not
+// change a row's rounding. Why oneDNN for many rows: Debian's OpenBLAS does not
+// recognise this CPU and falls back to its generic kernel (see docs/benchmarks.md).
+
+#include "model/kernels/kernels.hpp"
+#include "model/kernels/kernels_q.hpp"
+
+#include <ATen/Parallel.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include <array>
+#include <optional>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace strata::model::detail {
+
+namespace {
+
+// A 64-byte vector of floats; the compiler maps it onto AVX-512, AVX2 or SSE.
+typedef float v16 __attribute__((vector_size(64)));
+// The same, for memory that may not be 64-byte aligned.
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+
+inline __attribute__((always_inline)) v16 load16(const float* p) {
+  v16 v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+// A fixed pairwise order, so every row reduces the same way: lanes i and i+8,
+// then i and i+4, i and i+2, i and i+1.
+inline __attribute__((always_inline)) float hsum(v16 v) {
+  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  const float c0 = b[0] + b[2], c1 = b[1] + b[3];
+  return c0 + c1;
+}
+
+// Y rows [m, m+MR) x the RR weight rows at w (stride cols): RR*MR dot products
+// over `cols`. y points at column 0 of this weight block in Y row 0.
+template <int RR, int MR, bool PREFETCH = false>
+inline __attribute__((always_inline)) void tile(const float* w, const float* X, float* y, int64_t ldy, int64_t m,
+                                                int64_t cols, bool accumulate) {
+  v16 acc[RR][MR];
+#pragma GCC unroll 4
+  for (int i = 0; i < RR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < MR; ++j)
+      acc[i][j] = v16{};
+  const float* x = X + m * cols;
+  int64_t c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    v16 wv[RR];
+#pragma GCC unroll 4
+    for (int i = 0; i < RR; ++i) {
+      wv[i] = load16(w + i * cols + c);
+      if constexpr (PREFETCH) // the next block's rows, while this one computes
+        __builtin_prefetch(w + (RR + i) * cols + c, 0, 3);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < MR; ++j) {
+      const v16 xv = load16(x + j * cols + c);
+#pragma GCC unroll 4
+      for (int i = 0; i < RR; ++i)
+        acc[i][j] += wv[i] * xv;
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < RR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < MR; ++j) {
+      float s = hsum(acc[i][j]);
+      for (int64_t cc = c; cc < cols; ++cc)
+        s += w[i * cols + cc] * x[j * cols + cc];
+      float& out = y[(m + j) * ldy + i];
+      out = accumulate ? out + s : s;
+    }
+}
+
+// Four weight rows (at w, stride cols) against all M rows of X; `first` asks
+// the first pass to prefetch the next four rows.
+template <bool PREFETCH>
+inline __attribute__((always_inline)) void block4(const float* w, const float* X, float* y, int64_t ldy, int64_t M,
+                                                  int64_t cols, bool accumulate) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) {
+    if (m == 0)
+      tile<4, 4, PREFETCH>(w, X, y, ldy, m, cols, accumulate);
+    else
+      tile<4, 4>(w, X, y, ldy, m, cols, accumulate);
+  }
+  const bool first = m == 0;
+  switch (M - m) {
+    case 3: first ? tile<4, 3, PREFETCH>(w, X, y, ldy, m, cols, accumulate) : tile<4, 3>(w, X, y, ldy, m, cols, accumulate); break;
+    case 2: first ? tile<4, 2, PREFETCH>(w, X, y, ldy, m, cols, accumulate) : tile<4, 2>(w, X, y, ldy, m, cols, accumulate); break;
+    case 1: first ? tile<4, 1, PREFETCH>(w, X, y, ldy, m, cols, accumulate) : tile<4, 1>(w, X, y, ldy, m, cols, accumulate); break;
+    default: break;
+  }
+}
+
+// f32 weight rows [r0, r1) against all M rows of X: a block of 4 weight rows
+// stays in L1 while every group of up to 4 input rows passes over it.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rows_kernel(const float* W, const float* X,
+                                                                               float* Y, int64_t ldy, int64_t M,
+                                                                               int64_t r0, int64_t r1, int64_t cols,
+                                                                               bool accumulate) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    // The first pass over this block of weight rows brings them from memory;
+    // it also asks for the next block's, so memory and arithmetic overlap.
+    if (r + 8 <= r1)
+      block4<true>(W + r * cols, X, Y + r, ldy, M, cols, accumulate);
+    else
+      block4<false>(W + r * cols, X, Y + r, ldy, M, cols, accumulate);
+  }
+  for (; r < r1; ++r)
+    for (int64_t m = 0; m < M; ++m)
+      tile<1, 1>(W + r * cols, X, Y + r, ldy, m, cols, accumulate);
+}
+
+// The same for another type: four rows at a time expanded to f32 in `buf`
+// (4 * cols floats), then the f32 tile.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rows_kernel_q(const WMatrix& W, const float* X,
+                                                                                 float* Y, int64_t ldy, int64_t M,
+                                                                                 int64_t r0, int64_t r1, float* buf,
+                                                                                 bool accumulate) {
+  const int64_t cols = W.cols;
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    dequantize(W.type, W.row(r), buf, 4 * cols);
+    block4<false>(buf, X, Y + r, ldy, M, cols, accumulate);
+  }
+  for (; r < r1; ++r) {
+    dequantize(W.type, W.row(r), buf, cols);
+    for (int64_t m = 0; m < M; ++m)
+      tile<1, 1>(buf, X, Y + r, ldy, m, cols, accumulate);
+  }
+}
+
+float* scratch(std::size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats)
+    buf.resize(floats);
+  return buf.data();
+}
+
+} // namespace
+
+void matmul_rows(const float* W, const float* X, float* Y, int64_t M, int64_t rows, int64_t cols, bool accumulate) {
+  WMatrix w;
+  w.data = reinterpret_cast<const uint8_t*>(W);
+  w.rows = rows;
+  w.cols = cols;
+  matmul_rows(w, X, Y, rows, M, accumulate);
+}
+
+namespace {
+
+// Activations prepared for one weight type: quantized for the fused kernels
+// (kernels_q.cpp), or rounded to f32 the way llama.cpp pairs them with the type
+// for the other paths (f16 with f16, bf16 with bf16, int8 blocks for the
+// quantized types: the same values the fused kernels multiply). Parts of a
+// stacked weight whose types prepare alike share one preparation.
+struct Prepared {
+  WType type;
+  bool fused;
+  const float* x;       // the rounded rows (or X itself for f32), when not fused
+  const QuantActs* q;   // when fused
+};
+
+bool prepares_alike(WType a, WType b, bool gemm) {
+  auto kind = [](WType t) {
+    return t == WType::q4_0 ? WType::q8_0 : t == WType::q6_K ? WType::q4_K : t; // same activation blocks
+  };
+  return kind(a) == kind(b) && (gemm || fused_available(a) == fused_available(b));
+}
+
+// The buffers are the calling thread's: valid until its next prepare().
+Prepared prepare(WType t, const float* X, int64_t M, int64_t cols, bool gemm) {
+  thread_local QuantActs acts;
+  thread_local std::vector<float> rounded;
+  if (t == WType::f32)
+    return {t, false, X, nullptr};
+  const int64_t n = M * cols;
+  if (static_cast<int64_t>(rounded.size()) < n)
+    rounded.resize(static_cast<std::size_t>(n));
+  if (t == WType::f16) {
+    for (int64_t i = 0; i < n; ++i)
+      rounded[static_cast<std::size_t>(i)] = static_cast<float>(static_cast<_Float16>(X[i]));
+    return {t, false, rounded.data(), nullptr};
+  }
+  quantize_acts(t, X, M, cols, acts);
+  if (!gemm && fused_available(t))
+    return {t, true, nullptr, &acts};
+  expand_acts(acts, rounded.data());
+  return {t, false, rounded.data(), nullptr};
+}
+
+void rows_prepared(const WMatrix& W, const Prepared& p, float* Y, int64_t ldy, int64_t M, bool accumulate) {
+  const int64_t rows = W.rows, cols = W.cols;
+  if (p.fused) {
+    const QuantActs& a = *p.q;
+    const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(cols * M, 1));
+    if (rows <= grain || at::get_num_threads() == 1)
+      return fused_rows(W, a, Y, ldy, 0, rows, accumulate);
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) { fused_rows(W, a, Y, ldy, r0, r1, accumulate); });
+    return;
+  }
+  const float* X = p.x;
+  auto run = [&](int64_t r0, int64_t r1) {
+    if (W.type == WType::f32)
+      rows_kernel(W.f32(), X, Y, ldy, M, r0, r1, cols, accumulate);
+    else
+      rows_kernel_q(W, X, Y, ldy, M, r0, r1, scratch(static_cast<std::size_t>(4 * cols)), accumulate);
+  };
+  // About 256K multiply-adds (4 weight rows each) per task before splitting is
+  // worth a thread wake-up.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(cols * M, 1));
+  const int64_t blocks = (rows + 3) / 4;
+  if (blocks <= grain || at::get_num_threads() == 1) {
+    run(0, rows);
+    return;
+  }
+  at::parallel_for(0, blocks, grain, [&](int64_t b, int64_t e) { run(b * 4, std::min(rows, e * 4)); });
+}
+
+// Every part of a stacked weight into its columns of Y, the activations
+// prepared once for all parts that take them alike.
+template <class Run>
+void over_parts(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate, bool gemm, Run run) {
+  if (M <= 0)
+    return;
+  std::optional<Prepared> p;
+  int64_t col0 = 0;
+  for (const auto& part : w.parts) {
+    if (!p || !prepares_alike(p->type, part.type, gemm))
+      p = prepare(part.type, X, M, w.cols, gemm);
+    run(part, *p, Y + col0, w.rows, M, accumulate);
+    col0 += part.rows;
+  }
+}
+
+} // namespace
+
+void matmul_rows(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate) {
+  if (M <= 0 || W.rows <= 0)
+    return;
+  rows_prepared(W, prepare(W.type, X, M, W.cols, false), Y, ldy, M, accumulate);
+}
+
+void matmul_rows(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate) {
+  over_parts(w, X, Y, M, accumulate, false, [](auto&&... a) { rows_prepared(a...); });
+}
+
+namespace {
+
+void sgemm(const float* W, const float* X, float* Y, int64_t ldy, int64_t M, int64_t rows, int64_t cols,
+           bool accumulate) {
+  const auto st = dnnl_sgemm('N', 'T', M, rows, cols, 1.0f, X, cols, W, cols, accumulate ? 1.0f : 0.0f, Y, ldy);
+  if (st != dnnl_success) // only on invalid arguments, which the callers rule out
+    throw std::runtime_error("oneDNN sgemm failed with status " + std::to_string(static_cast<int>(st)));
+}
+
+} // namespace
+
+void matmul_gemm(const float* W, const float* X, float* Y, int64_t M, int64_t rows, int64_t cols, bool accumulate) {
+  if (M <= 0 || rows <= 0)
+    return;
+  sgemm(W, X, Y, rows, M, rows, cols, accumulate);
+}
+
+namespace {
+
+void gemm_prepared(const WMatrix& W, const Prepared& p, float* Y, int64_t ldy, int64_t M, bool accumulate) {
+  if (W.type == WType::f32)
+    return sgemm(W.f32(), p.x, Y, ldy, M, W.rows, W.cols, accumulate);
+  // Slabs of about 4 MB of f32 weights: expanded by all threads, then one sgemm.
+  const int64_t cols = W.cols;
+  const int64_t slab = std::max<int64_t>(16, (int64_t{1} << 20) / cols);
+  float* buf = scratch(static_cast<std::size_t>(std::min(slab, W.rows) * cols));
+  for (int64_t r0 = 0; r0 < W.rows; r0 += slab) {
+    const int64_t n = std::min(slab, W.rows - r0);
+    at::parallel_for(0, n, 16, [&](int64_t a, int64_t b) {
+      dequantize(W.type, W.row(r0 + a), buf + a * cols, (b - a) * cols);
+    });
+    sgemm(buf, p.x, Y + r0, ldy, M, n, cols, accumulate);
+  }
+}
+
+} // namespace
+
+void matmul_gemm(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate) {
+  if (M <= 0 || W.rows <= 0)
+    return;
+  gemm_prepared(W, prepare(W.type, X, M, W.cols, true), Y, ldy, M, accumulate);
+}
+
+void matmul_gemm(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate) {
+  over_parts(w, X, Y, M, accumulate, true, [](auto&&... a) { gemm_prepared(a...); });
+}
+
+namespace {
+
+// HD > 0: head_dim known at compile time (loops fully unrolled); HD == 0: runtime `hd`.
+template <int HD>
+__attribute__((always_inline)) inline void attend_impl(const float* q, const CacheRows& rows, int64_t n, int64_t hd_rt,
+                                                       float scale, float* scores, float* out) {
+  const int64_t hd = HD > 0 ? HD : hd_rt;
+  // Walk the cache block by block: no division per row.
+  float mx = -INFINITY;
+  for (int64_t j0 = 0, b = 0; j0 < n; j0 += rows.block_tokens, ++b) {
+    const float* k = rows.blocks[b] + rows.k_offset;
+    const int64_t m = std::min(rows.block_tokens, n - j0);
+    for (int64_t j = 0; j < m; ++j, k += rows.row_stride) {
+      float s = 0.f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < hd; ++i)
+        s += q[i] * k[i];
+      s *= scale;
+      scores[j0 + j] = s;
+      mx = std::max(mx, s);
+    }
+  }
+  float sum = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - mx);
+    sum += scores[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < hd; ++i)
+    out[i] = 0.f;
+  for (int64_t j0 = 0, b = 0; j0 < n; j0 += rows.block_tokens, ++b) {
+    const float* v = rows.blocks[b] + rows.v_offset;
+    const int64_t m = std::min(rows.block_tokens, n - j0);
+    for (int64_t j = 0; j < m; ++j, v += rows.row_stride) {
+      const float a = scores[j0 + j] * inv;
+#pragma omp simd
+      for (int64_t i = 0; i < hd; ++i)
+        out[i] += a * v[i];
+    }
+  }
+}
+
+} // namespace
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void attend(const float* q, const CacheRows& rows, int64_t n,
+                                                                          int64_t hd, float scale, float* scores,
+                                                                          float* out) {
+  switch (hd) {
+    case 8: return attend_impl<8>(q, rows, n, hd, scale, scores, out);
+    case 16: return attend_impl<16>(q, rows, n, hd, scale, scores, out);
+    case 32: return attend_impl<32>(q, rows, n, hd, scale, scores, out);
+    case 64: return attend_impl<64>(q, rows, n, hd, scale, scores, out);
+    case 128: return attend_impl<128>(q, rows, n, hd, scale, scores, out);
+    default: return attend_impl<0>(q, rows, n, hd, scale, scores, out);
+  }
+}
+
+namespace {
+
+template <int HD>
+inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int64_t q_stride, int64_t m,
+                                                            const CacheRows& rows, int64_t n0, int64_t hd_rt,
+                                                            float scale, float* scores_raw, float* out,
+                                                            int64_t out_stride) {
+  const int64_t hd = HD > 0 ? HD : hd_rt;
+  constexpr int64_t L = attend_group;
+  // Queries transposed: qt[i] holds element i of every row's query, one row a lane.
+  v16 qt[HD > 0 ? HD : 256];
+  for (int64_t i = 0; i < hd; ++i) {
+    float lane[L] = {};
+    for (int64_t t = 0; t < m; ++t)
+      lane[t] = q[t * q_stride + i];
+    qt[i] = load16(lane);
+  }
+  const int64_t n = n0 + m;
+  v16u* S = reinterpret_cast<v16u*>(scores_raw);
+  v16 lanes;
+  for (int t = 0; t < L; ++t)
+    lanes[t] = static_cast<float>(t);
+  v16 mx = v16{} - INFINITY;
+  for (int64_t j0 = 0, b = 0; j0 < n; j0 += rows.block_tokens, ++b) {
+    const float* k = rows.blocks[b] + rows.k_offset;
+    const int64_t cnt = std::min(rows.block_tokens, n - j0);
+    for (int64_t j = 0; j < cnt; ++j, k += rows.row_stride) {
+      v16 acc = v16{};
+      for (int64_t i = 0; i < hd; ++i)
+        acc += qt[i] * k[i];
+      acc *= scale;
+      const int64_t jj = j0 + j;
+      if (jj > n0) { // causal: lane t sees key jj only when jj <= n0 + t
+        const v16 first = v16{} + static_cast<float>(jj - n0);
+        acc = lanes >= first ? acc : v16{} - INFINITY;
+      }
+      S[jj] = acc;
+      mx = mx > acc ? mx : acc;
+    }
+  }
+  v16 sum = v16{};
+  for (int64_t j = 0; j < n; ++j) {
+    v16 e;
+    for (int t = 0; t < L; ++t)
+      e[t] = std::exp(S[j][t] - mx[t]);
+    S[j] = e;
+    sum += e;
+  }
+  const v16 inv = 1.0f / sum;
+  for (int64_t j = 0; j < n; ++j)
+    S[j] = S[j] * inv; // probabilities; 0 where a row may not look
+  if (hd % 16 == 0) {
+    // 16 output columns of all rows at a time: each value row is read once.
+    for (int64_t c = 0; c < hd; c += 16) {
+      v16 acc[L];
+#pragma GCC unroll 16
+      for (int t = 0; t < L; ++t)
+        acc[t] = v16{};
+      for (int64_t j0 = 0, b = 0; j0 < n; j0 += rows.block_tokens, ++b) {
+        const float* v = rows.blocks[b] + rows.v_offset + c;
+        const int64_t cnt = std::min(rows.block_tokens, n - j0);
+        for (int64_t j = 0; j < cnt; ++j, v += rows.row_stride) {
+          const v16 vj = load16(v);
+          const v16 p = S[j0 + j];
+#pragma GCC unroll 16
+          for (int t = 0; t < L; ++t)
+            acc[t] += p[t] * vj;
+        }
+      }
+      for (int64_t t = 0; t < m; ++t)
+        __builtin_memcpy(out + t * out_stride + c, &acc[t], sizeof(v16));
+    }
+    return;
+  }
+  for (int64_t t = 0; t < m; ++t) {
+    float* o = out + t * out_stride;
+    for (int64_t i = 0; i < hd; ++i)
+      o[i] = 0.f;
+    const int64_t nt = n0 + t + 1;
+    for (int64_t j0 = 0, b = 0; j0 < nt; j0 += rows.block_tokens, ++b) {
+      const float* v = rows.blocks[b] + rows.v_offset;
+      const int64_t cnt = std::min(rows.block_tokens, nt - j0);
+      for (int64_t j = 0; j < cnt; ++j, v += rows.row_stride) {
+        const float a = S[j0 + j][t];
+#pragma omp simd
+        for (int64_t i = 0; i < hd; ++i)
+          o[i] += a * v[i];
+      }
+    }
+  }
+}
+
+} // namespace
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void attend_rows(const float* q, int64_t q_stride,
+                                                                               int64_t m, const CacheRows& rows,
+                                                                               int64_t n0, int64_t hd, float scale,
+                                                                               float* scores, float* out,
+                                                                               int64_t out_stride) {
+  switch (hd) {
+    case 64: return attend_rows_impl<64>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case 128: return attend_rows_impl<128>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case 8: return attend_rows_impl<8>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case 16: return attend_rows_impl<16>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case 32: return attend_rows_impl<32>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    default: return attend_rows_impl<0>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+  }
+}
+
+namespace {
+
+// 8 independent multiply-add chains on the widest vectors: the FMA units' peak.
+__attribute__((target_clones("avx512f", "avx2", "default"))) double fma_loop(int64_t iters) {
+  v16 a[8], b = load16(std::array<float, 16>{1.000001f, 1.000001f, 1.000001f, 1.000001f, 1.000001f, 1.000001f,
+                                             1.000001f, 1.000001f, 1.000001f, 1.000001f, 1.000001f, 1.000001f,
+                                             1.000001f, 1.000001f, 1.000001f, 1.000001f}
+                                 .data());
+  for (int i = 0; i < 8; ++i)
+    a[i] = v16{} + static_cast<float>(i);
+  for (int64_t n = 0; n < iters; ++n)
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i)
+      a[i] = a[i] * b + b;
+  float s = 0.f;
+  for (int i = 0; i < 8; ++i)
+    s += hsum(a[i]);
+  return s;
+}
+
+} // namespace
+
+double fma_rate_per_thread(double seconds) {
+  volatile double sink = fma_loop(1000); // warm the clock up
+  int64_t iters = 1 << 20;
+  for (;;) {
+    const auto t0 = std::chrono::steady_clock::now();
+    sink = sink + fma_loop(iters);
+    const double d = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (d >= seconds)
+      return static_cast<double>(iters) * 8.0 * 16.0 / d;
+    iters *= 2;
+  }
+}
+
+} // namespace strata::model::detail

@@ -1,0 +1,160 @@
+// Fused few-row kernels (see kernels_q.hpp). Each (weight row, activation row)
+// pair is reduced in one fixed order, so a row's result does not depend on how
+// many rows share the call.
+
+#include "model/kernels/kernels_q.hpp"
+
+#include "model/formats/quant.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+namespace strata::model::detail {
+
+// kernels_q_vnni.cpp / kernels_q_avx2.cpp: the kernels per instruction set.
+void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc);
+void fused_rows_bf16(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc);
+void fused_rows_avx2(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc);
+
+namespace {
+
+bool has_vnni() {
+  static const bool v = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                        __builtin_cpu_supports("avx512bw");
+  return v;
+}
+bool has_avx2() {
+  static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                        __builtin_cpu_supports("f16c");
+  return v;
+}
+bool has_bf16() {
+  static const bool v = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+  return v;
+}
+
+// ------------------------------------------------------------ activations
+
+// llama.cpp's q8_0: d = amax / 127 kept as f16; q = round(x / d).
+void quant_q8_0(const float* x, int64_t n, int8_t* q, float* d) {
+  for (int64_t b = 0; b < n / 32; ++b, x += 32, q += 32) {
+    float amax = 0.f;
+    for (int j = 0; j < 32; ++j)
+      amax = std::max(amax, std::fabs(x[j]));
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
+    d[b] = f16_to_f32(f32_to_f16(amax / 127.f)); // stored as f16 by llama.cpp
+    for (int j = 0; j < 32; ++j)
+      q[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+  }
+}
+
+// llama.cpp's q8_K: the signed extreme maps to -127; sums of every 16 values.
+void quant_q8_K(const float* x, int64_t n, int8_t* q, float* d, int32_t* sums) {
+  for (int64_t b = 0; b < n / 256; ++b, x += 256, q += 256) {
+    float amax = 0.f, mx = 0.f;
+    for (int j = 0; j < 256; ++j)
+      if (std::fabs(x[j]) > amax) {
+        amax = std::fabs(x[j]);
+        mx = x[j];
+      }
+    const float iscale = amax != 0.f ? -127.f / mx : 0.f;
+    d[b] = amax != 0.f ? 1.f / iscale : 0.f;
+    for (int j = 0; j < 256; ++j)
+      q[j] = static_cast<int8_t>(std::min(127.f, std::nearbyint(iscale * x[j])));
+    for (int g = 0; g < 16; ++g) {
+      int32_t s = 0;
+      for (int j = 0; j < 16; ++j)
+        s += q[16 * g + j];
+      sums[b * 16 + g] = s;
+    }
+  }
+}
+
+uint16_t to_bf16(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  if ((b & 0x7f800000u) != 0x7f800000u)
+    b += 0x7fffu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
+}
+
+} // namespace
+
+namespace {
+std::atomic<FusedIsa> isa_setting{FusedIsa::best};
+} // namespace
+
+void set_fused_isa(FusedIsa isa) {
+  isa_setting = isa;
+}
+
+bool fused_available(WType t) {
+  const FusedIsa isa = isa_setting.load(std::memory_order_relaxed);
+  if (isa == FusedIsa::expand)
+    return false;
+  switch (t) {
+    case WType::q8_0: case WType::q4_0: case WType::q4_K: case WType::q6_K: return has_vnni() || has_avx2();
+    case WType::bf16: return isa == FusedIsa::best && has_bf16();
+    default: return false;
+  }
+}
+
+void quantize_acts(WType t, const float* X, int64_t M, int64_t cols, QuantActs& out) {
+  out.for_type = t;
+  out.rows = M;
+  out.cols = cols;
+  if (t == WType::bf16) {
+    out.bf.resize(static_cast<std::size_t>(M * cols));
+    for (int64_t i = 0; i < M * cols; ++i)
+      out.bf[static_cast<std::size_t>(i)] = to_bf16(X[i]);
+    return;
+  }
+  out.q.resize(static_cast<std::size_t>(M * cols));
+  if (t == WType::q8_0 || t == WType::q4_0) {
+    out.d.resize(static_cast<std::size_t>(M * (cols / 32)));
+    out.sums32.resize(static_cast<std::size_t>(M * (cols / 32)));
+    for (int64_t m = 0; m < M; ++m)
+      quant_q8_0(X + m * cols, cols, out.q.data() + m * cols, out.d.data() + m * (cols / 32));
+    for (std::size_t i = 0; i < out.sums32.size(); ++i) {
+      int32_t s = 0;
+      for (int j = 0; j < 32; ++j)
+        s += out.q[32 * i + static_cast<std::size_t>(j)];
+      out.sums32[i] = static_cast<int16_t>(s);
+    }
+  } else {
+    out.d.resize(static_cast<std::size_t>(M * (cols / 256)));
+    out.sums.resize(static_cast<std::size_t>(M * (cols / 16)));
+    out.sums32.resize(static_cast<std::size_t>(M * (cols / 32)));
+    for (int64_t m = 0; m < M; ++m)
+      quant_q8_K(X + m * cols, cols, out.q.data() + m * cols, out.d.data() + m * (cols / 256),
+                 out.sums.data() + m * (cols / 16));
+    for (std::size_t i = 0; i < out.sums32.size(); ++i)
+      out.sums32[i] = static_cast<int16_t>(out.sums[2 * i] + out.sums[2 * i + 1]);
+  }
+}
+
+void expand_acts(const QuantActs& a, float* out) {
+  const int64_t n = a.rows * a.cols;
+  if (a.for_type == WType::bf16) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(a.bf[static_cast<std::size_t>(i)]) << 16;
+      std::memcpy(out + i, &bits, 4);
+    }
+    return;
+  }
+  const int64_t block = a.for_type == WType::q8_0 || a.for_type == WType::q4_0 ? 32 : 256;
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = a.d[static_cast<std::size_t>(i / block)] * static_cast<float>(a.q[static_cast<std::size_t>(i)]);
+}
+
+void fused_rows(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool accumulate) {
+  if (W.type == WType::bf16)
+    return fused_rows_bf16(W, A, Y, ldy, r0, r1, accumulate);
+  if (has_vnni() && isa_setting.load(std::memory_order_relaxed) == FusedIsa::best)
+    return fused_rows_vnni(W, A, Y, ldy, r0, r1, accumulate);
+  return fused_rows_avx2(W, A, Y, ldy, r0, r1, accumulate);
+}
+
+} // namespace strata::model::detail

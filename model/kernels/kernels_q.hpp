@@ -1,0 +1,43 @@
+#pragma once
+// Internal to model/: fused few-row kernels for quantized and bf16 weights. The
+// activations are quantized once per product the way llama.cpp pairs them with
+// each weight type (q8_0 blocks of 32 for q8_0 / q4_0, q8_K blocks of 256 for
+// q4_K / q6_K, bf16 for bf16); the dot products then run on the packed weights
+// without expanding them: int8 products with AVX-512 VNNI (or AVX2
+// maddubs), bf16 pairs with AVX-512 BF16. Torch-free.
+
+#include "model/formats/wmatrix.hpp"
+
+#include <cstdint>
+#include <vector>
+
+namespace strata::model::detail {
+
+/// Activation rows quantized for one weight type.
+struct QuantActs {
+  WType for_type = WType::f32;
+  int64_t rows = 0, cols = 0;
+  std::vector<int8_t> q;      ///< (rows, cols) int8 values (q8 types)
+  std::vector<uint16_t> bf;   ///< (rows, cols) bf16 bits (bf16)
+  std::vector<float> d;       ///< one scale per block (32 or 256 values)
+  std::vector<int32_t> sums;  ///< K types: the sum of every 16 values
+  std::vector<int16_t> sums32; ///< the sum of every 32 values (|sum| <= 4064)
+};
+
+/// Which kernels run (tests compare them on one machine): best = what the CPU
+/// has; avx2 = the AVX2 int8 kernels even where VNNI exists (bf16 then expands);
+/// expand = no fused kernel (weights expanded to f32 in L1).
+enum class FusedIsa { best, avx2, expand };
+void set_fused_isa(FusedIsa isa);
+
+/// Whether this CPU (and the setting above) has a fused kernel for `t`.
+bool fused_available(WType t);
+/// Quantizes M rows of X for weights of type `t` (bf16, q8_0, q4_0, q4_K, q6_K).
+void quantize_acts(WType t, const float* X, int64_t M, int64_t cols, QuantActs& out);
+/// The floats `a` stands for (rows x cols into `out`): what the fused kernels
+/// multiply, for the paths that multiply in f32.
+void expand_acts(const QuantActs& a, float* out);
+/// Y[m * ldy + r] (=|+=) row r of W . row m of the activations, for r in [r0, r1).
+void fused_rows(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool accumulate);
+
+} // namespace strata::model::detail

@@ -1,0 +1,341 @@
+#pragma once
+// Internal to kernels_q_*.cpp: the fused few-row kernels as templates, compiled
+// once per instruction set (each including file sets its own GCC target first).
+// VNNI = true uses AVX-512 VNNI's vpdpbusd on 256-bit vectors; false, AVX2's
+// maddubs + madd.
+
+#include "model/kernels/kernels_q.hpp"
+
+#include <immintrin.h>
+
+#include <cstring>
+#include <type_traits>
+
+namespace strata::model::detail::KQ_NS {
+
+inline float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// ------------------------------------------------------------ int8 dot of 32 bytes
+
+// Sum over 4-byte groups of u8 x s8 products into 8 int32 lanes, added to acc.
+template <bool VNNI>
+inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+  if constexpr (VNNI) {
+    return _mm256_dpbusd_epi32(acc, u, s);
+  } else {
+    const __m256i p16 = _mm256_maddubs_epi16(u, s); // pairs fit int16 for our value ranges
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+  }
+}
+
+inline float hsum8(__m256 v) {
+  const __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
+}
+
+inline int32_t hsum8i(__m256i v) {
+  const __m128i a = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  const __m128i b = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4e));
+  return _mm_cvtsi128_si32(_mm_add_epi32(b, _mm_shuffle_epi32(b, 0xb1)));
+}
+
+// The 32 weights of a q8_0 block (signed) or a q4_0 block (unsigned nibbles).
+template <WType T>
+inline __m256i block_weights(const uint8_t* blk) {
+  if constexpr (T == WType::q8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  } else {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i m = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(x, m), hi = _mm_and_si128(_mm_srli_epi16(x, 4), m);
+    return _mm256_set_m128i(hi, lo); // unsigned 0..15: the -8 is applied through the activation sums
+  }
+}
+
+// One block's signed product of weights w and activations a (32 each), as
+// 8 int32 lanes: |w| . (a * sign(w)), so that the unsigned x signed dot applies.
+template <bool VNNI>
+inline __m256i block_dot(__m256i w, __m256i a) {
+  return dot_u8s8<VNNI>(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+
+// R weight rows (r .. r+R-1) against every activation row: the R rows stream
+// from memory side by side (R independent streams keep enough loads in
+// flight), each activation block is loaded once for all R, and the next R rows
+// are prefetched while these compute. Each (row, activation row) pair is
+// reduced in the same order whatever R and M are.
+template <WType T, bool VNNI, int R>
+inline void rows_q8_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                          bool accumulate) {
+  constexpr std::size_t BB = T == WType::q8_0 ? 34 : 18;
+  const int64_t nb = W.cols / 32;
+  const std::size_t rb = W.row_bytes();
+  const uint8_t* row0 = W.row(r);
+  const bool ahead = r + 2 * R <= r_end;
+  for (int64_t m = 0; m < A.rows; ++m) {
+    const int8_t* a = A.q.data() + m * A.cols;
+    const float* da = A.d.data() + m * nb;
+    const int16_t* sa = A.sums32.data() + m * nb;
+    __m256 acc[R];
+    for (int i = 0; i < R; ++i)
+      acc[i] = _mm256_setzero_ps();
+    // Blocks in groups of 8: the 8 block scales of a row are converted and
+    // multiplied by the activation scales in one vector operation, then read
+    // back one by one as broadcasts from memory (load ports, not ALU ports).
+    // The products and their order are those of the one-block loop below.
+    int64_t b = 0;
+    alignas(32) float sc[R][8];
+    __m256 corr[R]; // q4_0: the -8 sum(a) terms, 8 blocks per vector operation
+    for (int i = 0; i < R; ++i)
+      corr[i] = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+      const __m256 dav = _mm256_loadu_ps(da + b);
+      __m256 minus8sa = _mm256_setzero_ps();
+      if constexpr (T == WType::q4_0)
+        minus8sa = _mm256_mul_ps(_mm256_set1_ps(-8.f), _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(
+                                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(sa + b)))));
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + b * BB;
+        __m128i h = _mm_setzero_si128();
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk), 0);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + BB), 1);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 2 * BB), 2);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 3 * BB), 3);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 4 * BB), 4);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 5 * BB), 5);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 6 * BB), 6);
+        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 7 * BB), 7);
+        const __m256 s = _mm256_mul_ps(_mm256_cvtph_ps(h), dav);
+        _mm256_store_ps(sc[i], s);
+        if constexpr (T == WType::q4_0)
+          corr[i] = _mm256_fmadd_ps(s, minus8sa, corr[i]);
+      }
+      for (int k = 0; k < 8; ++k) {
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * (b + k)));
+        for (int i = 0; i < R; ++i) {
+          const uint8_t* blk = row0 + i * rb + (b + k) * BB;
+          if (m == 0 && ahead && (k & 1) == 0)
+            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
+          __m256i p;
+          if constexpr (T == WType::q8_0)
+            p = block_dot<VNNI>(block_weights<T>(blk), av);
+          else // unsigned nibbles; the -8 sum(a) went into corr above
+            p = dot_u8s8<VNNI>(_mm256_setzero_si256(), block_weights<T>(blk), av);
+          acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[i][k]), _mm256_cvtepi32_ps(p), acc[i]);
+        }
+      }
+    }
+    for (; b < nb; ++b) {
+      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * b));
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + b * BB;
+        if (m == 0 && ahead && (b & 1) == 0)
+          _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
+        __m256i p;
+        if constexpr (T == WType::q8_0) {
+          p = block_dot<VNNI>(block_weights<T>(blk), av);
+        } else { // sum (q - 8) a = sum q a - 8 sum a: unsigned q needs no sign trick
+          p = dot_u8s8<VNNI>(_mm256_setr_epi32(-8 * sa[b], 0, 0, 0, 0, 0, 0, 0), block_weights<T>(blk), av);
+        }
+        acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk) * da[b]), _mm256_cvtepi32_ps(p), acc[i]);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const float s = hsum8(_mm256_add_ps(acc[i], corr[i]));
+      float& y = Y[m * ldy + r + i];
+      y = accumulate ? y + s : s;
+    }
+  }
+}
+
+// q4_K: 8 sub-blocks of 32 with 6-bit scales and mins.
+// The twelve packed bytes as eight 6-bit scales (bytes 0-7 of the result) and
+// eight 6-bit mins (bytes 8-15), with 32-bit word operations.
+inline void scales_mins_k4(const uint8_t* q, uint8_t out[16]) {
+  uint32_t u[4];
+  std::memcpy(u, q, 12);
+  constexpr uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+  u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4); // mins 4-7
+  const uint32_t mins03 = u[1] & m6;
+  u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4); // scales 4-7
+  u[2] = mins03;
+  u[0] &= m6; // scales 0-3
+  std::memcpy(out, u, 16);
+}
+
+// u8 x s8 pairs summed to int16 (maddubs), then int16 pairs times an int16
+// scale summed into int32 lanes of acc (VNNI: vpdpwssd; AVX2: madd + add).
+template <bool VNNI>
+inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i s, __m256i scale16) {
+  const __m256i p16 = _mm256_maddubs_epi16(u, s); // q4 <= 15: pairs fit int16
+  if constexpr (VNNI)
+    return _mm256_dpwssd_epi32(acc, p16, scale16);
+  else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scale16));
+}
+
+// R q4_K rows side by side: each activation block of 32 is loaded once for all
+// R; the scale of each sub-block multiplies inside the int16 pair sums.
+template <bool VNNI, int R>
+inline void rows_q4_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                            bool accumulate) {
+  const int64_t nb = W.cols / 256;
+  const std::size_t rb = W.row_bytes();
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const uint8_t* row0 = W.row(r);
+  const bool ahead = r + 2 * R <= r_end;
+  for (int64_t m = 0; m < A.rows; ++m) {
+    const int8_t* a = A.q.data() + m * A.cols;
+    const float* da = A.d.data() + m * nb;
+    const int16_t* sums32 = A.sums32.data() + m * nb * 8;
+    float acc[R] = {};
+    __m256 accv[R]; // the scaled products, kept in lanes until the row ends
+    for (int i = 0; i < R; ++i)
+      accv[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const int8_t* ab = a + 256 * b;
+      const __m128i asum = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sums32 + 8 * b));
+      __m256i av[8];
+      for (int j = 0; j < 8; ++j)
+        av[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 32 * j));
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + b * 144;
+        if (m == 0 && ahead)
+          for (int l = 0; l < 144; l += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
+        alignas(16) uint8_t sm[16];
+        scales_mins_k4(blk + 4, sm);
+        // 8 scales as int16, the same in both 128-bit halves; sub-block j's scale
+        // is broadcast from it with one byte shuffle.
+        const __m256i sc16 =
+          _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm))));
+        const uint8_t* qs = blk + 16;
+        __m256i tot = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+          const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          const __m256i s_lo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c) | ((4 * c + 1) << 8))));
+          const __m256i s_hi =
+            _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c + 2) | ((4 * c + 3) << 8))));
+          tot = dot_scaled<VNNI>(tot, lo, av[2 * c], s_lo);
+          tot = dot_scaled<VNNI>(tot, hi, av[2 * c + 1], s_hi);
+        }
+        // Mins times the activation sums of each sub-block of 32.
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8)));
+        const __m128i mm = _mm_madd_epi16(mins, asum);
+        const __m128i m2 = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
+        const int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(m2, _mm_shuffle_epi32(m2, 0xb1)));
+        const float d = half_to_float(blk) * da[b], dmin = half_to_float(blk + 2) * da[b];
+        accv[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(tot), accv[i]);
+        acc[i] -= dmin * static_cast<float>(msum);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const float s = hsum8(accv[i]) + acc[i];
+      float& y = Y[m * ldy + r + i];
+      y = accumulate ? y + s : s;
+    }
+  }
+}
+
+// q6_K: values (6-bit) - 32 with an int8 scale per 16. R rows side by side as
+// q4_K; u8 x s8 pair sums (maddubs: 63 x 127 x 2 fits int16), then each half of
+// 16 times its scale in the int16 pair sums (vpdpwssd); the -32 offset through
+// the activation sums of every 16.
+template <bool VNNI, int R>
+inline void rows_q6_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                            bool accumulate) {
+  const int64_t nb = W.cols / 256;
+  const std::size_t rb = W.row_bytes();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+  const uint8_t* row0 = W.row(r);
+  const bool ahead = r + 2 * R <= r_end;
+  for (int64_t m = 0; m < A.rows; ++m) {
+    const int8_t* a = A.q.data() + m * A.cols;
+    const float* da = A.d.data() + m * nb;
+    const int32_t* sums = A.sums.data() + m * nb * 16;
+    __m256 accv[R]; // the scaled products, kept in lanes until the row ends
+    for (int i = 0; i < R; ++i)
+      accv[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i av[8];
+      for (int j = 0; j < 8; ++j)
+        av[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 256 * b + 32 * j));
+      const __m256i s16a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 16 * b));
+      const __m256i s16b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 16 * b + 8));
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + b * 210;
+        if (m == 0 && ahead)
+          for (int l = 0; l < 210; l += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
+        const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+        __m256i tot = _mm256_setzero_si256();
+        for (int n = 0; n < 2; ++n) {
+          const uint8_t* ql = blk + 64 * n;
+          const uint8_t* qh = blk + 128 + 32 * n;
+          const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+          const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+          const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+          const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4)),
+          };
+          for (int k = 0; k < 4; ++k) {
+            const int g = 8 * n + 2 * k; // values 0-15 of this group: scale g, 16-31: g + 1
+            const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+            tot = dot_scaled<VNNI>(tot, q[k], av[4 * n + k], s);
+          }
+        }
+        // The -32 offset: 32 * sum over groups of 16 of scale x activation sum.
+        const __m256i sc_a = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
+        const __m256i sc_b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8)));
+        const __m256i corr = _mm256_add_epi32(_mm256_mullo_epi32(sc_a, s16a), _mm256_mullo_epi32(sc_b, s16b));
+        const __m256i v = _mm256_sub_epi32(tot, _mm256_slli_epi32(corr, 5));
+        accv[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk + 208) * da[b]), _mm256_cvtepi32_ps(v), accv[i]);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const float s = hsum8(accv[i]);
+      float& y = Y[m * ldy + r + i];
+      y = accumulate ? y + s : s;
+    }
+  }
+}
+
+// Rows [r0, r1) four at a time, the rest one at a time: f(R, r) handles rows
+// r .. r+R-1 (R an integral_constant).
+template <class F>
+inline void by_fours(int64_t r0, int64_t r1, F&& f) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4)
+    f(std::integral_constant<int, 4>{}, r);
+  for (; r < r1; ++r)
+    f(std::integral_constant<int, 1>{}, r);
+}
+
+template <bool VNNI>
+void rows_impl(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
+  switch (W.type) {
+    case WType::q8_0:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q8_block<WType::q8_0, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::q4_0:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q8_block<WType::q4_0, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::q4_K:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q4_K_block<VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::q6_K:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q6_K_block<VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    default:
+      return;
+  }
+}
+
+} // namespace strata::model::detail::KQ_NS

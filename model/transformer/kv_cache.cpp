@@ -1,0 +1,215 @@
+#include "model/transformer/kv_cache.hpp"
+
+#include "model/base/error.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+
+namespace strata::model {
+
+BlockPool::BlockPool(CacheShape shape, int64_t capacity, uint64_t owner)
+  : shape_(shape), capacity_(std::clamp<int64_t>(capacity, 1, std::numeric_limits<int32_t>::max())), owner_(owner) {
+  if (shape.n_layers <= 0 || shape.kv_dim <= 0)
+    throw Error(errc::bad_argument, "a block pool needs layers and a kv width (got " + std::to_string(shape.n_layers) +
+                                      " layers, kv_dim " + std::to_string(shape.kv_dim) + ")");
+}
+
+int64_t BlockPool::blocks_for_budget(CacheShape shape, std::size_t bytes) {
+  const auto per = static_cast<std::size_t>(block_floats(shape)) * sizeof(float);
+  if (per == 0)
+    return 1;
+  return std::clamp<int64_t>(static_cast<int64_t>(bytes / per), 1, std::numeric_limits<int32_t>::max());
+}
+
+std::size_t BlockPool::allocated_bytes() const {
+  return static_cast<std::size_t>(std::count_if(storage_.begin(), storage_.end(), [](auto& p) { return p != nullptr; })) *
+         block_bytes();
+}
+
+int32_t BlockPool::allocate() {
+  if (in_use_ >= capacity_)
+    return -1;
+  int32_t id;
+  if (!free_.empty()) {
+    id = free_.back();
+    free_.pop_back();
+  } else if (static_cast<int64_t>(storage_.size()) < capacity_) {
+    id = static_cast<int32_t>(storage_.size());
+    storage_.emplace_back(new float[static_cast<std::size_t>(block_floats())]);
+    refs_.push_back(0);
+    ids_.emplace_back();
+    has_id_.push_back(0);
+    lru_pos_.push_back(lru_.end());
+  } else {
+    // Every block has storage and those not in use are cached: reclaim the
+    // least recently released one.
+    id = lru_.back();
+    unpublish(id);
+    ++reclaimed_;
+  }
+  refs_[static_cast<std::size_t>(id)] = 1;
+  ++in_use_;
+  return id;
+}
+
+void BlockPool::retain(int32_t block) {
+  const auto b = static_cast<std::size_t>(block);
+  if (refs_[b]++ == 0) { // a cached block comes back into use
+    ++in_use_;
+    if (lru_pos_[b] != lru_.end()) {
+      lru_.erase(lru_pos_[b]);
+      lru_pos_[b] = lru_.end();
+    }
+  }
+}
+
+void BlockPool::release(int32_t block) {
+  const auto b = static_cast<std::size_t>(block);
+  auto& r = refs_[b];
+  if (r <= 0)
+    return;
+  if (--r == 0) {
+    --in_use_;
+    if (has_id_[b] != 0) {
+      lru_.push_front(block);
+      lru_pos_[b] = lru_.begin();
+    } else {
+      free_.push_back(block);
+    }
+  }
+}
+
+void BlockPool::unpublish(int32_t block) {
+  const auto b = static_cast<std::size_t>(block);
+  if (has_id_[b] != 0) {
+    index_.erase(ids_[b]);
+    has_id_[b] = 0;
+  }
+  if (lru_pos_[b] != lru_.end()) {
+    lru_.erase(lru_pos_[b]);
+    lru_pos_[b] = lru_.end();
+  }
+}
+
+void BlockPool::set_prefix_cache(bool on) {
+  prefix_on_ = on;
+  if (on)
+    return;
+  while (!lru_.empty()) { // cached blocks become plain free ones
+    const auto b = lru_.back();
+    unpublish(b);
+    free_.push_back(b);
+  }
+  for (std::size_t b = 0; b < has_id_.size(); ++b)
+    if (has_id_[b] != 0)
+      unpublish(static_cast<int32_t>(b));
+}
+
+bool BlockPool::publish(int32_t block, const BlockId& id) {
+  const auto b = static_cast<std::size_t>(block);
+  if (!prefix_on_ || b >= refs_.size() || refs_[b] <= 0 || has_id_[b] != 0)
+    return false;
+  if (!index_.emplace(id, block).second)
+    return false;
+  ids_[b] = id;
+  has_id_[b] = 1;
+  return true;
+}
+
+int32_t BlockPool::lookup(const BlockId& id) const {
+  if (!prefix_on_)
+    return -1;
+  auto it = index_.find(id);
+  return it == index_.end() ? -1 : it->second;
+}
+
+KVCache::KVCache(std::shared_ptr<BlockPool> pool) : pool_(std::move(pool)) {
+}
+
+KVCache::~KVCache() {
+  release_all();
+}
+
+KVCache::KVCache(KVCache&& o) noexcept
+  : pool_(std::move(o.pool_)), table_(std::move(o.table_)), seq_len_(std::exchange(o.seq_len_, 0)) {
+  o.table_.clear();
+}
+
+KVCache& KVCache::operator=(KVCache&& o) noexcept {
+  if (this != &o) {
+    release_all();
+    pool_ = std::move(o.pool_);
+    table_ = std::move(o.table_);
+    o.table_.clear();
+    seq_len_ = std::exchange(o.seq_len_, 0);
+  }
+  return *this;
+}
+
+void KVCache::release_all() {
+  if (pool_)
+    for (auto b : table_)
+      pool_->release(b);
+  table_.clear();
+  seq_len_ = 0;
+}
+
+int64_t KVCache::blocks_missing(int64_t tokens) const {
+  return std::max<int64_t>(0, blocks_needed(tokens) - blocks());
+}
+
+std::size_t KVCache::bytes() const {
+  return pool_ ? table_.size() * pool_->block_bytes() : 0;
+}
+
+bool KVCache::reserve(int64_t tokens) {
+  const int64_t missing = blocks_missing(tokens);
+  if (missing == 0)
+    return true;
+  if (!pool_ || pool_->available() < missing)
+    return false;
+  for (int64_t i = 0; i < missing; ++i)
+    table_.push_back(pool_->allocate());
+  return true;
+}
+
+void KVCache::truncate(int64_t n) {
+  n = std::max<int64_t>(0, n);
+  if (n < seq_len_)
+    seq_len_ = n;
+  const auto keep = static_cast<std::size_t>(blocks_needed(n));
+  while (table_.size() > keep) {
+    pool_->release(table_.back());
+    table_.pop_back();
+  }
+}
+
+void KVCache::commit(int64_t n) {
+  if (n > blocks() * BlockPool::block_tokens)
+    throw Error(errc::bad_argument, "commit of " + std::to_string(n) + " positions past the " +
+                                      std::to_string(blocks()) + " reserved blocks");
+  seq_len_ = n;
+}
+
+bool KVCache::adopt(int32_t block) {
+  if (!pool_ || seq_len_ != blocks() * BlockPool::block_tokens)
+    return false;
+  pool_->retain(block);
+  table_.push_back(block);
+  seq_len_ += BlockPool::block_tokens;
+  return true;
+}
+
+KVView KVCache::view() const {
+  KVView v;
+  v.pool = pool_.get();
+  v.seq_len = seq_len_;
+  v.blocks.reserve(table_.size());
+  for (auto b : table_)
+    v.blocks.push_back(pool_->data(b));
+  return v;
+}
+
+} // namespace strata::model

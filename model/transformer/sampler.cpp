@@ -1,0 +1,153 @@
+#include "model/transformer/sampler.hpp"
+
+#include "model/base/error.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace strata::model {
+
+void SamplingParams::validate() const {
+  if (!std::isfinite(temperature) || temperature < 0.0f || temperature > 100.0f)
+    throw Error(errc::bad_argument, "temperature must be in [0, 100] (got " + std::to_string(temperature) + ")");
+  if (top_k < 0)
+    throw Error(errc::bad_argument, "top_k must be >= 0 (got " + std::to_string(top_k) + ")");
+  if (!std::isfinite(top_p) || top_p <= 0.0f || top_p > 1.0f)
+    throw Error(errc::bad_argument, "top_p must be in (0, 1] (got " + std::to_string(top_p) + ")");
+  if (!std::isfinite(min_p) || min_p < 0.0f || min_p > 1.0f)
+    throw Error(errc::bad_argument, "min_p must be in [0, 1] (got " + std::to_string(min_p) + ")");
+}
+
+Sampler::Sampler(SamplingParams params) : p_(params), rng_(params.seed * 0x9e3779b97f4a7c15ull + 0x2545F4914F6CDD1Dull) {
+  p_.validate();
+  if (rng_ == 0)
+    rng_ = 1;
+}
+
+float Sampler::next_uniform() {
+  // xorshift* as in llama2.c's run.c
+  rng_ ^= rng_ >> 12;
+  rng_ ^= rng_ << 25;
+  rng_ ^= rng_ >> 27;
+  const auto r = static_cast<uint32_t>((rng_ * 0x2545F4914F6CDD1Dull) >> 32);
+  return static_cast<float>(r >> 8) / 16777216.0f;
+}
+
+int32_t Sampler::argmax(std::span<const float> logits) {
+  int32_t best = 0;
+  for (std::size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[static_cast<std::size_t>(best)])
+      best = static_cast<int32_t>(i);
+  return best;
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  if (logits.empty())
+    throw Error(errc::bad_shape, "cannot sample from empty logits");
+  if (p_.temperature == 0.0f)
+    return argmax(logits);
+  // Candidates sorted by logit (ties: lower id first), cut by top-k.
+  scratch_.clear();
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    scratch_.emplace_back(logits[i], static_cast<int32_t>(i));
+  auto cmp = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  std::size_t k = scratch_.size();
+  if (p_.top_k > 0 && static_cast<std::size_t>(p_.top_k) < k) {
+    k = static_cast<std::size_t>(p_.top_k);
+    std::partial_sort(scratch_.begin(), scratch_.begin() + static_cast<std::ptrdiff_t>(k), scratch_.end(), cmp);
+    scratch_.resize(k);
+  } else if (p_.top_p < 1.0f) {
+    std::sort(scratch_.begin(), scratch_.end(), cmp);
+  }
+  // Softmax at the temperature.
+  const float mx = std::max_element(scratch_.begin(), scratch_.end(), [](auto& a, auto& b) { return a.first < b.first; })->first;
+  double sum = 0;
+  for (auto& c : scratch_) {
+    c.first = std::exp((c.first - mx) / p_.temperature);
+    sum += c.first;
+  }
+  // Min-p cut: the weights are relative to the most likely token (which has
+  // weight 1), so the cut is a threshold on them; the order is kept.
+  if (p_.min_p > 0.0f) {
+    std::size_t kept = 0;
+    sum = 0;
+    for (auto& c : scratch_)
+      if (c.first >= p_.min_p) {
+        scratch_[kept++] = c;
+        sum += c.first;
+      }
+    scratch_.resize(kept); // never empty: the most likely token has weight 1
+  }
+  // Nucleus cut: smallest prefix whose mass reaches top_p (needs sorted order).
+  std::size_t n = scratch_.size();
+  if (p_.top_p < 1.0f) {
+    double cum = 0;
+    for (std::size_t i = 0; i < scratch_.size(); ++i) {
+      cum += scratch_[i].first / sum;
+      if (cum >= p_.top_p) {
+        n = i + 1;
+        break;
+      }
+    }
+    sum = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      sum += scratch_[i].first;
+  }
+  const double coin = static_cast<double>(next_uniform()) * sum;
+  double cum = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    cum += scratch_[i].first;
+    if (coin < cum)
+      return scratch_[i].second;
+  }
+  return scratch_[n - 1].second;
+}
+
+void apply_penalties(std::span<float> logits, float presence, float frequency, float repetition,
+                     std::span<const int32_t> ids, std::span<const int32_t> counts) {
+  if (ids.size() != counts.size())
+    throw Error(errc::bad_argument, "penalty lists differ in length (" + std::to_string(ids.size()) + " ids, " +
+                                      std::to_string(counts.size()) + " counts)");
+  if (!(repetition > 0) || !std::isfinite(repetition) || !std::isfinite(presence) || !std::isfinite(frequency))
+    throw Error(errc::bad_argument, "penalties must be finite and the repetition penalty > 0");
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    if (id < 0 || static_cast<std::size_t>(id) >= logits.size() || counts[i] < 0)
+      throw Error(errc::bad_argument, "penalty token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                        std::to_string(logits.size()));
+    float& l = logits[static_cast<std::size_t>(id)];
+    if (repetition != 1.0f)
+      l = l > 0 ? l / repetition : l * repetition;
+    if (counts[i] > 0)
+      l -= presence + frequency * static_cast<float>(counts[i]);
+  }
+}
+
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int32_t k) {
+  if (logits.empty() || token < 0 || static_cast<std::size_t>(token) >= logits.size())
+    throw Error(errc::bad_argument, "token " + std::to_string(token) + " is outside the logits");
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits)
+    sum += std::exp(static_cast<double>(l) - mx);
+  const double log_z = mx + std::log(sum);
+  TokenLogprobs out;
+  out.logprob = static_cast<float>(logits[static_cast<std::size_t>(token)] - log_z);
+  const auto n = static_cast<std::size_t>(std::clamp<int32_t>(k, 0, static_cast<int32_t>(logits.size())));
+  if (n > 0) {
+    std::vector<int32_t> idx(logits.size());
+    for (std::size_t i = 0; i < idx.size(); ++i)
+      idx[i] = static_cast<int32_t>(i);
+    std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(n), idx.end(), [&](int32_t a, int32_t b) {
+      const float x = logits[static_cast<std::size_t>(a)], y = logits[static_cast<std::size_t>(b)];
+      return x > y || (x == y && a < b);
+    });
+    for (std::size_t i = 0; i < n; ++i) {
+      out.top_ids.push_back(idx[i]);
+      out.top_logprobs.push_back(static_cast<float>(logits[static_cast<std::size_t>(idx[i])] - log_z));
+    }
+  }
+  return out;
+}
+
+} // namespace strata::model

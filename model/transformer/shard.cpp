@@ -1,0 +1,188 @@
+// Shard: loading a layer range, its cache geometry, thread settings, and the
+// single-sequence entry points over the batched forward pass (forward.cpp).
+
+#include "model/transformer/shard.hpp"
+
+#include "model/base/error.hpp"
+#include "model/kernels/kernels.hpp"
+#include "model/transformer/shard_impl.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <dlfcn.h>
+#include <limits>
+
+namespace strata::model {
+
+using detail::LayerWeights;
+using detail::ShardWeights;
+
+// ------------------------------------------------------------------ threads
+
+namespace {
+std::atomic<int> wanted_threads{0};
+} // namespace
+
+// OpenMP keeps the thread count per calling thread: a count set on the main
+// thread does not reach a detached shard actor's thread. Every forward call
+// applies the process's setting to its own thread (once per change).
+void detail::apply_threads() {
+  thread_local int applied = 0;
+  const int wanted = wanted_threads.load(std::memory_order_relaxed);
+  if (wanted > 0 && wanted != applied) {
+    at::set_num_threads(wanted);
+    applied = wanted;
+  }
+}
+
+void set_num_threads(int threads) {
+  if (threads <= 0)
+    return;
+  wanted_threads = threads;
+  at::set_num_threads(threads);
+  // OpenBLAS keeps its own pool; ATen does not size it. Reach it if present.
+  using setter = void (*)(int);
+  if (auto fn = reinterpret_cast<setter>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
+    fn(threads);
+}
+
+int num_threads() {
+  return at::get_num_threads();
+}
+
+std::vector<int64_t> consecutive_positions(int64_t start, int64_t n) {
+  std::vector<int64_t> p(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    p[static_cast<std::size_t>(i)] = start + i;
+  return p;
+}
+
+// ------------------------------------------------------------------ shard
+
+namespace {
+std::atomic<uint64_t> next_shard_uid{1};
+} // namespace
+
+Shard::Shard(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
+}
+Shard::~Shard() = default;
+
+std::unique_ptr<Shard> Shard::load(const std::string& model, LayerRange range, const LoadOptions& options) {
+  at::InferenceMode guard;
+  auto src = detail::open_source(model);
+  auto impl = std::make_unique<Impl>();
+  impl->uid = next_shard_uid++;
+  impl->cfg = src->config();
+  impl->cfg.dtype = detail::resolve_dtype(*src, options.dtype);
+  impl->range = range;
+  impl->w = detail::load_weights(*src, range, options);
+  impl->build_rope();
+  return std::unique_ptr<Shard>(new Shard(std::move(impl)));
+}
+
+std::unique_ptr<Shard> Shard::load(const std::string& model, const LoadOptions& options) {
+  auto src = detail::open_source(model);
+  const int64_t n = src->config().n_layers;
+  src.reset();
+  return load(model, LayerRange{0, n - 1}, options);
+}
+
+const ModelConfig& Shard::config() const {
+  return impl_->cfg;
+}
+
+LayerRange Shard::range() const {
+  return impl_->range;
+}
+
+std::size_t Shard::weight_bytes() const {
+  std::size_t n = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined())
+      n += static_cast<std::size_t>(t.numel()) * t.element_size();
+  };
+  n += impl_->w.embedding.bytes();
+  for (auto& l : impl_->w.layers) {
+    add(l.attn_norm), add(l.bqkv), add(l.ffn_norm);
+    n += l.wqkv.bytes() + l.wo.bytes() + l.w13.bytes() + l.w2.bytes();
+  }
+  add(impl_->w.final_norm);
+  if (impl_->w.classifier.data != impl_->w.embedding.data)
+    n += impl_->w.classifier.bytes();
+  return n;
+}
+
+CacheShape Shard::cache_shape() const {
+  return impl_->cache_shape();
+}
+
+std::shared_ptr<BlockPool> Shard::new_pool(std::size_t budget_bytes) const {
+  const auto shape = impl_->cache_shape();
+  return std::make_shared<BlockPool>(shape, BlockPool::blocks_for_budget(shape, budget_bytes), impl_->uid);
+}
+
+KVCache Shard::new_cache() const {
+  if (!impl_->default_pool)
+    impl_->default_pool =
+      std::make_shared<BlockPool>(impl_->cache_shape(), std::numeric_limits<int32_t>::max(), impl_->uid);
+  return KVCache(impl_->default_pool);
+}
+
+std::vector<SeqOutcome> Shard::forward(std::span<const SeqStep> batch) {
+  at::InferenceMode guard;
+  detail::apply_threads();
+  return impl_->run(batch);
+}
+
+namespace {
+
+ShardOutput forward_one(Shard& shard, const SeqStep& step) {
+  auto out = shard.forward(std::span<const SeqStep>(&step, 1));
+  if (out.front().error)
+    throw *out.front().error;
+  return std::move(out.front().out);
+}
+
+} // namespace
+
+ShardOutput Shard::forward(std::span<const int32_t> tokens, std::span<const int64_t> positions, KVCache& cache) {
+  SeqStep step;
+  step.tokens = tokens;
+  step.positions = positions;
+  step.cache = &cache;
+  return forward_one(*this, step);
+}
+
+ShardOutput Shard::forward(const Activation& hidden, std::span<const int64_t> positions, KVCache& cache) {
+  if (is_head())
+    throw Error(errc::bad_argument, "shard " + std::to_string(range().first) + "-" + std::to_string(range().last) +
+                                      " is the head: it takes token ids, not hidden states");
+  if (hidden.cols != config().dim || hidden.rows <= 0 ||
+      static_cast<int64_t>(hidden.data.size()) != hidden.rows * hidden.cols)
+    throw Error(errc::bad_shape, "hidden state of shape [" + std::to_string(hidden.rows) + ", " +
+                                   std::to_string(hidden.cols) + "] with " + std::to_string(hidden.data.size()) +
+                                   " values does not fit dim " + std::to_string(config().dim));
+  SeqStep step;
+  step.hidden = hidden.data.data();
+  step.rows = hidden.rows;
+  step.positions = positions;
+  step.cache = &cache;
+  return forward_one(*this, step);
+}
+
+double fma_rate_per_thread(double seconds) {
+  return detail::fma_rate_per_thread(seconds);
+}
+
+ModelConfig read_config(const std::string& model) {
+  return detail::open_source(model)->config();
+}
+
+std::vector<std::string> builtin_model_names() {
+  return {"tiny", "qwen2-0.5b"};
+}
+
+} // namespace strata::model

@@ -1,0 +1,130 @@
+#pragma once
+// Shard: a contiguous layer range [first, last] of a decoder-only transformer,
+// and its batched forward pass.
+//
+// This header is torch-free on purpose: everything outside model/ talks to the
+// model through plain vectors, so only model/*.cpp pays for ATen at compile time.
+//
+// The model never owns a cache: `forward(batch)` is a function of the weights
+// and, per sequence, its input rows, positions and cache (a block table into a
+// BlockPool, see kv_cache.hpp). A Shard keeps scratch buffers between calls, so
+// one Shard serves one caller at a time (the shard actor that owns it).
+
+#include "model/base/config.hpp"
+#include "model/base/error.hpp"
+#include "model/transformer/kv_cache.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace strata::model {
+
+/// A row-major float matrix: the residual stream [rows = tokens, cols = dim].
+struct Activation {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<float> data; // (rows, cols)
+};
+
+/// What one shard emits: the unnormalized residual stream (every shard but the
+/// tail) or the logits of the last position (the tail).
+struct ShardOutput {
+  Activation hidden;         // (T, dim), non-tail shards
+  std::vector<float> logits; // (vocab), tail shard
+  bool has_logits() const { return !logits.empty(); }
+};
+
+/// One sequence of a batched forward call: its input rows at `positions`
+/// (which must continue its cache: cache->seq_len(), +1, ...).
+struct SeqStep {
+  std::span<const int32_t> tokens; ///< head: token ids (one per row)
+  const float* hidden = nullptr;   ///< other shards: (rows, dim) hidden rows
+  int64_t rows = 0;                ///< rows of `hidden` (the head uses tokens.size())
+  std::span<const int64_t> positions;
+  KVCache* cache = nullptr;
+  /// false: only fill the cache (a prefill chunk before the last); the tail skips
+  /// its classifier and other shards return no hidden rows.
+  bool emit = true;
+};
+
+/// What one sequence of a batch got: an error (nothing of its cache changed) or
+/// its output.
+struct SeqOutcome {
+  std::optional<Error> error;
+  ShardOutput out;
+};
+
+/// Sets the threads used by tensor math (intra-op and BLAS). 0 keeps the default.
+void set_num_threads(int threads);
+int num_threads();
+
+class Shard {
+public:
+  ~Shard();
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+
+  /// Loads layers `range` of `model`, which is a llama2.c `.bin` checkpoint, a
+  /// GGUF file, a Hugging Face model directory, or `builtin:NAME`. Only what the range needs is
+  /// loaded: the embedding on the head, final norm + classifier on the tail.
+  static std::unique_ptr<Shard> load(const std::string& model, LayerRange range, const LoadOptions& options = {});
+  /// Loads the whole model as one shard.
+  static std::unique_ptr<Shard> load(const std::string& model, const LoadOptions& options = {});
+
+  const ModelConfig& config() const;
+  LayerRange range() const;
+  bool is_head() const { return range().first == 0; }
+  bool is_tail() const { return range().last == config().n_layers - 1; }
+  /// Bytes held by this shard's weights.
+  std::size_t weight_bytes() const;
+
+  /// The geometry of this shard's cache blocks.
+  CacheShape cache_shape() const;
+  /// A block pool for this shard holding at most `budget_bytes` of cache.
+  std::shared_ptr<BlockPool> new_pool(std::size_t budget_bytes) const;
+  /// An empty cache in this shard's own unbounded pool (tools and tests; the
+  /// shard actor budgets its own pool).
+  KVCache new_cache() const;
+
+  /// The batched forward pass. Every weight matrix is applied once to the rows
+  /// of all sequences; attention runs per sequence over its own blocks. Each
+  /// sequence is checked first (input, positions, context, free blocks): one
+  /// that fails gets its error and is left out; the others run. A sequence's
+  /// cache is committed only once all its rows ran (all-or-nothing per
+  /// sequence). A sequence gets bit-for-bit the same numbers in a batch as alone,
+  /// as long as it is fed in the same pieces.
+  std::vector<SeqOutcome> forward(std::span<const SeqStep> batch);
+
+  /// Head only: runs token ids at `positions` (which must be cache.seq_len(),
+  /// +1, ... ) and appends them to `cache`. All-or-nothing: on error (thrown)
+  /// the cache is unchanged.
+  ShardOutput forward(std::span<const int32_t> tokens, std::span<const int64_t> positions, KVCache& cache);
+  /// Middle/tail: runs a hidden state (T, dim) from the previous shard.
+  ShardOutput forward(const Activation& hidden, std::span<const int64_t> positions, KVCache& cache);
+
+  struct Impl;
+
+private:
+  explicit Shard(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Multiply-adds per second one thread sustains on this CPU's widest FMA units
+/// (a register-only loop run for `seconds`): the basis of a peak-FLOP/s figure.
+double fma_rate_per_thread(double seconds);
+
+/// The configuration of `model` (same specs as Shard::load) without loading weights.
+ModelConfig read_config(const std::string& model);
+
+/// Positions start, start+1, ..., start+n-1.
+std::vector<int64_t> consecutive_positions(int64_t start, int64_t n);
+
+/// Names accepted after `builtin:`.
+std::vector<std::string> builtin_model_names();
+
+} // namespace strata::model
