@@ -1,0 +1,527 @@
+#include "server/generation.hpp"
+
+#include "messages/session_id.hpp"
+#include "model/transformer/sampler.hpp"
+#include "runtime/log.hpp"
+
+#include <cstdio>
+#include <random>
+#include <thread>
+
+namespace strata::server {
+
+using nlohmann::json;
+using clk = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------- Job
+
+void Job::cancel() {
+  cancelled = true;
+  std::lock_guard<std::mutex> g(mu);
+  for (auto& s : sessions)
+    if (s)
+      caf::anon_send(s, atom::cancel_atom_v);
+}
+
+void Job::cancel_choice(std::size_t i) {
+  std::lock_guard<std::mutex> g(mu);
+  if (i < ended.size())
+    ended[i] = true;
+  if (i < sessions.size() && sessions[i])
+    caf::anon_send(sessions[i], atom::cancel_atom_v);
+}
+
+void Job::started(std::size_t i, msg::session_actor s) {
+  std::lock_guard<std::mutex> g(mu);
+  if (i >= sessions.size())
+    return;
+  sessions[i] = s;
+  if (cancelled || ended[i])
+    caf::anon_send(s, atom::cancel_atom_v);
+}
+
+// ---------------------------------------------------------------- start
+
+void start_generation(Server::Impl& srv, const ConnectionPtr& c, Exchange x, const std::string& body, bool chat) {
+  auto parsed = parse_request(body, chat);
+  if (auto* e = std::get_if<ApiError>(&parsed))
+    return answer(srv, c, x, Reply::error(*e), x.keep_alive);
+  auto req = std::get<ApiRequest>(std::move(parsed));
+  if (srv.draining)
+    return answer(srv, c, x, Reply::error(api_error(503, "the server is shutting down", "server_error")), false);
+  // Each choice is a generation: a request with n choices takes n places.
+  const auto places = static_cast<std::size_t>(req.n);
+  if (places > srv.opts.max_in_flight) {
+    auto e = api_error(400, "'n' = " + std::to_string(places) + " is more than the server's --max-in-flight of " +
+                              std::to_string(srv.opts.max_in_flight),
+                       "invalid_request_error");
+    e.param = "n";
+    return answer(srv, c, x, Reply::error(e), x.keep_alive);
+  }
+  if (srv.in_flight.load() + places > srv.opts.max_in_flight)
+    return answer(srv, c, x,
+                  Reply::error(api_error(429,
+                                         "too many generations in flight (limit " +
+                                           std::to_string(srv.opts.max_in_flight) + "); retry later",
+                                         "rate_limit_exceeded")),
+                  x.keep_alive);
+  auto g = std::make_shared<Generation>(srv.shared_from_this(), c, std::move(x), std::move(req), places);
+  srv.generating.insert(g);
+  g->start();
+}
+
+Generation::Generation(std::shared_ptr<Server::Impl> srv, ConnectionPtr c, Exchange x, ApiRequest req,
+                       std::size_t places)
+  : srv_(std::move(srv)), conn_(std::move(c)), x_(std::move(x)), req_(std::move(req)), places_(places) {
+  srv_->in_flight += places_;
+  srv_->metrics.in_flight(static_cast<int>(places_));
+  started_ = clk::now();
+}
+
+void Generation::start() {
+  // Tokenizing and the context check need the model: off the io thread.
+  std::thread([self = shared_from_this()] { self->prepare_and_run(); }).detach();
+}
+
+// Driver thread: nothing may escape it (an exception here would end the process).
+void Generation::prepare_and_run() {
+  try {
+    prepare_and_generate();
+  } catch (const std::exception& e) {
+    fail_from_driver(std::string("internal error: ") + e.what());
+  } catch (...) {
+    fail_from_driver("internal error");
+  }
+}
+
+void Generation::fail_from_driver(const std::string& why) {
+  log::error("generation failed: " + why);
+  net::post(conn_->executor(), [self = shared_from_this(), why, began = began_.load()] {
+    if (began)
+      self->on_done(0, {}, why);
+    else
+      self->fail_before_start(api_error(500, why, "server_error"));
+  });
+}
+
+void Generation::prepare_and_generate() {
+  ModelState m;
+  std::vector<int32_t> prompt;
+  std::optional<ApiError> err = srv_->ensure_model(m);
+  int64_t max_tokens = 0;
+  if (!err && !req_.model.empty() && req_.model != m.id)
+    err = model_not_found(req_.model, m.id);
+  if (!err && !m.tok && !(req_.prompt_is_ids && !req_.chat))
+    err = api_error(500, "the server has no tokenizer for " + m.id + " (start it with --tokenizer)", "server_error");
+  if (!err) {
+    try {
+      if (req_.chat) {
+        auto p = chat_prompt(req_.messages, m.chat.get(), m.family, *m.tok, m.cfg, req_.template_kwargs);
+        if (auto* e = std::get_if<ApiError>(&p))
+          err = *e;
+        else
+          prompt = std::move(std::get<ChatPrompt>(p).ids);
+      } else if (req_.prompt_is_ids)
+        prompt = req_.prompt_ids;
+      else
+        prompt = m.tok->encode(req_.prompt, m.cfg.bos_id >= 0 && m.tok->bos_id() == m.cfg.bos_id);
+    } catch (const std::exception& e) {
+      err = api_error(400, std::string("cannot encode the prompt: ") + e.what(), "invalid_request_error");
+    }
+  }
+  if (!err && prompt.empty())
+    err = api_error(400, "the prompt encodes to no tokens", "invalid_request_error");
+  if (!err)
+    for (auto id : prompt)
+      if (id < 0 || id >= m.cfg.vocab_size) {
+        err = api_error(400, "prompt token id " + std::to_string(id) + " is outside the vocabulary of " +
+                               std::to_string(m.cfg.vocab_size),
+                        "invalid_request_error");
+        break;
+      }
+  if (!err) {
+    const auto n = static_cast<int64_t>(prompt.size());
+    max_tokens = req_.max_tokens ? *req_.max_tokens : (req_.chat ? std::max<int64_t>(m.cfg.max_seq_len - n, 0) : 16);
+    err = check_context(n, max_tokens, m.cfg.max_seq_len);
+    if (!err && max_tokens < 1)
+      err = check_context(n, 1, m.cfg.max_seq_len);
+  }
+  if (err) {
+    net::post(conn_->executor(), [self = shared_from_this(), e = *err] { self->fail_before_start(e); });
+    return;
+  }
+  msg::generation_request g;
+  g.session = msg::mint_session_id("http");
+  g.prompt = prompt;
+  g.max_tokens = max_tokens;
+  g.stop_ids = req_.chat && m.tok ? chat_stop_ids(m.family, *m.tok, m.cfg, m.chat.get()) : m.cfg.eos_ids;
+  model::SamplingParams sp;
+  sp.temperature = req_.temperature;
+  sp.top_p = req_.top_p;
+  sp.top_k = req_.top_k;
+  sp.min_p = req_.min_p;
+  const uint64_t seed = req_.seed ? *req_.seed : std::random_device{}();
+  actors::SessionOptions so;
+  so.max_context = m.cfg.max_seq_len;
+  const auto n = static_cast<std::size_t>(req_.n);
+  {
+    std::lock_guard<std::mutex> lk(job_->mu);
+    job_->sessions.assign(n, {});
+    job_->ended.assign(n, false);
+  }
+  began_ = true;
+  net::post(conn_->executor(), [self = shared_from_this(), m, np = static_cast<int64_t>(prompt.size())] {
+    self->begin_response(m, np);
+  });
+  // One session per choice, each on its own thread (they block on the
+  // cluster); choice i samples with seed + i, so a seeded request repeats.
+  const auto run_choice = [&](std::size_t i) {
+    std::string error;
+    msg::generation_result result;
+    bool no_route = false;
+    try {
+      msg::generation_request gi = g;
+      gi.session = i == 0 ? g.session : msg::mint_session_id("http");
+      model::SamplingParams spi = sp;
+      spi.seed = seed + i;
+      gi.sampling = {sp.temperature, sp.top_k, sp.top_p, model::Sampler(spi).state(), sp.min_p};
+      gi.sampling.presence_penalty = req_.presence_penalty;
+      gi.sampling.frequency_penalty = req_.frequency_penalty;
+      gi.sampling.repetition_penalty = req_.repetition_penalty;
+      gi.sampling.logprobs = req_.logprobs;
+      auto job = job_;
+      auto out = actors::run_generation(
+        srv_->sys, srv_->supervisor(), gi, so, {}, {},
+        [self = shared_from_this(), i](const msg::token_event& ev) {
+          net::post(self->conn_->executor(), [self, i, ev] { self->on_token(i, ev); });
+        },
+        srv_->reconnect, [job, i](msg::session_actor s) { job->started(i, s); });
+      no_route = out.error == ec::no_route;
+      if (!out.ok())
+        error = srv_->sys.render(out.error);
+      else
+        srv_->metrics.generation(out.result);
+      result = std::move(out.result);
+    } catch (const std::exception& e) {
+      error = std::string("internal error: ") + e.what();
+    } catch (...) {
+      error = "internal error";
+    }
+    net::post(conn_->executor(), [self = shared_from_this(), i, r = std::move(result), error, no_route] {
+      if (no_route) // no complete route within the coordinator's --route-wait-ms: the cluster is unavailable
+        self->on_done(i, r, error,
+                      api_error(503, "no complete route covers the model's layers: " + error, "server_error",
+                                "no_route"));
+      else
+        self->on_done(i, r, error);
+    });
+  };
+  std::vector<std::thread> others;
+  for (std::size_t i = 1; i < n; ++i)
+    others.emplace_back(run_choice, i);
+  run_choice(0);
+  for (auto& t : others)
+    t.join();
+}
+
+// ---------------------------------------------------------------- io thread
+
+void Generation::abort(const ApiError& why) {
+  if (state_ == State::finished)
+    return;
+  job_->cancel();
+  srv_->metrics.cancelled();
+  if (streaming()) {
+    conn_->send_event(dump(json{{"error", why.body()["error"]}}));
+    finish_stream();
+  } else {
+    respond(Reply::error(why), false);
+    state_ = State::finished;
+  }
+}
+
+// The client went away mid-generation: end its sessions (which frees their caches).
+void Generation::client_gone(bool write_failed) {
+  if (state_ == State::finished)
+    return;
+  job_->cancel();
+  srv_->metrics.cancelled();
+  state_ = State::finished;
+  if (!write_failed)
+    srv_->metrics.request(x_.endpoint, 499);
+}
+
+void Generation::fail_before_start(const ApiError& e) {
+  end_job();
+  respond(Reply::error(e), x_.keep_alive);
+  state_ = State::finished;
+}
+
+void Generation::end_job() {
+  if (ended_)
+    return;
+  ended_ = true;
+  srv_->in_flight -= places_;
+  srv_->metrics.in_flight(-static_cast<int>(places_));
+  srv_->generation_ended(shared_from_this());
+}
+
+// One line per generation request: id, endpoint, status, tokens, time, finish reason.
+void Generation::log_line(int status) {
+  if (!log::enabled(log::level::info))
+    return;
+  const double ms = std::chrono::duration<double, std::milli>(clk::now() - started_).count();
+  char t[32];
+  std::snprintf(t, sizeof t, "%.1f", ms);
+  log::info("request " + (id_.empty() ? std::string("-") : id_) + " " + x_.endpoint + " " + std::to_string(status) +
+            " prompt_tokens=" + std::to_string(prompt_tokens_) + " generated_tokens=" +
+            std::to_string(completion_tokens_) + " ms=" + t + " finish=" +
+            (finish_reason_.empty() ? "-" : finish_reason_));
+}
+
+void Generation::respond(Reply r, bool keep_alive) {
+  if (state_ == State::finished)
+    return;
+  srv_->metrics.request(x_.endpoint, r.status);
+  log_line(r.status);
+  add_cors(*srv_, x_.origin, r);
+  conn_->respond(r, keep_alive && !srv_->draining);
+}
+
+json Generation::usage() const {
+  return {{"prompt_tokens", prompt_tokens_},
+          {"completion_tokens", completion_tokens_},
+          {"total_tokens", prompt_tokens_ + completion_tokens_}};
+}
+
+// OpenAI's logprobs object for `entries` (chat: {content}; completions: the
+// legacy parallel lists).
+json Generation::logprobs_json(const json& entries, const Choice& c, std::size_t first) const {
+  if (req_.chat)
+    return {{"content", entries}, {"refusal", nullptr}};
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (std::size_t k = 0; k < entries.size(); ++k) {
+    const auto& e = entries[k];
+    tokens.push_back(e["token"]);
+    lps.push_back(e["logprob"]);
+    json top = json::object();
+    for (auto& t : e["top_logprobs"])
+      top[t["token"].get<std::string>()] = t["logprob"];
+    tops.push_back(top);
+    offsets.push_back(first + k < c.offsets.size() ? c.offsets[first + k] : 0);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json Generation::chunk(std::size_t i, const std::string& piece, const char* finish, bool role) {
+  auto& c = choices_[i];
+  json choice = {{"index", i}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
+  json lp = nullptr;
+  if (req_.logprobs >= 0 && (!c.pending.empty() || finish)) {
+    lp = logprobs_json(c.pending, c, c.logprobs.size() - c.pending.size());
+    c.pending = json::array();
+  }
+  if (req_.chat) {
+    json delta = json::object();
+    if (role)
+      delta["role"] = "assistant";
+    if (!piece.empty() || role)
+      delta["content"] = piece;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = piece;
+  }
+  choice["logprobs"] = lp;
+  return envelope(req_.chat ? "chat.completion.chunk" : "text_completion", json::array({choice}));
+}
+
+// What every response and stream event carries around its choices.
+json Generation::envelope(const char* object, json choices) const {
+  return {{"id", id_}, {"object", object}, {"created", created_}, {"model", created_model_}, {"choices", choices}};
+}
+
+void Generation::begin_response(const ModelState& m, int64_t prompt_tokens) {
+  model_ = m;
+  prompt_tokens_ = prompt_tokens;
+  srv_->metrics.prompt_tokens(static_cast<uint64_t>(prompt_tokens));
+  id_ = make_id(req_.chat ? "chatcmpl-" : "cmpl-");
+  created_ = unix_now();
+  created_model_ = m.id; // the served name, never whatever the client sent
+  choices_.clear();
+  choices_.resize(static_cast<std::size_t>(req_.n));
+  for (auto& c : choices_) {
+    if (m.tok)
+      c.dec.emplace(*m.tok);
+    c.stop.emplace(req_.stop);
+  }
+  drivers_left_ = choices_.size(); // (even when already finished: the drivers still report)
+  last_token_ = started_;
+  if (state_ == State::finished)
+    return; // aborted while preparing
+  state_ = State::answering;
+  timeout_.emplace(conn_->executor());
+  timeout_->expires_after(srv_->opts.request_timeout);
+  timeout_->async_wait([weak = weak_from_this()](beast::error_code ec) {
+    auto self = weak.lock();
+    if (!ec && self)
+      self->abort(api_error(504,
+                            "the generation did not finish within the request timeout of " +
+                              std::to_string(self->srv_->opts.request_timeout.count()) + " s",
+                            "server_error", "timeout"));
+  });
+  // A client that goes away cancels its sessions (it sends nothing more on this request).
+  conn_->watch_disconnect([weak = weak_from_this()](bool write_failed) {
+    if (auto self = weak.lock())
+      self->client_gone(write_failed);
+  });
+  if (req_.stream) {
+    srv_->metrics.request(x_.endpoint, 200);
+    Reply head;
+    add_cors(*srv_, x_.origin, head);
+    conn_->begin_stream(head.headers);
+    if (req_.chat)
+      for (std::size_t i = 0; i < choices_.size(); ++i)
+        conn_->send_event(dump(chunk(i, "", nullptr, true)));
+  }
+}
+
+void Generation::on_token(std::size_t i, const msg::token_event& ev) {
+  if (state_ != State::answering || i >= choices_.size() || choices_[i].finish)
+    return;
+  auto& c = choices_[i];
+  const auto now = clk::now();
+  srv_->metrics.token(std::chrono::duration<double>(now - last_token_).count(), completion_tokens_ == 0);
+  last_token_ = now;
+  ++completion_tokens_;
+  if (req_.logprobs >= 0 && model_.tok) {
+    const auto entry = [&](int32_t id, float lp) {
+      std::string t;
+      try {
+        t = model_.tok->token_bytes(id, c.prev);
+      } catch (const std::exception&) {
+      }
+      json bytes = json::array();
+      for (unsigned char b : t)
+        bytes.push_back(b);
+      return json{{"token", t}, {"logprob", lp}, {"bytes", bytes}};
+    };
+    json e = entry(ev.token, ev.logprob);
+    json top = json::array();
+    for (std::size_t k = 0; k < ev.top_ids.size() && k < ev.top_logprobs.size(); ++k)
+      top.push_back(entry(ev.top_ids[k], ev.top_logprobs[k]));
+    e["top_logprobs"] = top;
+    c.offsets.push_back(c.bytes);
+    c.bytes += e["bytes"].size();
+    c.logprobs.push_back(e);
+    c.pending.push_back(std::move(e));
+  }
+  c.prev = ev.token;
+  std::string piece = c.dec ? c.dec->push(ev.token) : std::to_string(ev.token) + " ";
+  piece = c.stop->push(piece);
+  emit(i, piece);
+  if (c.stop->stopped()) {
+    job_->cancel_choice(i); // frees the caches now; on_done then sees the cancel
+    end_choice(i, "stop");
+  }
+}
+
+void Generation::emit(std::size_t i, const std::string& piece) {
+  if (piece.empty())
+    return; // (logprobs of held-back text go out with the next piece)
+  choices_[i].text += piece;
+  if (streaming())
+    conn_->send_event(dump(chunk(i, piece, nullptr)));
+}
+
+void Generation::on_done(std::size_t i, const msg::generation_result& r, const std::string& error,
+                         std::optional<ApiError> why) {
+  const bool last = drivers_left_ > 0 && --drivers_left_ == 0;
+  if (state_ == State::finished) {
+    if (last)
+      end_job();
+    return;
+  }
+  if (!error.empty()) {
+    job_->cancel(); // the other choices end too
+    if (last)
+      end_job();
+    const auto e =
+      why ? *why : api_error(502, "the generation failed in the cluster: " + error, "server_error", "cluster_error");
+    if (streaming()) {
+      conn_->send_event(dump(json{{"error", e.body()["error"]}}));
+      return finish_stream();
+    }
+    respond(Reply::error(e), false);
+    state_ = State::finished;
+    return;
+  }
+  if (last)
+    end_job();
+  if (i >= choices_.size() || choices_[i].finish)
+    return;
+  auto& c = choices_[i];
+  if (c.dec)
+    emit(i, c.stop->push(c.dec->finish()));
+  if (!c.stop->stopped())
+    emit(i, c.stop->flush());
+  end_choice(i, c.stop->stopped() || r.finish == "stop" ? "stop" : "length");
+}
+
+// One choice has ended; the response completes when all have.
+void Generation::end_choice(std::size_t i, const char* finish) {
+  auto& c = choices_[i];
+  if (c.finish || state_ == State::finished)
+    return;
+  c.finish = finish;
+  if (streaming())
+    conn_->send_event(dump(chunk(i, "", finish)));
+  if (++choices_done_ == choices_.size())
+    complete();
+}
+
+void Generation::complete() {
+  if (state_ == State::finished)
+    return;
+  finish_reason_ = choices_.empty() || !choices_[0].finish ? "stop" : choices_[0].finish;
+  if (timeout_)
+    timeout_->cancel();
+  if (streaming()) {
+    if (req_.include_usage) {
+      json u = envelope(req_.chat ? "chat.completion.chunk" : "text_completion", json::array());
+      u["usage"] = usage();
+      conn_->send_event(dump(u));
+    }
+    return finish_stream();
+  }
+  json list = json::array();
+  for (std::size_t i = 0; i < choices_.size(); ++i) {
+    const auto& c = choices_[i];
+    json choice = {{"index", i}, {"finish_reason", c.finish ? c.finish : "stop"}};
+    const json lp = req_.logprobs >= 0 ? logprobs_json(c.logprobs, c, 0) : json(nullptr);
+    if (req_.chat)
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    else
+      choice["text"] = c.text;
+    choice["logprobs"] = lp;
+    list.push_back(std::move(choice));
+  }
+  json body = envelope(req_.chat ? "chat.completion" : "text_completion", std::move(list));
+  body["usage"] = usage();
+  respond(Reply::json_body(200, body), x_.keep_alive);
+  state_ = State::finished;
+}
+
+void Generation::finish_stream() {
+  if (!streaming())
+    return;
+  if (finish_reason_.empty())
+    finish_reason_ = "error";
+  log_line(200);
+  if (timeout_)
+    timeout_->cancel();
+  conn_->send_event("[DONE]");
+  conn_->end_stream();
+  state_ = State::finished;
+}
+
+} // namespace strata::server
