@@ -4,6 +4,10 @@
 // actor and registers with the coordinator), and the client side used by
 // `strata generate --cluster`, `strata status` and `strata inject`.
 // Transport is CAF's io module (BASP over TCP); heartbeats detect frozen peers.
+// Implemented by purpose: network.cpp (endpoints, the actor system of a cluster
+// process, connecting, the network options), node.cpp (`strata node`),
+// cluster_client.cpp (a client's view of the cluster, remote injections) and
+// status_commands.cpp (`strata status`, `strata inject`).
 
 #include "actors/cluster.hpp"
 #include "runtime/args.hpp"
@@ -98,6 +102,8 @@ msg::route_info cluster_view(caf::actor_system& sys, msg::supervisor_actor sup);
 /// Throws model::Error(io) if the coordinator does not answer within 10 s, and
 /// model::Error(bad_argument) when no shard node has registered yet.
 msg::model_facts cluster_model(caf::actor_system& sys, msg::supervisor_actor sup);
+/// The supervisor's whole status (recipe, shards with their stats). Throws model::Error(io).
+msg::cluster_status cluster_status(caf::actor_system& sys, msg::supervisor_actor sup);
 
 /// Every registered shard, in registration order, with its stats; `all` gets
 /// the supervisor's view (epoch, recipe). Throws model::Error(io) if the

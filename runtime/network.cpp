@@ -1,0 +1,130 @@
+// How a process reaches a cluster: endpoints, the actor system of a cluster process
+// (liveness, TLS), connecting to the coordinator, and the options for all of that.
+
+#include "runtime/cluster.hpp"
+
+#include "model/base/error.hpp"
+#include "runtime/args.hpp"
+#include "runtime/log.hpp"
+#include "runtime/peers.hpp"
+
+#include <caf/openssl/all.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
+
+namespace strata::runtime {
+
+using namespace std::chrono_literals;
+
+Endpoint parse_endpoint(const std::string& text, const std::string& option) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
+    throw UsageError("--" + option + " expects HOST:PORT, got '" + text + "'");
+  Endpoint ep;
+  ep.host = text.substr(0, colon);
+  const std::string p = text.substr(colon + 1);
+  char* end = nullptr;
+  const long v = std::strtol(p.c_str(), &end, 10);
+  if (*end != '\0' || v < 0 || v > 65535)
+    throw UsageError("--" + option + ": '" + p + "' is not a port number (0-65535)");
+  ep.port = static_cast<uint16_t>(v);
+  return ep;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
+}
+
+cluster_config::cluster_config(Liveness l, const Tls& tls) {
+  load<caf::io::middleman>();
+  set("middleman.heartbeat-interval", caf::timespan{l.heartbeat});
+  set("middleman.connection-timeout", caf::timespan{l.dead_after});
+  if (tls.enabled()) {
+    load<caf::openssl::manager>(); // after the middleman
+    set("openssl.certificate", tls.cert);
+    set("openssl.key", tls.key);
+    set("openssl.cafile", tls.ca);
+  }
+  // Never CAF's automatic connections: they open a second listener on every
+  // interface of every process. Direct connections come from runtime/peers.
+  set("middleman.enable-automatic-connections", false);
+}
+
+caf::actor_system& client_system(Liveness l, const Tls& tls) {
+  struct Client {
+    cluster_config cfg;
+    caf::actor_system sys;
+    Client(Liveness l, const Tls& tls) : cfg(l, tls), sys(cfg) {}
+  };
+  return (new Client(l, tls))->sys; // deliberately never destroyed
+}
+
+void end_process(int code) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
+
+caf::expected<msg::supervisor_actor> try_connect(caf::actor_system& sys, const Endpoint& ep) {
+  if (sys.has_openssl_manager())
+    return caf::openssl::remote_actor<msg::supervisor_actor>(sys, ep.host, ep.port);
+  return sys.middleman().remote_actor<msg::supervisor_actor>(ep.host, ep.port);
+}
+
+msg::supervisor_actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep, std::chrono::seconds within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (auto sup = try_connect(sys, ep)) {
+      spawn_peer_connector(sys, *sup);
+      return *sup;
+    }
+    caf::scoped_actor pause{sys}; // back off before the next attempt
+    pause->receive(caf::after(200ms) >> [] {});
+  }
+  return msg::supervisor_actor{};
+}
+
+msg::supervisor_actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep) {
+  auto sup = try_connect(sys, ep);
+  if (!sup)
+    throw model::Error(model::errc::io, "cannot reach the coordinator at " + ep.host + ":" + std::to_string(ep.port) +
+                                          ": " + sys.render(sup.error()));
+  spawn_peer_connector(sys, *sup); // direct connections to the shard nodes
+  return *sup;
+}
+
+void add_network_options(Args& a) {
+  a.option("heartbeat-ms", "MS", "heartbeat interval between processes (default 200)")
+    .option("dead-after-ms", "MS", "a silent peer is declared dead after this (default 1500)")
+    .option("tls-cert", "FILE", "mutual TLS: this process's certificate (PEM; see 'strata certs')")
+    .option("tls-key", "FILE", "mutual TLS: its private key (PEM)")
+    .option("tls-ca", "FILE", "mutual TLS: the cluster CA certificate peers must be signed by");
+  log::add_options(a);
+}
+
+Liveness liveness_from(const Args& a) {
+  Liveness l;
+  l.heartbeat = std::chrono::milliseconds(a.integer("heartbeat-ms", 200, 10, 60000));
+  l.dead_after = std::chrono::milliseconds(a.integer("dead-after-ms", 1500, 50, 600000));
+  if (l.dead_after <= l.heartbeat)
+    throw UsageError("--dead-after-ms must be larger than --heartbeat-ms");
+  return l;
+}
+
+Tls tls_from(const Args& a) {
+  Tls t{a.str("tls-cert"), a.str("tls-key"), a.str("tls-ca")};
+  const int given = !t.cert.empty() + !t.key.empty() + !t.ca.empty();
+  if (given == 0)
+    return t;
+  if (given != 3)
+    throw UsageError("TLS needs all three of --tls-cert, --tls-key and --tls-ca");
+  for (auto [opt, path] : {std::pair{"tls-cert", t.cert}, {"tls-key", t.key}, {"tls-ca", t.ca}})
+    if (::access(path.c_str(), R_OK) != 0)
+      throw UsageError(std::string("--") + opt + ": cannot read '" + path + "'");
+  return t;
+}
+
+} // namespace strata::runtime
