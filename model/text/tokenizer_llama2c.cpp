@@ -1,13 +1,15 @@
 // llama2.c `tokenizer.bin`: SentencePiece-style BPE. Encoding follows
 // llama2.c's encode(): a dummy-prefix space, one token per UTF-8 character
 // (byte fallback <0xXX> = byte + 3 when absent), then repeated merging of the
-// adjacent pair whose concatenation has the highest score.
+// adjacent pair whose concatenation has the highest score (O(n log n) with a
+// heap of candidate pairs; the same result as llama2.c's O(n^2) loop).
 
 #include "model/base/error.hpp"
 #include "model/text/tokenizer_impl.hpp"
 
 #include <cmath>
 #include <cstring>
+#include <queue>
 #include <unordered_map>
 
 namespace strata::model::detail {
@@ -76,27 +78,7 @@ public:
       }
       i = j;
     }
-    const std::size_t first = add_bos ? 1 : 0;
-    std::string buf;
-    while (true) {
-      float best = -1e10f;
-      std::size_t best_idx = SIZE_MAX;
-      int32_t best_id = -1;
-      for (std::size_t k = first; k + 1 < tokens.size(); ++k) {
-        buf = pieces_[static_cast<std::size_t>(tokens[k])];
-        buf += pieces_[static_cast<std::size_t>(tokens[k + 1])];
-        auto it = lookup_.find(buf);
-        if (it != lookup_.end() && scores_[static_cast<std::size_t>(it->second)] > best) {
-          best = scores_[static_cast<std::size_t>(it->second)];
-          best_idx = k;
-          best_id = it->second;
-        }
-      }
-      if (best_idx == SIZE_MAX)
-        break;
-      tokens[best_idx] = best_id;
-      tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
-    }
+    merge(tokens, add_bos ? 1 : 0);
     return tokens;
   }
 
@@ -127,6 +109,73 @@ public:
   std::string kind() const override { return "llama2c"; }
 
 private:
+  // llama2.c's merge loop, in O(n log n): repeatedly merge the adjacent pair
+  // whose concatenation is a piece with the highest score (the leftmost pair on
+  // ties). Symbols form a linked list; candidate pairs wait in a heap ordered by
+  // (score, leftmost), and a candidate whose symbols changed since it was queued
+  // is dropped when it comes up. The leftmost live pair is the one whose left
+  // symbol started first in the text, since merging keeps the order.
+  void merge(std::vector<int32_t>& tokens, std::size_t first) const {
+    const std::size_t n = tokens.size();
+    if (n < first + 2)
+      return;
+    std::vector<int64_t> prev(n), next(n);
+    std::vector<uint32_t> version(n, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      prev[i] = static_cast<int64_t>(i) - 1;
+      next[i] = i + 1 < n ? static_cast<int64_t>(i + 1) : -1;
+    }
+    struct Cand {
+      float score;
+      int64_t left, right;
+      uint32_t left_version, right_version;
+      int32_t id;
+      bool operator<(const Cand& o) const { // std::priority_queue pops the largest
+        return score != o.score ? score < o.score : left > o.left;
+      }
+    };
+    std::priority_queue<Cand> q;
+    std::string buf;
+    const auto push = [&](int64_t l) {
+      if (l < static_cast<int64_t>(first))
+        return;
+      const int64_t r = next[static_cast<std::size_t>(l)];
+      if (r < 0)
+        return;
+      buf = pieces_[static_cast<std::size_t>(tokens[static_cast<std::size_t>(l)])];
+      buf += pieces_[static_cast<std::size_t>(tokens[static_cast<std::size_t>(r)])];
+      auto it = lookup_.find(buf);
+      if (it == lookup_.end())
+        return;
+      q.push({scores_[static_cast<std::size_t>(it->second)], l, r, version[static_cast<std::size_t>(l)],
+              version[static_cast<std::size_t>(r)], it->second});
+    };
+    for (std::size_t i = first; i + 1 < n; ++i)
+      push(static_cast<int64_t>(i));
+    std::vector<bool> alive(n, true);
+    while (!q.empty()) {
+      const Cand c = q.top();
+      q.pop();
+      const auto l = static_cast<std::size_t>(c.left), r = static_cast<std::size_t>(c.right);
+      if (!alive[l] || !alive[r] || next[l] != c.right || version[l] != c.left_version ||
+          version[r] != c.right_version)
+        continue; // stale: one of its symbols was merged since
+      tokens[l] = c.id;
+      ++version[l];
+      alive[r] = false;
+      next[l] = next[r];
+      if (next[r] >= 0)
+        prev[static_cast<std::size_t>(next[r])] = c.left;
+      push(prev[l]);
+      push(c.left);
+    }
+    std::size_t w = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      if (alive[i])
+        tokens[w++] = tokens[i];
+    tokens.resize(w);
+  }
+
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
   std::unordered_map<std::string, int32_t> lookup_;
