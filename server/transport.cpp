@@ -15,7 +15,7 @@ Reply Reply::json_body(int status, const json& j) { return {status, "application
 HttpConnection::HttpConnection(tcp::socket s, const TransportLimits& limits, std::shared_ptr<RequestSink> sink,
                                TransportCounters& counters)
   : sock_(std::move(s)), limits_(limits), sink_(std::move(sink)), counters_(counters),
-    read_timer_(sock_.get_executor()) {
+    read_timer_(sock_.get_executor()), write_timer_(sock_.get_executor()) {
   ++counters_.open;
 }
 
@@ -169,33 +169,56 @@ void HttpConnection::close() {
   phase_ = Phase::closed;
   gone_ = nullptr; // (it may hold what holds this connection)
   out_.clear();
+  queued_bytes_ = 0;
   read_timer_.cancel();
+  write_timer_.cancel();
   beast::error_code ec;
   sock_.shutdown(tcp::socket::shutdown_send, ec);
   sock_.close(ec);
 }
 
 void HttpConnection::queue(std::string bytes) {
+  if (phase_ == Phase::closed)
+    return;
+  // A client that does not read: its bytes are not kept without bound (one
+  // answer may be larger than the limit when nothing else waits).
+  if (queued_bytes_ > 0 && queued_bytes_ + bytes.size() > limits_.max_send_buffer)
+    return client_stalled(counters_.send_overflows);
+  queued_bytes_ += bytes.size();
   out_.push_back(std::move(bytes));
   flush();
+}
+
+void HttpConnection::client_stalled(std::atomic<uint64_t>& counter) {
+  ++counter;
+  if (auto gone = std::move(gone_)) { // whoever answers it stops (a generation ends its sessions)
+    gone_ = nullptr;
+    gone(true);
+  }
+  close();
 }
 
 void HttpConnection::flush() {
   if (write_in_flight_ || out_.empty() || phase_ == Phase::closed)
     return;
   write_in_flight_ = true;
+  const uint64_t seq = ++write_seq_;
+  write_timer_.expires_after(limits_.write_timeout);
+  write_timer_.async_wait([weak = weak_from_this(), seq](beast::error_code ec) {
+    auto self = weak.lock();
+    if (ec || !self || !self->write_in_flight_ || self->write_seq_ != seq)
+      return; // that write finished in time
+    self->client_stalled(self->counters_.write_timeouts);
+  });
   net::async_write(sock_, net::buffer(out_.front()), [self = shared_from_this()](beast::error_code ec, std::size_t) {
     self->write_in_flight_ = false;
+    self->write_timer_.cancel();
     if (self->phase_ == Phase::closed)
       return;
+    self->queued_bytes_ -= self->out_.front().size();
     self->out_.pop_front();
-    if (ec) { // the client is gone: whoever answers it stops
-      if (auto gone = std::move(self->gone_)) {
-        self->gone_ = nullptr;
-        gone(true);
-      }
-      return self->close();
-    }
+    if (ec) // the client is gone
+      return self->client_stalled(self->counters_.write_errors);
     if (!self->out_.empty())
       return self->flush();
     if (self->phase_ == Phase::responding)

@@ -49,12 +49,17 @@ struct TransportLimits {
   std::size_t max_body = 1 << 20;                  ///< larger bodies are unreadable (413)
   std::chrono::milliseconds header_timeout{10000}; ///< a request (header + body) must arrive within this
   std::chrono::milliseconds idle_timeout{30000};   ///< an idle keep-alive connection is closed after this
+  std::chrono::milliseconds write_timeout{30000};  ///< a write the client does not take within this closes it
+  std::size_t max_send_buffer = 1 << 20;           ///< bytes queued behind a write in flight; past it the client is gone
 };
 
 /// Counters the transport keeps for the whole server.
 struct TransportCounters {
   std::atomic<std::size_t> open{0};          ///< open connections
   std::atomic<uint64_t> timed_out{0};        ///< closed by the header or idle deadline
+  std::atomic<uint64_t> write_timeouts{0};   ///< closed: a write waited longer than the write timeout
+  std::atomic<uint64_t> send_overflows{0};   ///< closed: more than max_send_buffer waited to be written
+  std::atomic<uint64_t> write_errors{0};     ///< closed: a write failed (the client reset the connection)
 };
 
 /// A request as it arrived.
@@ -131,6 +136,7 @@ private:
   void queue(std::string bytes);
   void flush();
   void after_answer(); // the whole answer is out
+  void client_stalled(std::atomic<uint64_t>& counter); // it does not take what is written: close
 
   tcp::socket sock_;
   TransportLimits limits_;
@@ -142,9 +148,13 @@ private:
   net::steady_timer read_timer_;
   bool first_request_ = true;
   bool keep_alive_after_ = false; // what after_answer() does: read the next request, or close
-  // Writes: one at a time, in order.
+  // Writes: one at a time, in order, with at most max_send_buffer bytes waiting
+  // behind the one in flight, which must finish within the write timeout.
   std::deque<std::string> out_;
+  std::size_t queued_bytes_ = 0; // in out_, the write in flight included
   bool write_in_flight_ = false;
+  uint64_t write_seq_ = 0; // which write the write timer is for
+  net::steady_timer write_timer_;
   // The disconnect probe: a one-byte read outstanding while the request is answered.
   char probe_[1] = {};
   bool probe_in_flight_ = false;
