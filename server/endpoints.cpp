@@ -36,7 +36,9 @@ Reply health_reply(Server::Impl& srv) {
             {"shards", c.shards.size()},
             {"connections", srv.transport.open.load()},
             {"accept_errors", srv.accept_errors.load()},
-            {"timed_out_connections", srv.transport.timed_out.load()}};
+            {"timed_out_connections", srv.transport.timed_out.load()},
+            {"write_timeouts", srv.transport.write_timeouts.load()},
+            {"send_buffer_overflows", srv.transport.send_overflows.load()}};
   return Reply::json_body(c.reachable && c.route_complete ? 200 : 503, j);
 }
 
@@ -117,12 +119,14 @@ Reply inject_reply(Server::Impl& srv, const std::string& body) {
   }
 }
 
-// llama-server's shapes: {"content", "add_special", "with_pieces"} -> {"tokens"}.
+// llama-server's shapes: {"content", "add_special", "parse_special", "with_pieces"} -> {"tokens"}.
+// parse_special (default true, as llama-server): special tokens written in the
+// content become their ids; false: they are encoded as the text they spell.
 Reply tokenize_reply(Server::Impl& srv, const std::string& body) {
   json j = json::parse(body, nullptr, false);
   if (!j.is_object() || !j.contains("content") || !j["content"].is_string())
     return Reply::error(bad_field("content", "'content' (a string) is required"));
-  for (const char* flag : {"add_special", "with_pieces"})
+  for (const char* flag : {"add_special", "parse_special", "with_pieces"})
     if (j.contains(flag) && !j[flag].is_boolean())
       return Reply::error(bad_field(flag, std::string("'") + flag + "' must be a boolean"));
   ModelState m;
@@ -131,7 +135,9 @@ Reply tokenize_reply(Server::Impl& srv, const std::string& body) {
   const bool special = j.value("add_special", false) && m.cfg.bos_id >= 0 && m.tok->bos_id() == m.cfg.bos_id;
   std::vector<int32_t> ids;
   try {
-    ids = m.tok->encode(j["content"].get<std::string>(), special);
+    model::SpecialText how;
+    how.parse = j.value("parse_special", true);
+    ids = m.tok->encode_with(j["content"].get<std::string>(), special, how);
   } catch (const std::exception& e) {
     return Reply::error(bad_field("content", std::string("cannot encode 'content': ") + e.what()));
   }
@@ -167,7 +173,8 @@ Reply detokenize_reply(Server::Impl& srv, const std::string& body) {
 
 // llama-server's shape: a chat body ({"messages", ...}) -> {"prompt": the text
 // /v1/chat/completions would feed the model}.
-Reply apply_template_reply(Server::Impl& srv, const std::string& body) {
+Reply apply_template_reply(Server::Impl& srv, const std::string& body, const std::atomic<bool>& gone,
+                           std::chrono::steady_clock::time_point started) {
   auto r = parse_request(body, true);
   if (auto* e = std::get_if<ApiError>(&r))
     return Reply::error(*e);
@@ -176,7 +183,7 @@ Reply apply_template_reply(Server::Impl& srv, const std::string& body) {
   if (auto e = srv.model_with_tokenizer(m))
     return Reply::error(*e);
   try {
-    auto p = chat_prompt(req.messages, m.chat.get(), m.family, *m.tok, m.cfg, req.template_kwargs);
+    auto p = chat_prompt(req.messages, m.chat.get(), m.family, *m.tok, m.cfg, prompt_options(srv, m, req, started, &gone));
     if (auto* e = std::get_if<ApiError>(&p))
       return Reply::error(*e);
     return Reply::json_body(200, json{{"prompt", std::get<ChatPrompt>(p).text}});

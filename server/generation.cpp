@@ -4,6 +4,7 @@
 #include "model/transformer/sampler.hpp"
 #include "runtime/log.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <thread>
@@ -42,6 +43,28 @@ void Job::started(std::size_t i, msg::session_actor s) {
 
 // ---------------------------------------------------------------- start
 
+model::jinja::RenderLimits render_limits(const Server::Impl& srv, const ModelState& m,
+                                         std::chrono::steady_clock::time_point started,
+                                         const std::atomic<bool>* cancel) {
+  model::jinja::RenderLimits l;
+  l.deadline = started + srv.opts.request_timeout;
+  l.cancel = cancel;
+  // A prompt longer than this could not fit the context whatever its tokens
+  // (no vocabulary has tokens of 256 bytes on average), so nothing longer is rendered.
+  const auto fits = static_cast<std::size_t>(std::max<int64_t>(m.cfg.max_seq_len, 1)) * 256;
+  l.max_output = std::clamp<std::size_t>(fits, std::size_t{1} << 20, l.max_output);
+  return l;
+}
+
+PromptOptions prompt_options(const Server::Impl& srv, const ModelState& m, const ApiRequest& req,
+                             std::chrono::steady_clock::time_point started, const std::atomic<bool>* cancel) {
+  PromptOptions o;
+  o.kwargs = req.template_kwargs;
+  o.limits = render_limits(srv, m, started, cancel);
+  o.plain_content = !srv.opts.control_tokens_in_messages;
+  return o;
+}
+
 void start_generation(Server::Impl& srv, const ConnectionPtr& c, Exchange x, const std::string& body, bool chat) {
   auto parsed = parse_request(body, chat);
   if (auto* e = std::get_if<ApiError>(&parsed))
@@ -79,6 +102,23 @@ Generation::Generation(std::shared_ptr<Server::Impl> srv, ConnectionPtr c, Excha
 }
 
 void Generation::start() {
+  // The request timeout covers everything from here: rendering the chat
+  // template and tokenizing as well as the generation. A client that goes away
+  // cancels whatever runs (the render stops at its next check; the sessions end).
+  timeout_.emplace(conn_->executor());
+  timeout_->expires_after(srv_->opts.request_timeout);
+  timeout_->async_wait([weak = weak_from_this()](beast::error_code ec) {
+    auto self = weak.lock();
+    if (!ec && self)
+      self->abort(api_error(504,
+                            "the generation did not finish within the request timeout of " +
+                              std::to_string(self->srv_->opts.request_timeout.count()) + " s",
+                            "server_error", "timeout"));
+  });
+  conn_->watch_disconnect([weak = weak_from_this()](bool write_failed) {
+    if (auto self = weak.lock())
+      self->client_gone(write_failed);
+  });
   // Tokenizing and the context check need the model: off the io thread.
   std::thread([self = shared_from_this()] { self->prepare_and_run(); }).detach();
 }
@@ -116,7 +156,8 @@ void Generation::prepare_and_generate() {
   if (!err) {
     try {
       if (req_.chat) {
-        auto p = chat_prompt(req_.messages, m.chat.get(), m.family, *m.tok, m.cfg, req_.template_kwargs);
+        auto p = chat_prompt(req_.messages, m.chat.get(), m.family, *m.tok, m.cfg,
+                             prompt_options(*srv_, m, req_, started_, &job_->cancelled));
         if (auto* e = std::get_if<ApiError>(&p))
           err = *e;
         else
@@ -357,23 +398,8 @@ void Generation::begin_response(const ModelState& m, int64_t prompt_tokens) {
   drivers_left_ = choices_.size(); // (even when already finished: the drivers still report)
   last_token_ = started_;
   if (state_ == State::finished)
-    return; // aborted while preparing
+    return; // aborted or left while preparing
   state_ = State::answering;
-  timeout_.emplace(conn_->executor());
-  timeout_->expires_after(srv_->opts.request_timeout);
-  timeout_->async_wait([weak = weak_from_this()](beast::error_code ec) {
-    auto self = weak.lock();
-    if (!ec && self)
-      self->abort(api_error(504,
-                            "the generation did not finish within the request timeout of " +
-                              std::to_string(self->srv_->opts.request_timeout.count()) + " s",
-                            "server_error", "timeout"));
-  });
-  // A client that goes away cancels its sessions (it sends nothing more on this request).
-  conn_->watch_disconnect([weak = weak_from_this()](bool write_failed) {
-    if (auto self = weak.lock())
-      self->client_gone(write_failed);
-  });
   if (req_.stream) {
     srv_->metrics.request(x_.endpoint, 200);
     Reply head;

@@ -41,12 +41,15 @@ struct ServerOptions {
   std::size_t max_connections = 256;               ///< open connections; more get 503 and are closed
   std::chrono::milliseconds header_timeout{10000}; ///< a request (header + body) must arrive within this
   std::chrono::milliseconds idle_timeout{30000};   ///< an idle keep-alive connection is closed after this
+  std::chrono::milliseconds write_timeout{30000};  ///< a client that takes no bytes for this long is closed
+  std::size_t max_send_buffer = 1 << 20;           ///< bytes a connection may have waiting to be written
   std::string tokenizer;                           ///< tokenizer path ("" = the model's default)
   std::string api_key;                             ///< "" = no authentication
   bool allow_inject = false;                       ///< POST /v1/cluster/inject (--allow-inject)
   std::string cors_origin;                         ///< the one origin CORS allows ("" = none)
   std::string served_model_name;                   ///< the model's id in the API ("" = file or directory name)
   std::string chat_template;                       ///< a template file overriding the model's own ("" = the model's)
+  bool control_tokens_in_messages = false;         ///< special-token text in message contents becomes control tokens
 };
 
 class Server {

@@ -364,35 +364,76 @@ std::vector<int32_t> chat_stop_ids(const std::string& family, const model::Token
 
 std::variant<ChatPrompt, ApiError> chat_prompt(const std::vector<ChatMessage>& messages, const model::ChatTemplate* tpl,
                                                const std::string& family, const model::Tokenizer& tok,
-                                               const model::ModelConfig& cfg, const json& kwargs) {
+                                               const model::ModelConfig& cfg, const PromptOptions& options) {
   ChatPrompt p;
+  std::optional<model::ContentGuard> guard;
+  if (options.plain_content) {
+    std::vector<std::string> extra;
+    if (tpl)
+      extra = {tpl->bos_token(), tpl->eos_token()};
+    guard.emplace(tok, std::move(extra));
+  }
   if (!tpl) {
-    p.ids = encode_chat(messages, family, tok, cfg);
+    p.ids = encode_chat(messages, family, tok, cfg, guard ? &*guard : nullptr);
     p.text = tok.decode(p.ids);
     return p;
   }
   nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
   for (auto& m : messages)
-    msgs.push_back({{"role", m.role}, {"content", m.content}});
+    msgs.push_back({{"role", m.role}, {"content", guard ? guard->mark(m.content) : m.content}});
+  std::vector<std::size_t> plain_at;
   try {
-    p.text = tpl->render(msgs, true, kwargs);
+    p.text = tpl->render(msgs, true, options.kwargs, options.limits);
+    if (guard) {
+      auto stripped = guard->strip(p.text);
+      p.text = std::move(stripped.text);
+      plain_at = std::move(stripped.plain_at);
+    }
   } catch (const model::jinja::TemplateError& e) {
+    using L = model::jinja::TemplateError::Limit;
+    if (e.limit() == L::time) {
+      ApiError t;
+      t.status = 504;
+      t.type = "server_error";
+      t.code = "timeout";
+      t.message = "the request timed out while the chat template was rendered (" + std::string(e.what()) + ")";
+      return t;
+    }
+    if (e.limit() == L::cancelled) {
+      ApiError c;
+      c.status = 499;
+      c.code = "cancelled";
+      c.message = "the request ended while the chat template was rendered";
+      return c;
+    }
+    if (e.limit() != L::none)
+      return bad("messages", std::string("the model's chat template reached its ") + model::jinja::to_string(e.limit()) +
+                               " limit on this conversation: " + e.what(), "chat_template_limit");
     return bad("messages", std::string("the model's chat template ") +
                              (e.raised() ? "refuses this conversation: " + e.message() : "failed on it: " + e.message()));
   }
-  p.ids = tpl->encode(p.text, tok, cfg);
+  p.ids = tpl->encode(p.text, tok, cfg, plain_at);
   return p;
 }
 
 std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const std::string& family,
-                                 const model::Tokenizer& tok, const model::ModelConfig& cfg) {
+                                 const model::Tokenizer& tok, const model::ModelConfig& cfg,
+                                 const model::ContentGuard* guard) {
   const bool bos = cfg.bos_id >= 0 && tok.bos_id() == cfg.bos_id;
+  // A message's content as it goes into the prompt text, and the prompt's ids.
+  const auto content = [&](const ChatMessage& m) { return guard ? guard->mark(m.content) : m.content; };
+  const auto encode = [&](const std::string& text, bool with_bos) {
+    if (!guard)
+      return tok.encode(text, with_bos);
+    const auto s = guard->strip(text);
+    return tok.encode_with(s.text, with_bos, {true, s.plain_at});
+  };
   if (family == "chatml") {
     std::string text;
     for (auto& m : messages)
-      text += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      text += "<|im_start|>" + m.role + "\n" + content(m) + "<|im_end|>\n";
     text += "<|im_start|>assistant\n";
-    return tok.encode(text, bos);
+    return encode(text, bos);
   }
   if (family == "llama2") {
     // <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {answer} </s><s>[INST] {user} [/INST]
@@ -401,16 +442,16 @@ std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const
     const int32_t eos = cfg.eos_ids.empty() ? 2 : cfg.eos_ids.front();
     for (auto& m : messages) {
       if (m.role == "system") {
-        system += (system.empty() ? "" : "\n") + m.content;
+        system += (system.empty() ? "" : "\n") + content(m);
       } else if (m.role == "user") {
-        std::string u = m.content;
+        std::string u = content(m);
         if (!system.empty()) {
           u = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + u;
           system.clear();
         }
         pending = "[INST] " + u + " [/INST]";
       } else { // assistant: closes the turn
-        auto part = tok.encode(pending + " " + m.content + " ", bos);
+        auto part = encode(pending + " " + content(m) + " ", bos);
         ids.insert(ids.end(), part.begin(), part.end());
         ids.push_back(eos);
         pending.clear();
@@ -418,14 +459,14 @@ std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const
     }
     if (pending.empty())
       pending = "[INST] " + (system.empty() ? std::string() : "<<SYS>>\n" + system + "\n<</SYS>>\n\n") + " [/INST]";
-    auto part = tok.encode(pending, bos);
+    auto part = encode(pending, bos);
     ids.insert(ids.end(), part.begin(), part.end());
     return ids;
   }
   std::string text; // plain: the contents, one per line
   for (std::size_t i = 0; i < messages.size(); ++i)
-    text += (i ? "\n" : "") + messages[i].content;
-  return tok.encode(text, bos);
+    text += (i ? "\n" : "") + content(messages[i]);
+  return encode(text, bos);
 }
 
 std::optional<ApiError> check_context(int64_t prompt_tokens, int64_t max_tokens, int64_t context) {

@@ -74,9 +74,11 @@ std::string default_served_name(const std::string& identity);
 /// wherever the first difference is.
 bool api_key_matches(const std::string& authorization, const std::string& key);
 
-/// The prompt ids for a chat in the model family's format.
+/// The prompt ids for a chat in the model family's format. With a guard,
+/// special-token text in the contents stays text (model::ContentGuard).
 std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const std::string& family,
-                                 const model::Tokenizer& tok, const model::ModelConfig& cfg);
+                                 const model::Tokenizer& tok, const model::ModelConfig& cfg,
+                                 const model::ContentGuard* guard = nullptr);
 
 /// The ids a chat reply stops at: the model's stop ids, plus the family's
 /// end-of-turn token when the tokenizer has it as one token (ChatML's <|im_end|>:
@@ -96,11 +98,21 @@ struct ChatPrompt {
 /// add_generation_prompt and the request's chat_template_kwargs), else in the
 /// family's format. A template that refuses the conversation (its own
 /// raise_exception, e.g. "roles must alternate") or fails on it is a 400
-/// naming the template's message.
+/// naming the template's message. The render is bounded by `limits`: past the
+/// deadline it is a 504 (timeout), cancelled a 499, past another bound a 400
+/// (chat_template_limit) naming it.
+/// How a chat's prompt is made.
+struct PromptOptions {
+  nlohmann::json kwargs = nlohmann::json::object(); ///< chat_template_kwargs
+  model::jinja::RenderLimits limits;                ///< bounds of the template's render
+  /// Special-token text inside message contents stays ordinary text (the
+  /// template's own markup keeps its control tokens); false: serve's
+  /// --allow-control-tokens-in-messages, what transformers does by default.
+  bool plain_content = true;
+};
 std::variant<ChatPrompt, ApiError> chat_prompt(const std::vector<ChatMessage>& messages, const model::ChatTemplate* tpl,
                                                const std::string& family, const model::Tokenizer& tok,
-                                               const model::ModelConfig& cfg,
-                                               const nlohmann::json& kwargs = nlohmann::json::object());
+                                               const model::ModelConfig& cfg, const PromptOptions& options = {});
 
 /// 400 context_length_exceeded naming both numbers when prompt + completion do
 /// not fit the context.

@@ -41,7 +41,11 @@ void route(Server::Impl& srv, const ConnectionPtr& c, Request& req) {
   const auto method = req.msg.method();
   Exchange x{path, req.origin, req.keep_alive};
   const auto reply = [&](Reply r) { answer(srv, c, x, std::move(r), x.keep_alive); };
-  const auto later = [&](std::function<Reply()> fn) { offload(srv, c, x, std::move(fn)); };
+  const auto later = [&](std::function<Reply()> fn) {
+    offload(srv, c, x, [fn = std::move(fn)](const std::atomic<bool>&, std::chrono::steady_clock::time_point) {
+      return fn();
+    });
+  };
   auto* s = &srv;
 
   if (method == http::verb::options) { // CORS preflight
@@ -89,7 +93,9 @@ void route(Server::Impl& srv, const ConnectionPtr& c, Request& req) {
   if (path == "/detokenize" && method == http::verb::post)
     return later([s, body = req.msg.body()] { return detokenize_reply(*s, body); });
   if (path == "/apply-template" && method == http::verb::post)
-    return later([s, body = req.msg.body()] { return apply_template_reply(*s, body); });
+    return offload(srv, c, x, [s, body = req.msg.body()](const std::atomic<bool>& gone, auto started) {
+      return apply_template_reply(*s, body, gone, started);
+    });
   if ((path == "/v1/completions" || path == "/v1/chat/completions") && method == http::verb::post)
     return start_generation(srv, c, x, req.msg.body(), path == "/v1/chat/completions");
   if (known(path))
@@ -116,11 +122,14 @@ void answer(Server::Impl& srv, const ConnectionPtr& c, const Exchange& x, Reply 
   c->respond(r, keep_alive && !srv.draining);
 }
 
-void offload(Server::Impl& srv, const ConnectionPtr& c, Exchange x, std::function<Reply()> fn) {
-  std::thread([srv = srv.shared_from_this(), c, x = std::move(x), fn = std::move(fn)]() mutable {
+void offload(Server::Impl& srv, const ConnectionPtr& c, Exchange x, Offloaded fn) {
+  auto gone = std::make_shared<std::atomic<bool>>(false);
+  c->watch_disconnect([gone](bool) { *gone = true; });
+  std::thread([srv = srv.shared_from_this(), c, x = std::move(x), fn = std::move(fn), gone,
+               started = std::chrono::steady_clock::now()]() mutable {
     Reply r;
     try {
-      r = fn();
+      r = fn(*gone, started);
     } catch (const std::exception& e) {
       r = Reply::error(api_error(500, e.what(), "server_error"));
     } catch (...) {

@@ -29,10 +29,17 @@ int run_serve(int argc, char** argv) {
     .option("max-connections", "N", "open HTTP connections; more get 503 and are closed (default 256)")
     .option("header-timeout-ms", "MS", "a request's header and body must arrive within this (default 10000)")
     .option("idle-timeout-ms", "MS", "an idle keep-alive connection is closed after this (default 30000)")
+    .option("write-timeout-ms", "MS", "a client that takes no bytes of its answer for this long is closed, and its "
+                                      "generation ended (default 30000)")
+    .option("max-send-buffer", "BYTES", "answer bytes a connection may have waiting for a slow client; past it the "
+                                        "client is closed and its generation ended (default 1048576)")
     .option("api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/* (or env STRATA_API_KEY)")
     .option("allow-inject", "", "enable POST /v1/cluster/inject (kill/freeze/evict nodes; off by default)")
     .option("served-model-name", "NAME", "the model's id in the API (default: its file or directory name)")
     .option("chat-template", "FILE", "a Jinja chat template (or a tokenizer_config.json) overriding the model's own")
+    .option("allow-control-tokens-in-messages", "",
+            "let special-token text in chat message contents (e.g. <|im_end|>) become control tokens, as "
+            "transformers does; by default it stays text, so a user cannot forge another turn")
     .option("cors-origin", "ORIGIN", "let pages from ORIGIN (e.g. https://app.example) call the API (default: none)")
     .option("insecure", "", "allow a non-loopback HTTP address without authentication");
   runtime::add_network_options(a);
@@ -61,6 +68,8 @@ int run_serve(int argc, char** argv) {
   o.max_connections = static_cast<std::size_t>(a.integer("max-connections", 256, 1, 1000000));
   o.header_timeout = std::chrono::milliseconds(a.integer("header-timeout-ms", 10000, 10, 3600000));
   o.idle_timeout = std::chrono::milliseconds(a.integer("idle-timeout-ms", 30000, 10, 3600000));
+  o.write_timeout = std::chrono::milliseconds(a.integer("write-timeout-ms", 30000, 10, 3600000));
+  o.max_send_buffer = static_cast<std::size_t>(a.integer("max-send-buffer", 1 << 20, 4096, int64_t{1} << 30));
   const char* env_key = std::getenv("STRATA_API_KEY");
   if (a.has("api-key") && a.str("api-key").empty())
     throw runtime::UsageError("--api-key is empty: give a key, or leave the option out to serve without one");
@@ -71,6 +80,7 @@ int run_serve(int argc, char** argv) {
   o.cors_origin = a.str("cors-origin");
   o.served_model_name = a.str("served-model-name");
   o.chat_template = a.str("chat-template");
+  o.control_tokens_in_messages = a.has("allow-control-tokens-in-messages");
   if (a.has("chat-template")) {
     // Checked now: a template the engine cannot run stops serve at start
     // (the model's token names come later, with the model).

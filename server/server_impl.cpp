@@ -40,6 +40,8 @@ TransportLimits Server::Impl::limits() const {
   l.max_body = opts.max_body;
   l.header_timeout = opts.header_timeout;
   l.idle_timeout = opts.idle_timeout;
+  l.write_timeout = opts.write_timeout;
+  l.max_send_buffer = opts.max_send_buffer;
   return l;
 }
 

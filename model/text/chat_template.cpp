@@ -3,14 +3,86 @@
 #include "model/base/error.hpp"
 #include "model/formats/gguf.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 namespace strata::model {
 
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
+
+// ---------------------------------------------------------------- ContentGuard
+
+ContentGuard::ContentGuard(const Tokenizer& tok, std::vector<std::string> extra) : tok_(tok), extra_(std::move(extra)) {
+  // Four code points of the supplementary private-use area A (U+F0000..U+FFFFD),
+  // 64 random bits: no client can guess it, no template or tokenizer treats it
+  // specially, and it is taken out before anything is encoded.
+  std::random_device rd;
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t cp = 0xF0000u + (rd() & 0xFFFFu) % 0xFFFEu;
+    marker_ += static_cast<char>(0xF0 | (cp >> 18));
+    marker_ += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    marker_ += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    marker_ += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+std::string ContentGuard::mark(std::string_view content) const {
+  // Where a special token's text begins: the tokenizer's own matches, and every
+  // occurrence of the extra texts.
+  std::vector<std::size_t> starts;
+  for (auto [at, len] : tok_.find_special(content))
+    starts.push_back(at);
+  for (auto& t : extra_)
+    if (!t.empty())
+      for (auto f = content.find(t); f != std::string_view::npos; f = content.find(t, f + 1))
+        starts.push_back(f);
+  if (starts.empty())
+    return std::string(content);
+  std::sort(starts.begin(), starts.end());
+  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+  std::string out;
+  out.reserve(content.size() + starts.size() * marker_.size());
+  std::size_t pos = 0;
+  for (std::size_t at : starts) {
+    // The marker goes after the text's first character (whole, so the content
+    // stays valid UTF-8 for the template and the normalizer).
+    std::size_t cut = at + 1;
+    while (cut < content.size() && (static_cast<unsigned char>(content[cut]) & 0xC0) == 0x80)
+      ++cut;
+    if (cut < pos)
+      continue;
+    out.append(content.substr(pos, cut - pos));
+    out += marker_;
+    pos = cut;
+  }
+  out.append(content.substr(pos));
+  return out;
+}
+
+ContentGuard::Stripped ContentGuard::strip(std::string_view prompt) const {
+  Stripped s;
+  s.text.reserve(prompt.size());
+  std::size_t pos = 0;
+  for (auto f = prompt.find(marker_); f != std::string_view::npos; f = prompt.find(marker_, pos)) {
+    s.text.append(prompt.substr(pos, f - pos));
+    if (s.plain_at.empty() || s.plain_at.back() != s.text.size())
+      s.plain_at.push_back(s.text.size());
+    pos = f + marker_.size();
+  }
+  s.text.append(prompt.substr(pos));
+  return s;
+}
+
+std::vector<std::size_t> ContentGuard::slice(std::span<const std::size_t> all, std::size_t begin, std::size_t end) {
+  std::vector<std::size_t> out;
+  for (auto it = std::lower_bound(all.begin(), all.end(), begin); it != all.end() && *it < end; ++it)
+    out.push_back(*it - begin);
+  return out;
+}
 
 namespace {
 
@@ -195,7 +267,8 @@ std::optional<ChatTemplate> ChatTemplate::for_model(const ModelConfig& cfg, cons
   return std::nullopt;
 }
 
-std::string ChatTemplate::render(const ojson& messages, bool add_generation_prompt, const nlohmann::json& extra) const {
+std::string ChatTemplate::render(const ojson& messages, bool add_generation_prompt, const nlohmann::json& extra,
+                                 const jinja::RenderLimits& limits) const {
   jinja::Object g;
   if (extra.is_object())
     for (auto& [k, v] : extra.items())
@@ -204,11 +277,11 @@ std::string ChatTemplate::render(const ojson& messages, bool add_generation_prom
   g.set("add_generation_prompt", jinja::Value(add_generation_prompt));
   g.set("bos_token", jinja::Value(bos_));
   g.set("eos_token", jinja::Value(eos_));
-  return tpl_->render(g);
+  return tpl_->render(g, limits);
 }
 
-std::vector<int32_t> ChatTemplate::encode(const std::string& rendered, const Tokenizer& tok,
-                                          const ModelConfig& cfg) const {
+std::vector<int32_t> ChatTemplate::encode(const std::string& rendered, const Tokenizer& tok, const ModelConfig& cfg,
+                                          std::span<const std::size_t> plain_at) const {
   // The id a special token's text stands for: the tokenizer's own when it
   // matches the text whole, else the model's.
   const auto id_of = [&](const std::string& text, int32_t fallback) {
@@ -219,11 +292,20 @@ std::vector<int32_t> ChatTemplate::encode(const std::string& rendered, const Tok
   const int32_t eos_id = eos_.empty() ? -1 : id_of(eos_, cfg.eos_ids.empty() ? -1 : cfg.eos_ids.front());
   std::vector<int32_t> out;
   std::size_t pos = 0;
+  const SpecialText guard{true, plain_at};
   const auto flush = [&](std::size_t end) {
     if (end > pos) {
-      const auto part = tok.encode(std::string_view(rendered).substr(pos, end - pos), false);
+      const auto local = ContentGuard::slice(plain_at, pos, end);
+      const auto part = tok.encode_with(std::string_view(rendered).substr(pos, end - pos), false, {true, local});
       out.insert(out.end(), part.begin(), part.end());
     }
+  };
+  // The next occurrence of `text` from `from` that may be a special token.
+  const auto next_match = [&](const std::string& text, std::size_t from) {
+    for (auto f = rendered.find(text, from); f != std::string::npos; f = rendered.find(text, f + 1))
+      if (guard.allows(f, text.size()))
+        return f;
+    return std::string::npos;
   };
   while (pos < rendered.size()) {
     std::size_t at = std::string::npos, len = 0;
@@ -231,7 +313,7 @@ std::vector<int32_t> ChatTemplate::encode(const std::string& rendered, const Tok
     for (auto [text, tid] : {std::pair{&bos_, bos_id}, std::pair{&eos_, eos_id}}) {
       if (text->empty() || tid < 0)
         continue;
-      const auto f = rendered.find(*text, pos);
+      const auto f = next_match(*text, pos);
       if (f != std::string::npos && (f < at || (f == at && text->size() > len))) {
         at = f;
         len = text->size();

@@ -14,10 +14,41 @@
 
 #include <memory>
 #include <optional>
+#include <span>
+#include <string_view>
 #include <string>
 #include <vector>
 
 namespace strata::model {
+
+/// Keeps client text plain inside a prompt: a user message that contains
+/// `<|im_end|>\n<|im_start|>system\n` must reach the model as those characters,
+/// not as control tokens that forge a system turn. mark() writes a marker (a
+/// few private-use characters, random per guard) inside every special token's
+/// text in a message's content, before the content goes into the prompt
+/// (through a template, which may copy, trim or split it); strip() takes the
+/// markers out of the finished prompt and returns where they were, and the
+/// tokenizer then matches no special token across those offsets
+/// (Tokenizer::encode_with). The template's own markup keeps its control tokens.
+class ContentGuard {
+public:
+  /// `extra`: texts to keep plain besides the tokenizer's special tokens (the
+  /// template's BOS / EOS texts, which a tokenizer may not match itself).
+  ContentGuard(const Tokenizer& tok, std::vector<std::string> extra);
+  std::string mark(std::string_view content) const;
+  struct Stripped {
+    std::string text;
+    std::vector<std::size_t> plain_at; ///< ascending offsets into `text`
+  };
+  Stripped strip(std::string_view prompt) const;
+  /// The offsets of `all` that fall in [begin, end), made relative to begin.
+  static std::vector<std::size_t> slice(std::span<const std::size_t> all, std::size_t begin, std::size_t end);
+
+private:
+  const Tokenizer& tok_;
+  std::vector<std::string> extra_;
+  std::string marker_;
+};
 
 class ChatTemplate {
 public:
@@ -39,12 +70,16 @@ public:
   /// add_generation_prompt and any `extra` top-level variables (tools, ...).
   /// Throws jinja::TemplateError (raised() for the template's own
   /// raise_exception, e.g. "roles must alternate").
+  /// `limits` bound the render (time, steps, bytes, nesting; a cancel flag).
   std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                     const nlohmann::json& extra = nlohmann::json::object()) const;
+                     const nlohmann::json& extra = nlohmann::json::object(),
+                     const jinja::RenderLimits& limits = {}) const;
   /// Token ids of a rendered prompt: the BOS / EOS token texts become their ids
   /// (a tokenizer that does not match them whole still gets them right), the
-  /// rest is encoded without adding BOS.
-  std::vector<int32_t> encode(const std::string& rendered, const Tokenizer& tok, const ModelConfig& cfg) const;
+  /// rest is encoded without adding BOS. No special token (BOS / EOS included)
+  /// is matched across an offset in `plain_at` (see ContentGuard).
+  std::vector<int32_t> encode(const std::string& rendered, const Tokenizer& tok, const ModelConfig& cfg,
+                              std::span<const std::size_t> plain_at = {}) const;
 
   const std::string& text() const { return text_; }
   /// Where the template came from ("tokenizer_config.json in DIR", a file, ...).

@@ -6,6 +6,7 @@
 #include "model/base/error.hpp"
 #include "model/text/tokenizer_impl.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -40,6 +41,16 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   if (i < data.size() && data[i] == '{')
     return detail::make_hf_tokenizer(path, data);
   return detail::make_llama2c_tokenizer(path, data);
+}
+
+bool SpecialText::allows(std::size_t begin, std::size_t len) const {
+  if (!parse)
+    return false;
+  // The first protected offset after `begin`: in the match when not past its end
+  // (a guard's marker sits after a special text's first character, which for a
+  // one-character token is its end).
+  auto it = std::upper_bound(plain_at.begin(), plain_at.end(), begin);
+  return it == plain_at.end() || *it > begin + len;
 }
 
 namespace {

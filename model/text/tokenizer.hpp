@@ -10,17 +10,44 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace strata::model {
 
+/// How special (control) tokens written in a text are treated when it is
+/// encoded: the texts of tokens such as `<|im_end|>` or `<start_of_turn>`.
+struct SpecialText {
+  /// Match them at all (false: each is encoded as the ordinary text it spells,
+  /// as Hugging Face's split_special_tokens does).
+  bool parse = true;
+  /// Byte offsets (ascending) that no match may cover: a special token's text
+  /// [begin, begin + len) with an offset in (begin, begin + len] is ordinary
+  /// text (a chat message's content; see ContentGuard).
+  std::span<const std::size_t> plain_at;
+  /// Whether a match of [begin, begin + len) may become its special token.
+  bool allows(std::size_t begin, std::size_t len) const;
+};
+
 class Tokenizer {
 public:
   virtual ~Tokenizer() = default;
-
   /// Token ids of `text` (which must be valid UTF-8 for tokenizers that
-  /// normalize). `add_bos` prepends BOS where the tokenizer has one.
+  /// normalize). `add_bos` prepends BOS where the tokenizer has one. Special
+  /// tokens written in the text become their ids.
   virtual std::vector<int32_t> encode(std::string_view text, bool add_bos) const = 0;
+  /// The same, with special tokens in the text treated as `special` says.
+  /// Tokenizers that match no special tokens in text encode as encode() does.
+  virtual std::vector<int32_t> encode_with(std::string_view text, bool add_bos, const SpecialText& special) const {
+    (void)special;
+    return encode(text, add_bos);
+  }
+  /// Where encode() would match special (control) tokens in `text`: (offset,
+  /// length) of each, left to right. Empty for tokenizers that match none.
+  virtual std::vector<std::pair<std::size_t, std::size_t>> find_special(std::string_view text) const {
+    (void)text;
+    return {};
+  }
   /// The raw bytes token `id` contributes when it follows `prev` (-1 at the
   /// start of a text). Throws Error(token_out_of_range).
   virtual std::string token_bytes(int32_t id, int32_t prev) const = 0;

@@ -48,6 +48,8 @@ void HfVocab::load(const json& j, const std::string& path) {
       if (content.empty() || id < 0)
         throw Error(errc::bad_format, "tokenizer '" + path + "': an added token lacks content or id");
       added.emplace_back(content, id);
+      if (t.value("special", false))
+        special_ids.insert(id);
       added_by_id[id] = content;
       added_ids.emplace(content, id); // the first one, as a scan in file order would find
       max_id = std::max<int64_t>(max_id, id);
@@ -86,7 +88,7 @@ int32_t HfVocab::id_of(const std::string& token) const {
 }
 
 void HfVocab::split_added(std::string_view text, std::vector<int32_t>& ids,
-                          const std::function<void(std::string_view, int)>& plain) const {
+                          const std::function<void(std::string_view, int)>& plain, const SpecialText& special) const {
   // One pass: at each offset, the added tokens that start with its byte, longest
   // first; the earliest match wins, and the longest one at that offset.
   std::size_t start = 0;
@@ -95,7 +97,8 @@ void HfVocab::split_added(std::string_view text, std::vector<int32_t>& ids,
     const auto& candidates = added_by_first[static_cast<unsigned char>(text[pos])];
     const std::pair<std::string, int32_t>* hit = nullptr;
     for (uint32_t k : candidates)
-      if (text.compare(pos, added[k].first.size(), added[k].first) == 0) {
+      if (text.compare(pos, added[k].first.size(), added[k].first) == 0 &&
+          (!special_ids.count(added[k].second) || special.allows(pos, added[k].first.size()))) {
         hit = &added[k];
         break;
       }
@@ -112,6 +115,28 @@ void HfVocab::split_added(std::string_view text, std::vector<int32_t>& ids,
   }
   if (start < text.size())
     plain(text.substr(start), segment);
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> HfVocab::find_special(std::string_view text) const {
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  if (special_ids.empty())
+    return out;
+  for (std::size_t pos = 0; pos < text.size();) {
+    const std::pair<std::string, int32_t>* hit = nullptr;
+    for (uint32_t k : added_by_first[static_cast<unsigned char>(text[pos])])
+      if (text.compare(pos, added[k].first.size(), added[k].first) == 0) {
+        hit = &added[k];
+        break;
+      }
+    if (!hit) {
+      ++pos;
+      continue;
+    }
+    if (special_ids.count(hit->second))
+      out.emplace_back(pos, hit->first.size());
+    pos += hit->first.size();
+  }
+  return out;
 }
 
 void HfVocab::merge(std::vector<std::string>& sym) const {

@@ -4,6 +4,8 @@
 // vocabulary, merge ranks and added tokens, splitting text at added tokens,
 // a heap-driven BPE over symbols, and the BOS the post-processor adds.
 
+#include "model/text/tokenizer.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -12,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace strata::model::detail {
@@ -22,6 +25,7 @@ struct HfVocab {
   std::vector<std::pair<std::string, int32_t>> added; ///< longest first
   std::unordered_map<int32_t, std::string> added_by_id;
   std::unordered_map<std::string, int32_t> added_ids;
+  std::unordered_set<int32_t> special_ids; ///< added tokens marked "special" (control tokens)
   std::vector<std::string> id_to_token;
   int32_t bos = -1; ///< the post-processor's leading special token, -1 when none
   std::array<std::vector<uint32_t>, 256> added_by_first; ///< indices into `added` by first byte
@@ -31,9 +35,12 @@ struct HfVocab {
   void load(const nlohmann::json& j, const std::string& path);
   /// Calls plain(segment, index) for the text between added tokens and
   /// pushes added tokens' ids into `ids`, left to right (the earliest match;
-  /// the longest at the same offset).
+  /// the longest at the same offset). A special added token is matched only
+  /// where `special` allows it (else its text stays in the plain segment).
   void split_added(std::string_view text, std::vector<int32_t>& ids,
-                   const std::function<void(std::string_view, int)>& plain) const;
+                   const std::function<void(std::string_view, int)>& plain, const SpecialText& special = {}) const;
+  /// The special added tokens split_added() would match: (offset, length) each.
+  std::vector<std::pair<std::size_t, std::size_t>> find_special(std::string_view text) const;
   /// Merges adjacent symbols by rank (lowest first, leftmost on ties) until
   /// no pair has a rank. O(n log n).
   void merge(std::vector<std::string>& symbols) const;

@@ -134,12 +134,20 @@ public:
   }
 
   std::vector<int32_t> encode(std::string_view text, bool add_bos) const override {
+    return encode_with(text, add_bos, {});
+  }
+
+  std::vector<int32_t> encode_with(std::string_view text, bool add_bos, const SpecialText& special) const override {
     check_utf8(text);
     std::vector<int32_t> ids;
     if (add_bos && v_.bos >= 0)
       ids.push_back(v_.bos);
-    v_.split_added(text, ids, [&](std::string_view plain, int segment) { encode_plain(plain, segment, ids); });
+    v_.split_added(text, ids, [&](std::string_view plain, int segment) { encode_plain(plain, segment, ids); }, special);
     return ids;
+  }
+
+  std::vector<std::pair<std::size_t, std::size_t>> find_special(std::string_view text) const override {
+    return v_.find_special(text);
   }
 
   std::string token_bytes(int32_t id, int32_t prev) const override {

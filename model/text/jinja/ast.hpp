@@ -2,6 +2,7 @@
 // The syntax tree the parser (jinja_parse.cpp) builds and the interpreter
 // (jinja_eval.cpp) walks. Internal to the template engine.
 
+#include "model/text/jinja/jinja.hpp"
 #include "model/text/jinja/value.hpp"
 
 #include <memory>
@@ -32,11 +33,35 @@ struct Expr {
   };
   Kind kind;
   int line = 0;
+  int depth = 1; ///< 1 + the deepest operand: the interpreter recurses this deep
   Value value;
   std::string name; ///< name, attribute, filter, test or operator
   bool negate = false;
   std::vector<ExprPtr> args;
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
+
+  /// Deepest tree the parser builds (a chain like a ~ b ~ c ~ ... counts one per operator).
+  static constexpr int max_depth = 4 * max_parse_nesting;
+  /// Appends an operand (may be null: an absent part); throws TemplateError
+  /// (nesting) when the tree would get deeper than max_depth.
+  void add(ExprPtr x) {
+    grow(x.get());
+    args.push_back(std::move(x));
+  }
+  void add_kw(std::string key, ExprPtr x) {
+    grow(x.get());
+    kwargs.emplace_back(std::move(key), std::move(x));
+  }
+
+private:
+  void grow(const Expr* x) {
+    if (x && x->depth + 1 > depth) {
+      depth = x->depth + 1;
+      if (depth > max_depth)
+        throw TemplateError("an expression nested deeper than " + std::to_string(max_depth) + " operators", line,
+                            TemplateError::Limit::nesting);
+    }
+  }
 };
 
 struct Node;

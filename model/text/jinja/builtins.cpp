@@ -2,6 +2,8 @@
 
 #include "model/text/jinja/jinja.hpp"
 
+#include <string.h> // memmem
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -11,6 +13,17 @@
 namespace strata::model::jinja {
 
 namespace {
+
+// s.find(sub, pos) in linear time whatever the strings hold (glibc's memmem is
+// the two-way algorithm; std::string::find can take |s| x |sub| steps).
+std::size_t find_sub(const std::string& s, const std::string& sub, std::size_t pos = 0) {
+  if (pos > s.size())
+    return std::string::npos;
+  if (sub.empty())
+    return pos;
+  const void* at = ::memmem(s.data() + pos, s.size() - pos, sub.data(), sub.size());
+  return at ? static_cast<std::size_t>(static_cast<const char*>(at) - s.data()) : std::string::npos;
+}
 
 [[noreturn]] void fail(const std::string& what, int line) { throw TemplateError(what, line); }
 [[noreturn]] void unsupported(const std::string& what, int line) {
@@ -37,11 +50,12 @@ const std::set<std::string>& tests() {
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
 std::string strip(const std::string& s, const Value* chars, bool left, bool right) {
-  const auto drop = [&](char c) {
-    if (chars && chars->is_string())
-      return chars->as_string().find(c) != std::string::npos;
-    return is_space(c);
-  };
+  bool set[256] = {}; // the bytes to drop: one lookup each, whatever the length of `chars`
+  if (chars && chars->is_string())
+    for (unsigned char c : chars->as_string())
+      set[c] = true;
+  const bool given = chars && chars->is_string();
+  const auto drop = [&](char c) { return given ? set[static_cast<unsigned char>(c)] : is_space(c); };
   std::size_t a = 0, b = s.size();
   if (left)
     while (a < b && drop(s[a]))
@@ -95,7 +109,7 @@ std::string replace(const std::string& s, const std::string& from, const std::st
     return out;
   }
   for (;;) {
-    const auto at = s.find(from, pos);
+    const auto at = find_sub(s, from, pos);
     if (at == std::string::npos || (count >= 0 && done >= count))
       break;
     out.append(s, pos, at - pos);
@@ -280,7 +294,7 @@ std::vector<std::string> split(const std::string& s, const Value* sep, int64_t m
     throw TemplateError("split(): empty separator", 0);
   std::size_t pos = 0;
   for (;;) {
-    const auto at = s.find(d, pos);
+    const auto at = find_sub(s, d, pos);
     if (at == std::string::npos || (maxsplit >= 0 && static_cast<int64_t>(out.size()) >= maxsplit))
       break;
     out.push_back(s.substr(pos, at - pos));
@@ -395,7 +409,7 @@ bool contains(const Value& container, const Value& item, int line) {
   case Value::Kind::string:
     if (!item.is_string())
       fail(std::string("'in <string>' requires a string on the left, not ") + item.type_name(), line);
-    return container.as_string().find(item.as_string()) != std::string::npos;
+    return find_sub(container.as_string(), item.as_string()) != std::string::npos;
   case Value::Kind::array:
     return std::any_of(container.array().begin(), container.array().end(), [&](const Value& v) { return v == item; });
   case Value::Kind::object:
@@ -484,13 +498,13 @@ std::optional<Value> call_method(const Value& obj, const std::string& name, cons
     if (name == "find" || name == "count") {
       const std::string& sub = str_arg(0, "sub");
       if (name == "find") {
-        const auto at = s.find(sub);
+        const auto at = find_sub(s, sub);
         return Value(at == std::string::npos ? int64_t{-1} : static_cast<int64_t>(utf8_chars(s.substr(0, at)).size()));
       }
       if (sub.empty())
         return Value(length(obj) + 1);
       int64_t n = 0;
-      for (std::size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size()))
+      for (std::size_t p = find_sub(s, sub); p != std::string::npos; p = find_sub(s, sub, p + sub.size()))
         ++n;
       return Value(n);
     }
@@ -677,6 +691,7 @@ Value apply_filter(const std::string& name, const Value& in, const Args& a, int 
       Array out;
       for (auto& v : l)
         if (std::none_of(out.begin(), out.end(), [&](const Value& o) {
+              detail::spend(); // n x n comparisons: counted as steps
               const Value x = key(o), y = key(v);
               return x.is_string() && y.is_string() && !cs ? lower(x.as_string()) == lower(y.as_string()) : x == y;
             }))
@@ -695,6 +710,7 @@ Value apply_filter(const std::string& name, const Value& in, const Args& a, int 
       return best;
     }
     std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
+      detail::spend();
       const int c = compare(key(x), key(y), cs, line);
       return reverse ? c > 0 : c < 0;
     });

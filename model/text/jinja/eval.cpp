@@ -15,29 +15,76 @@ namespace strata::model::jinja {
 
 namespace {
 
-constexpr std::size_t max_output = 64u << 20; // a template that writes more is stopped
-constexpr int max_depth = 64;                 // macro calls inside macro calls
 constexpr int64_t max_range = 1 << 20;
 
 enum class Flow : uint8_t { normal, break_, continue_ };
 
 using Scope = std::unordered_map<std::string, Value>;
 
+// While it lives, counts what the render on this thread creates and runs
+// against its limits (detail::RenderBudget); renders do not nest.
+class BudgetScope {
+public:
+  explicit BudgetScope(const RenderLimits& l) {
+    b_.bytes_left = b_.max_bytes = l.max_bytes;
+    b_.max_depth = l.max_depth;
+    b_.steps_left = b_.max_steps = l.max_steps;
+    b_.deadline = l.deadline;
+    b_.cancel = l.cancel;
+    saved_ = detail::current_budget();
+    detail::current_budget() = &b_;
+  }
+  ~BudgetScope() { detail::current_budget() = saved_; }
+  BudgetScope(const BudgetScope&) = delete;
+  BudgetScope& operator=(const BudgetScope&) = delete;
+
+private:
+  detail::RenderBudget b_;
+  detail::RenderBudget* saved_;
+};
+
+// Suspends the counting of created values until end() or the end of the scope.
+class Uncharged {
+public:
+  Uncharged() : saved_(detail::current_budget()) { detail::current_budget() = nullptr; }
+  ~Uncharged() { end(); }
+  void end() const {
+    if (saved_)
+      detail::current_budget() = saved_;
+  }
+  Uncharged(const Uncharged&) = delete;
+  Uncharged& operator=(const Uncharged&) = delete;
+
+private:
+  detail::RenderBudget* saved_;
+};
+
 class Interpreter {
 public:
-  explicit Interpreter(const Object& globals) {
+  Interpreter(const Object& globals, const RenderLimits& limits) : limits_(limits) {
     scopes_.emplace_back();
     auto& g = scopes_.back();
     install_globals(g);
     for (auto& [k, v] : globals.items)
       g[k] = v;
   }
+  ~Interpreter() {
+    // Namespaces are the one mutable kind, so the only way to a cycle of shared
+    // references (`set ns.self = ns`): empty them all so that none outlives the render.
+    for (auto& w : namespaces_)
+      if (auto o = w.lock())
+        Object().items.swap(o->items);
+  }
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
 
   std::string run(const Node& root) {
     std::string out;
     exec_body(root.bodies[0], out);
     return out;
   }
+
+  int line() const { return line_; }
 
 private:
   [[noreturn]] static void fail(const std::string& what, int line) { throw TemplateError(what, line); }
@@ -60,7 +107,11 @@ private:
         o.set(k, v);
       return Value(std::move(o));
     };
-    g["namespace"] = Value::function("namespace", [object_of](const Args& a) { return object_of(a, true); });
+    g["namespace"] = Value::function("namespace", [this, object_of](const Args& a) {
+      Value ns = object_of(a, true);
+      namespaces_.push_back(ns.object_ptr());
+      return ns;
+    });
     g["dict"] = Value::function("dict", [object_of](const Args& a) { return object_of(a, false); });
     g["range"] = Value::function("range", [this](const Args& a) {
       int64_t start = 0, stop = 0, step = 1;
@@ -110,8 +161,9 @@ private:
   }
 
   void emit(std::string& out, const std::string& s) {
-    if (out.size() + s.size() > max_output)
-      fail("the rendered prompt is larger than 64 MiB", line_);
+    if (out.size() + s.size() > limits_.max_output)
+      throw TemplateError("the rendered prompt is larger than " + std::to_string(limits_.max_output >> 20) + " MiB",
+                          line_, TemplateError::Limit::output);
     out += s;
   }
 
@@ -126,6 +178,7 @@ private:
 
   Flow exec(const Node& n, std::string& out) {
     line_ = n.line;
+    detail::spend();
     switch (n.kind) {
     case Node::Kind::body:
       return exec_body(n.bodies[0], out);
@@ -209,6 +262,7 @@ private:
     if (n.cond) { // the filter runs before the loop: loop.* count what passes
       Array kept;
       for (auto& item : items) {
+        detail::spend();
         bind(item);
         if (eval(*n.cond).truthy())
           kept.push_back(item);
@@ -217,7 +271,11 @@ private:
     }
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < len; ++i) {
+      detail::spend();
       bind(items[static_cast<std::size_t>(i)]);
+      // loop.* is a fixed handful of values per iteration, replaced by the next:
+      // not counted against the budget of values the template creates.
+      const Uncharged uncharged;
       Object loop;
       loop.set("index", Value(i + 1));
       loop.set("index0", Value(i));
@@ -234,6 +292,7 @@ private:
                  return a.positional.empty() ? Value() : a.positional[static_cast<std::size_t>(i) % a.positional.size()];
                }));
       scopes_.back()["loop"] = Value(std::move(loop));
+      uncharged.end();
       if (exec_body(n.bodies[0], out) == Flow::break_)
         break;
     }
@@ -272,8 +331,9 @@ private:
   void define_macro(const Node& n) {
     const Node* def = &n;
     scopes_.back()[n.text] = Value::function(n.text, [this, def](const Args& a) {
-      if (depth_ >= max_depth)
-        fail("macros nested deeper than " + std::to_string(max_depth), def->line);
+      if (depth_ >= limits_.max_depth)
+        throw TemplateError("macros nested deeper than " + std::to_string(limits_.max_depth), def->line,
+                            TemplateError::Limit::recursion);
       if (a.positional.size() > def->params.size())
         fail("macro '" + def->text + "' takes " + std::to_string(def->params.size()) + " arguments", def->line);
       Scope frame;
@@ -308,6 +368,7 @@ private:
 
   Value eval(const Expr& e) {
     line_ = e.line;
+    detail::spend();
     switch (e.kind) {
     case Expr::Kind::literal:
       return e.value;
@@ -476,8 +537,10 @@ private:
       if (s && n->kind() == Value::Kind::integer) {
         const int64_t times = std::max<int64_t>(0, n->as_int());
         if (s->is_string()) {
-          if (static_cast<uint64_t>(times) * s->as_string().size() > max_output)
-            fail("string repetition is too long", e.line);
+          if (static_cast<uint64_t>(times) * s->as_string().size() > limits_.max_output)
+            throw TemplateError("string repetition is longer than the output limit", e.line,
+                                TemplateError::Limit::output);
+          detail::charge(static_cast<std::size_t>(times) * s->as_string().size());
           std::string out;
           for (int64_t k = 0; k < times; ++k)
             out += s->as_string();
@@ -528,7 +591,9 @@ private:
     fail(std::string("unsupported operand types for ") + op + ": " + l.type_name() + " and " + r.type_name(), e.line);
   }
 
+  RenderLimits limits_;
   std::vector<Scope> scopes_;
+  std::vector<std::weak_ptr<Object>> namespaces_; // every namespace() of this render
   int loops_ = 0;
   int depth_ = 0;
   int line_ = 0;
@@ -536,9 +601,16 @@ private:
 
 } // namespace
 
-std::string Template::render(const Object& globals) const {
-  Interpreter in(globals);
-  return in.run(*root_);
+std::string Template::render(const Object& globals, const RenderLimits& limits) const {
+  const BudgetScope budget(limits);
+  Interpreter in(globals, limits);
+  try {
+    return in.run(*root_);
+  } catch (const TemplateError& e) {
+    if (e.line() == 0 && e.limit() != TemplateError::Limit::none) // thrown where the line is not known
+      throw TemplateError(e.message(), in.line(), e.limit());
+    throw;
+  }
 }
 
 } // namespace strata::model::jinja

@@ -16,6 +16,25 @@ TemplateError::TemplateError(const std::string& message, int line, Kind kind)
                                   : "chat template: " + message),
       line_(line), kind_(kind), message_(message) {}
 
+TemplateError::TemplateError(const std::string& message, int line, Limit limit)
+    : TemplateError(message, line, Kind::limit) {
+  limit_ = limit;
+}
+
+const char* to_string(TemplateError::Limit l) {
+  switch (l) {
+  case TemplateError::Limit::none: return "none";
+  case TemplateError::Limit::nesting: return "nesting";
+  case TemplateError::Limit::steps: return "steps";
+  case TemplateError::Limit::time: return "time";
+  case TemplateError::Limit::memory: return "memory";
+  case TemplateError::Limit::recursion: return "recursion";
+  case TemplateError::Limit::output: return "output";
+  case TemplateError::Limit::cancelled: return "cancelled";
+  }
+  return "?";
+}
+
 namespace {
 
 struct Segment {
@@ -253,6 +272,25 @@ std::vector<Token> lex(const std::string& s, int line) {
   return out;
 }
 
+// Counts how deep a recursive parser is; past max_parse_nesting it stops with
+// a TemplateError (nesting) naming the line instead of exhausting the stack.
+class NestGuard {
+public:
+  NestGuard(int& depth, int line, const char* what) : depth_(depth) {
+    if (++depth_ > max_parse_nesting) {
+      --depth_;
+      throw TemplateError(std::string(what) + " nested deeper than " + std::to_string(max_parse_nesting) + " levels",
+                          line, TemplateError::Limit::nesting);
+    }
+  }
+  ~NestGuard() { --depth_; }
+  NestGuard(const NestGuard&) = delete;
+  NestGuard& operator=(const NestGuard&) = delete;
+
+private:
+  int& depth_;
+};
+
 class ExprParser {
 public:
   ExprParser(std::vector<Token> toks, int line) : t_(std::move(toks)), line_(line) {}
@@ -299,12 +337,13 @@ public:
   }
 
   ExprPtr expression(bool with_cond = true) {
+    const NestGuard guard(nesting_, line_, "expressions");
     auto e = parse_or();
     while (with_cond && skip_name("if")) {
       auto c = make(Expr::Kind::cond);
-      c->args.push_back(parse_or());
-      c->args.push_back(std::move(e));
-      c->args.push_back(skip_name("else") ? expression() : nullptr);
+      c->add(parse_or());
+      c->add(std::move(e));
+      c->add(skip_name("else") ? expression() : nullptr);
       e = std::move(c);
     }
     return e;
@@ -316,11 +355,11 @@ public:
     if (!is_op(","))
       return first;
     auto t = make(Expr::Kind::tuple);
-    t->args.push_back(std::move(first));
+    t->add(std::move(first));
     while (skip_op(",")) {
       if (at_end() || is_name("if"))
         break;
-      t->args.push_back(expression(with_cond));
+      t->add(expression(with_cond));
     }
     return t;
   }
@@ -330,8 +369,8 @@ private:
   ExprPtr binary(std::string op, ExprPtr a, ExprPtr b) {
     auto e = make(Expr::Kind::binary);
     e->name = std::move(op);
-    e->args.push_back(std::move(a));
-    e->args.push_back(std::move(b));
+    e->add(std::move(a));
+    e->add(std::move(b));
     return e;
   }
   // One precedence level of left-associative binary operators: symbols, or
@@ -353,10 +392,11 @@ private:
   ExprPtr parse_or() { return level({"or"}, true, &ExprParser::parse_and); }
   ExprPtr parse_and() { return level({"and"}, true, &ExprParser::parse_not); }
   ExprPtr parse_not() {
+    const NestGuard guard(nesting_, line_, "expressions");
     if (skip_name("not")) {
       auto e = make(Expr::Kind::unary);
       e->name = "not";
-      e->args.push_back(parse_not());
+      e->add(parse_not());
       return e;
     }
     return parse_compare();
@@ -392,11 +432,12 @@ private:
   ExprPtr parse_pow() { return level({"**"}, false, &ExprParser::parse_operand); }
   ExprPtr parse_operand() { return parse_unary(true); }
   ExprPtr parse_unary(bool with_filter) {
+    const NestGuard guard(nesting_, line_, "expressions");
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       e = make(Expr::Kind::unary);
       e->name = t_[p_++].text;
-      e->args.push_back(parse_unary(false));
+      e->add(parse_unary(false));
     } else {
       e = primary();
     }
@@ -451,11 +492,11 @@ private:
         if (skip_op(")"))
           return first;
         auto tup = make(Expr::Kind::tuple);
-        tup->args.push_back(std::move(first));
+        tup->add(std::move(first));
         while (skip_op(",")) {
           if (is_op(")"))
             break;
-          tup->args.push_back(expression());
+          tup->add(expression());
         }
         expect_op(")");
         return tup;
@@ -463,7 +504,7 @@ private:
       if (skip_op("[")) {
         auto l = make(Expr::Kind::list);
         while (!is_op("]")) {
-          l->args.push_back(expression());
+          l->add(expression());
           if (!skip_op(","))
             break;
         }
@@ -473,9 +514,9 @@ private:
       if (skip_op("{")) {
         auto d = make(Expr::Kind::dict);
         while (!is_op("}")) {
-          d->args.push_back(expression());
+          d->add(expression());
           expect_op(":");
-          d->args.push_back(expression());
+          d->add(expression());
           if (!skip_op(","))
             break;
         }
@@ -494,11 +535,11 @@ private:
       if (t_[p_].kind == Token::Kind::name && t_[p_ + 1].kind == Token::Kind::op && t_[p_ + 1].text == "=") {
         std::string key = t_[p_].text;
         p_ += 2;
-        e.kwargs.emplace_back(std::move(key), expression());
+        e.add_kw(std::move(key), expression());
       } else {
         if (!e.kwargs.empty())
           fail("a positional argument after a keyword argument");
-        e.args.push_back(expression());
+        e.add(expression());
       }
       if (!skip_op(","))
         break;
@@ -508,7 +549,7 @@ private:
   // callee(arguments), after the "(".
   ExprPtr call_of(ExprPtr callee) {
     auto c = make(Expr::Kind::call);
-    c->args.push_back(std::move(callee));
+    c->add(std::move(callee));
     call_args(*c);
     return c;
   }
@@ -520,11 +561,11 @@ private:
           a->kind = Expr::Kind::index;
           auto lit = make(Expr::Kind::literal);
           lit->value = Value(t_[p_++].i);
-          a->args.push_back(std::move(e));
-          a->args.push_back(std::move(lit));
+          a->add(std::move(e));
+          a->add(std::move(lit));
         } else {
           a->name = expect_name();
-          a->args.push_back(std::move(e));
+          a->add(std::move(e));
         }
         e = std::move(a);
       } else if (skip_op("[")) {
@@ -541,12 +582,12 @@ private:
         }
         expect_op("]");
         auto s = make(slice ? Expr::Kind::slice : Expr::Kind::index);
-        s->args.push_back(std::move(e));
+        s->add(std::move(e));
         if (slice)
           for (auto& p : parts)
-            s->args.push_back(std::move(p));
+            s->add(std::move(p));
         else
-          s->args.push_back(std::move(parts[0]));
+          s->add(std::move(parts[0]));
         e = std::move(s);
       } else if (skip_op("(")) {
         e = call_of(std::move(e));
@@ -562,7 +603,7 @@ private:
         f->name = expect_name();
         if (!known_filter(f->name))
           throw TemplateError("unsupported filter '" + f->name + "'", line_, TemplateError::Kind::unsupported);
-        f->args.push_back(std::move(e));
+        f->add(std::move(e));
         if (skip_op("("))
           call_args(*f);
         e = std::move(f);
@@ -572,14 +613,14 @@ private:
         t->name = expect_name();
         if (!known_test(t->name))
           throw TemplateError("unsupported test '" + t->name + "'", line_, TemplateError::Kind::unsupported);
-        t->args.push_back(std::move(e));
+        t->add(std::move(e));
         const auto& n = t_[p_];
         static const std::set<std::string> stop = {"else", "or", "and", "if", "in", "is", "not"};
         if (skip_op("(")) {
           call_args(*t);
         } else if ((n.kind == Token::Kind::name && !stop.count(n.text)) || n.kind == Token::Kind::string ||
                    n.kind == Token::Kind::integer || n.kind == Token::Kind::real || is_op("[") || is_op("{")) {
-          t->args.push_back(postfix(primary()));
+          t->add(postfix(primary()));
         }
         e = std::move(t);
       } else if (skip_op("(")) {
@@ -593,6 +634,7 @@ private:
   std::vector<Token> t_;
   std::size_t p_ = 0;
   int line_;
+  int nesting_ = 0;
 };
 
 class Parser {
@@ -669,6 +711,7 @@ private:
   }
 
   NodePtr statement(const std::string& kw, ExprParser& p, int line) {
+    const NestGuard guard(blocks_, line, "blocks");
     if (kw == "if") {
       auto n = node(Node::Kind::if_, line);
       n->conds.push_back(p.expression());
@@ -778,11 +821,11 @@ private:
         fe->name = p.expect_name();
         if (!known_filter(fe->name))
           throw TemplateError("unsupported filter '" + fe->name + "'", line, TemplateError::Kind::unsupported);
-        fe->args.push_back(std::move(chain));
+        fe->add(std::move(chain));
         if (p.skip_op("(")) {
           // Reuse the expression parser for the arguments by parsing a call.
           while (!p.is_op(")")) {
-            fe->args.push_back(p.expression());
+            fe->add(p.expression());
             if (!p.skip_op(","))
               break;
           }
@@ -801,6 +844,7 @@ private:
 
   std::vector<Segment> s_;
   std::size_t i_ = 0;
+  int blocks_ = 0; // statements inside statements
 };
 
 } // namespace

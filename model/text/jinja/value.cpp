@@ -1,4 +1,5 @@
 #include "model/text/jinja/value.hpp"
+#include "model/text/jinja/jinja.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -7,19 +8,115 @@
 
 namespace strata::model::jinja {
 
-const Value* Object::find(const std::string& key) const {
-  for (auto& [k, v] : items)
-    if (k == key)
-      return &v;
-  return nullptr;
+namespace detail {
+
+RenderBudget*& current_budget() {
+  thread_local RenderBudget* budget = nullptr;
+  return budget;
 }
 
-void Object::set(const std::string& key, Value v) {
-  for (auto& [k, old] : items)
-    if (k == key) {
-      old = std::move(v);
-      return;
+void charge(std::size_t bytes) {
+  RenderBudget* b = current_budget();
+  if (!b)
+    return;
+  if (bytes > b->bytes_left) {
+    b->bytes_left = 0;
+    throw TemplateError("the template's values exceed " + std::to_string(b->max_bytes >> 20) +
+                          " MiB (strings, lists and dicts it created)",
+                        0, TemplateError::Limit::memory);
+  }
+  b->bytes_left -= bytes;
+}
+
+void spend(uint64_t n) {
+  RenderBudget* b = current_budget();
+  if (!b)
+    return;
+  if (n > b->steps_left) {
+    b->steps_left = 0;
+    throw TemplateError("the template ran more than " + std::to_string(b->max_steps) + " steps", 0,
+                        TemplateError::Limit::steps);
+  }
+  b->steps_left -= n;
+  if (n < b->until_check) {
+    b->until_check -= static_cast<uint32_t>(n);
+    return;
+  }
+  b->until_check = 1024;
+  if (b->cancel && b->cancel->load(std::memory_order_relaxed))
+    throw TemplateError("the render was cancelled (its request ended)", 0, TemplateError::Limit::cancelled);
+  if (std::chrono::steady_clock::now() > b->deadline)
+    throw TemplateError("the render ran out of time (the request's timeout)", 0, TemplateError::Limit::time);
+}
+
+void check_depth(int depth) {
+  RenderBudget* b = current_budget();
+  if (b && depth > b->max_depth)
+    throw TemplateError("lists and dicts nested deeper than " + std::to_string(b->max_depth), 0,
+                        TemplateError::Limit::nesting);
+}
+
+} // namespace detail
+
+namespace {
+
+// Recursion over values (printing, JSON, equality) is bounded: a namespace can be
+// stored inside itself, and nothing else may recurse without end.
+constexpr int max_walk_depth = 256;
+
+class WalkGuard {
+public:
+  WalkGuard() {
+    if (++depth() > max_walk_depth) {
+      --depth();
+      throw TemplateError("a value nested deeper than " + std::to_string(max_walk_depth) +
+                            " levels (or containing itself) cannot be printed or compared",
+                          0, TemplateError::Limit::nesting);
     }
+  }
+  ~WalkGuard() { --depth(); }
+  WalkGuard(const WalkGuard&) = delete;
+  WalkGuard& operator=(const WalkGuard&) = delete;
+
+private:
+  static int& depth() {
+    thread_local int d = 0;
+    return d;
+  }
+};
+
+// Dicts with more keys than this are looked up through their index.
+constexpr std::size_t index_from = 8;
+
+} // namespace
+
+Value* Object::slot(const std::string& key) const {
+  auto& mut = const_cast<Object&>(*this);
+  if (items.size() <= index_from) {
+    for (auto& [k, v] : mut.items)
+      if (k == key)
+        return &v;
+    return nullptr;
+  }
+  for (; indexed_ < items.size(); ++indexed_) // items appended since the last lookup
+    index_.emplace(items[indexed_].first, indexed_);
+  auto it = index_.find(key);
+  return it == index_.end() ? nullptr : &mut.items[it->second].second;
+}
+
+const Value* Object::find(const std::string& key) const { return slot(key); }
+
+void Object::set(const std::string& key, Value v) {
+  const int d = v.depth() + 1;
+  if (d > depth) {
+    detail::check_depth(d);
+    depth = d;
+  }
+  if (Value* old = slot(key)) {
+    *old = std::move(v);
+    return;
+  }
+  detail::charge(sizeof(std::pair<std::string, Value>) + key.size());
   items.emplace_back(key, std::move(v));
 }
 
@@ -40,14 +137,46 @@ Value Value::none() {
 Value::Value(bool b) : kind_(Kind::boolean), b_(b) {}
 Value::Value(int64_t i) : kind_(Kind::integer), i_(i) {}
 Value::Value(double d) : kind_(Kind::real), d_(d) {}
-Value::Value(std::string s) : kind_(Kind::string), s_(std::move(s)) {}
-Value::Value(Array a) : kind_(Kind::array), a_(std::make_shared<Array>(std::move(a))) {}
-Value::Value(Object o) : kind_(Kind::object), o_(std::make_shared<Object>(std::move(o))) {}
+Value::Value(std::string s) : kind_(Kind::string) {
+  detail::charge(s.size() + sizeof(std::string));
+  s_ = std::make_shared<const std::string>(std::move(s));
+}
+Value::Value(Array a) : kind_(Kind::array) {
+  int d = 0;
+  for (auto& x : a)
+    d = std::max(d, x.depth());
+  depth_ = d + 1;
+  detail::check_depth(depth_);
+  detail::charge(a.size() * sizeof(Value) + sizeof(Array));
+  a_ = std::make_shared<Array>(std::move(a));
+}
+Value::Value(Object o) : kind_(Kind::object) {
+  int d = 0;
+  for (auto& [k, x] : o.items)
+    d = std::max(d, x.depth());
+  o.depth = std::max(o.depth, d + 1);
+  detail::check_depth(o.depth);
+  detail::charge(o.items.size() * sizeof(std::pair<std::string, Value>) + sizeof(Object));
+  o_ = std::make_shared<Object>(std::move(o));
+}
+
+const std::string& Value::as_string() const {
+  static const std::string empty;
+  return s_ ? *s_ : empty;
+}
+
+int Value::depth() const {
+  switch (kind_) {
+  case Kind::array: return depth_;
+  case Kind::object: return o_->depth;
+  default: return 0;
+  }
+}
 
 Value Value::function(std::string name, Function f) {
   Value v;
   v.kind_ = Kind::callable;
-  v.s_ = std::move(name);
+  v.s_ = std::make_shared<const std::string>(std::move(name));
   v.f_ = std::make_shared<Function>(std::move(f));
   return v;
 }
@@ -64,7 +193,7 @@ bool Value::truthy() const {
   case Kind::real:
     return d_ != 0;
   case Kind::string:
-    return !s_.empty();
+    return !as_string().empty();
   case Kind::array:
     return !a_->empty();
   case Kind::object:
@@ -168,6 +297,7 @@ void json_string(std::string& out, const std::string& s) {
 }
 
 void json_write(std::string& out, const Value& v, int indent, bool sort_keys, int depth) {
+  const WalkGuard guard;
   const auto newline = [&](int d) {
     out += '\n';
     out.append(static_cast<std::size_t>(indent * d), ' ');
@@ -237,13 +367,14 @@ std::string Value::str() const {
   case Kind::undefined:
     return "";
   case Kind::string:
-    return s_;
+    return as_string();
   default:
     return repr();
   }
 }
 
 std::string Value::repr() const {
+  const WalkGuard guard;
   switch (kind_) {
   case Kind::undefined:
     return "";
@@ -256,7 +387,7 @@ std::string Value::repr() const {
   case Kind::real:
     return float_repr(d_);
   case Kind::string:
-    return py_quote(s_);
+    return py_quote(as_string());
   case Kind::array: {
     std::string out = "[";
     for (std::size_t i = 0; i < a_->size(); ++i)
@@ -272,7 +403,7 @@ std::string Value::repr() const {
     return out + "}";
   }
   case Kind::callable:
-    return "<function " + s_ + ">";
+    return "<function " + as_string() + ">";
   }
   return "";
 }
@@ -299,6 +430,7 @@ std::string Value::to_json(int indent, bool sort_keys) const {
 }
 
 bool operator==(const Value& a, const Value& b) {
+  const WalkGuard guard;
   using K = Value::Kind;
   const auto numeric = [](const Value& v) {
     return v.kind() == K::integer || v.kind() == K::real || v.kind() == K::boolean;

@@ -1,15 +1,22 @@
 #pragma once
 // The values a chat template computes with: Python's (None, bool, int, float,
-// str, list, dict) plus Jinja's Undefined, namespaces and callables. Lists and
-// dicts are shared by reference, as in Python. Torch-free.
+// str, list, dict) plus Jinja's Undefined, namespaces and callables. Strings,
+// lists and dicts are shared by reference, as in Python (strings are immutable;
+// lists and dicts are read-only in the sandbox, namespaces are the one thing a
+// template changes). While a render runs on this thread, every string, list and
+// dict it creates is counted against its byte budget, and lists and dicts
+// nested deeper than its limit are refused (detail::RenderBudget). Torch-free.
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -19,11 +26,19 @@ class Value;
 using Array = std::vector<Value>;
 
 /// A dict in insertion order (Python 3.7+ dicts, JSON objects). String keys only.
+/// `items` may be appended to directly (keys unique); lookups of a dict with
+/// many keys go through an index kept up to date with the appends.
 struct Object {
   std::vector<std::pair<std::string, Value>> items;
   bool is_namespace = false; ///< namespace(): the one kind `set ns.x = ...` may change
+  int depth = 1;             ///< 1 + the deepest list or dict among its values (kept by set())
   const Value* find(const std::string& key) const;
   void set(const std::string& key, Value v);
+
+private:
+  Value* slot(const std::string& key) const;
+  mutable std::unordered_map<std::string, std::size_t> index_;
+  mutable std::size_t indexed_ = 0; // items[0, indexed_) are in index_
 };
 
 /// Positional and keyword arguments of a call.
@@ -67,9 +82,13 @@ public:
   bool as_bool() const { return b_; }
   int64_t as_int() const { return i_; }
   double as_double() const { return kind_ == Kind::integer ? static_cast<double>(i_) : d_; }
-  const std::string& as_string() const { return s_; }
+  /// The string (a callable's name; "" for other kinds).
+  const std::string& as_string() const;
+  /// 0 for scalars, 1 + the deepest element for lists and dicts.
+  int depth() const;
   Array& array() const { return *a_; }
   Object& object() const { return *o_; }
+  const std::shared_ptr<Object>& object_ptr() const { return o_; }
   const Function& fn() const { return *f_; }
 
   /// Python truthiness (undefined is false).
@@ -90,13 +109,39 @@ public:
 private:
   Kind kind_ = Kind::undefined;
   bool b_ = false;
+  int depth_ = 0; // lists
   int64_t i_ = 0;
   double d_ = 0;
-  std::string s_;
+  std::shared_ptr<const std::string> s_;
   std::shared_ptr<Array> a_;
   std::shared_ptr<Object> o_;
   std::shared_ptr<Function> f_;
 };
+
+namespace detail {
+
+/// The budget of the render running on this thread (installed by
+/// Template::render; none outside a render, where nothing is counted).
+struct RenderBudget {
+  std::size_t bytes_left = 0;
+  std::size_t max_bytes = 0;
+  int max_depth = 0;
+  uint64_t steps_left = 0;
+  uint64_t max_steps = 0;
+  std::chrono::steady_clock::time_point deadline;
+  const std::atomic<bool>* cancel = nullptr;
+  uint32_t until_check = 1; // steps until the clock and the cancel flag are read again
+};
+RenderBudget*& current_budget();
+/// Counts `bytes` about to be created; throws TemplateError (memory) past the budget.
+void charge(std::size_t bytes);
+/// Counts `n` steps of work (a statement, an expression, a loop iteration, a
+/// comparison inside a filter); throws TemplateError (steps, time or cancelled).
+void spend(uint64_t n = 1);
+/// Throws TemplateError (nesting) when a list or dict of `depth` is past the limit.
+void check_depth(int depth);
+
+} // namespace detail
 
 template <class Json>
 Value Value::from_json(const Json& j) {
