@@ -80,12 +80,15 @@ bool take_push(session_self self, msg::route_info& r) {
 void follow(session_self self, msg::supervisor_actor sup) {
   auto& st = self->state;
   st.supervisor = std::move(sup);
+  st.supervisor_lost.reset();
+  self->monitor(st.supervisor);
   self->send(st.supervisor, atom::subscribe_atom_v);
 }
 
 void on_token(session_self self, int32_t token) {
   auto& st = self->state;
   st.failures = 0;
+  st.last_token_at = clk::now();
   if (std::find(st.req.stop_ids.begin(), st.req.stop_ids.end(), token) != st.req.stop_ids.end())
     return finish(self, "stop");
   st.seq.push_back(token);
@@ -345,6 +348,18 @@ void go_backing_off(session_self self, const caf::error& why) {
   auto& st = self->state;
   st.retry_step = false;
   ++st.result.retries;
+  if (st.supervisor_lost) {
+    // This process lost its connection to the coordinator (its process died, or
+    // the connection was dropped: a peer silent past the liveness bound): the
+    // failure is the connection's, not the route's. Wait for the client to
+    // reconnect and send `register`; the lease timer ends the session with
+    // cluster_lost when none comes within cluster_wait.
+    st.phase = session_phase::backing_off;
+    const auto tag = ++st.awaited;
+    self->delayed_send(self, std::min(st.opts.cluster_wait, std::chrono::milliseconds(200)), atom::retry_atom_v, tag);
+    self->become(backing_off(self));
+    return;
+  }
   if (++st.failures > st.opts.max_retries) {
     fail(self, caf::make_error(ec::retries_exhausted, "session '" + st.req.session + "' gave up after " +
                                                         std::to_string(st.failures - 1) +
@@ -368,6 +383,13 @@ auto on_cancel(session_self self) {
 auto on_lease(session_self self) {
   return [=](atom::lease_atom) {
     auto& st = self->state;
+    // The coordinator went away, none took its place (a client that reconnects
+    // would have sent `register` by now) and no token came since: the cluster
+    // is gone. A session whose shards still answer goes on without it.
+    if (st.supervisor_lost && clk::now() - std::max(*st.supervisor_lost, st.last_token_at) >= st.opts.cluster_wait)
+      return fail(self, caf::make_error(ec::cluster_lost, "session '" + st.req.session + "': the coordinator went away "
+                                                          "and none came back within " +
+                                                          std::to_string(st.opts.cluster_wait.count()) + " ms"));
     for (auto& h : st.route.hops)
       self->send(h.shard, atom::lease_atom_v, st.req.session, st.key);
     self->delayed_send(self, st.opts.lease_renew, atom::lease_atom_v);
@@ -425,7 +447,11 @@ behavior backing_off(session_self self) {
         go_routing(self);
       }
     },
-    [=](atom::register_atom, msg::supervisor_actor sup) { follow(self, std::move(sup)); },
+    [=](atom::register_atom, msg::supervisor_actor sup) {
+      follow(self, std::move(sup));
+      if (!self->state.retry_step)
+        go_routing(self); // ask the new supervisor now
+    },
     on_cancel(self),
     on_lease(self),
   };
@@ -492,6 +518,12 @@ behavior session(session_self self, msg::supervisor_actor supervisor, msg::sessi
     self->quit();
     return paused(self);
   }
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    if (dm.source == st.supervisor.address() && !st.supervisor_lost)
+      st.supervisor_lost = clk::now(); // the lease timer checks how long ago
+  });
+  self->monitor(supervisor);
   self->send(supervisor, atom::subscribe_atom_v);
   self->delayed_send(self, opts.lease_renew, atom::lease_atom_v);
   go_routing(self);

@@ -38,7 +38,8 @@
 //   backing_off waiting out a delay after a failure -> routing (timer), stepping (route push; or the
 //                                                      timer after ec::overloaded: the same route)
 //   paused      waiting for the client's resume     -> stepping (resume), routing (resume without a route)
-// (cancel_atom) ends every phase. An answer to a request that a later event
+// (cancel_atom) ends every phase, and so does losing the supervisor for longer
+// than `cluster_wait` (it is monitored; `register` brings a new one). An answer to a request that a later event
 // superseded (a route push during a step, a timer after a push) is ignored: each
 // phase knows the one request it waits for.
 
@@ -48,6 +49,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 
 namespace strata::actors {
 
@@ -64,6 +66,10 @@ struct SessionOptions {
   /// --route-wait-ms, so this only guards against a supervisor that stopped
   /// answering; it must be longer than any route wait.
   std::chrono::milliseconds route_timeout{120000};
+  /// How long the session waits for another coordinator after its own went
+  /// away (its client reconnects and sends `register`) while no token comes;
+  /// then it ends with ec::cluster_lost. The coordinator's default route wait.
+  std::chrono::milliseconds cluster_wait{10000};
   int max_retries = 8;                          ///< failed steps in a row before giving up
   std::chrono::milliseconds backoff{20};        ///< doubled per retry
   int64_t max_context = 0;                      ///< the model's max_seq_len
@@ -109,6 +115,8 @@ struct session_state {
   std::chrono::steady_clock::time_point started;
   bool first_token_seen = false;
   std::vector<msg::shard_actor> avoid; // shards this session could not reach (asks routes without them)
+  std::optional<std::chrono::steady_clock::time_point> supervisor_lost; // when the supervisor went down
+  std::chrono::steady_clock::time_point last_token_at;                  // when the last token came
   static inline const char* name = "strata.session";
 };
 

@@ -41,6 +41,9 @@ enum class ec : uint8_t {
   retries_exhausted = 32,
   /// The request was invalid before anything ran (prompt, sampling settings).
   invalid_request = 33,
+  /// The session's coordinator went away and no coordinator took its place
+  /// within the client's route wait.
+  cluster_lost = 34,
   /// The generation was cancelled by its client.
   cancelled = 40,
 };

@@ -21,6 +21,7 @@ const char* to_string(ec code) {
     case ec::step_timeout: return "step_timeout";
     case ec::retries_exhausted: return "retries_exhausted";
     case ec::invalid_request: return "invalid_request";
+    case ec::cluster_lost: return "cluster_lost";
     case ec::cancelled: return "cancelled";
   }
   return "unknown";

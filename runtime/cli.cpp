@@ -54,7 +54,9 @@ int cmd_generate(int argc, char** argv) {
     .option("output", "text|ids", "print text (default) or the generated ids")
     .option("shards", "A-B,C-D,...", "run through in-process shard actors with these layer ranges")
     .option("inject", "SPEC[,SPEC]", "failures at decode steps: evict:I@S kill:I@S epoch@S desync:I@S dup:I@S"
-                                     " (freeze:I@S with --cluster)");
+                                     " (freeze:I@S with --cluster)")
+    .option("route-wait-ms", "MS", "with --cluster: how long to wait for a coordinator that went away to come back "
+                                   "before failing with cluster_lost (default 10000)");
   add_network_options(a); // with --cluster
   a.parse(argc, argv, 2);
   log::configure_from(a, "client");
@@ -100,14 +102,13 @@ int cmd_generate(int argc, char** argv) {
     // Everything about the model comes from the cluster: no model files here.
     csys = &client_system(liveness_from(a), tls_from(a));
     coordinator = connect_coordinator(*csys, parse_endpoint(a.str("cluster"), "cluster"));
-    caf::scoped_actor self{*csys};
-    msg::route_info plan;
-    caf::error err;
-    self->request(coordinator, std::chrono::seconds(75), atom::route_atom_v, std::vector<msg::shard_actor>{}) // > any route wait
-      .receive([&](msg::route_info& r) { plan = std::move(r); }, [&](caf::error& e) { err = std::move(e); });
-    if (err)
-      throw model::Error(model::errc::io, "the cluster has no route: " + csys->render(err));
-    cluster_hops = static_cast<int64_t>(plan.hops.size());
+    // The coordinator answers no_route after its own route wait (at most 60 s);
+    // the request fails sooner when the coordinator goes away meanwhile.
+    auto plan = ask_watched<msg::route_info>(*csys, coordinator, std::chrono::seconds(75), atom::route_atom_v,
+                                             std::vector<msg::shard_actor>{});
+    if (!plan)
+      throw model::Error(model::errc::io, "the cluster has no route: " + csys->render(plan.error()));
+    cluster_hops = static_cast<int64_t>(plan->hops.size());
     const auto facts = cluster_model(*csys, coordinator);
     if (!model_spec.empty() && model_spec != facts.model)
       throw UsageError("--model '" + model_spec + "' is not the cluster's model '" + facts.model +
@@ -188,6 +189,7 @@ int cmd_generate(int argc, char** argv) {
     greq.stop_ids = rules.stop_ids;
     actors::SessionOptions sopts;
     sopts.max_context = cfg.max_seq_len;
+    sopts.cluster_wait = std::chrono::milliseconds(a.integer("route-wait-ms", 10000, 1, 600000));
     auto out = on_cluster
                  ? actors::run_generation(
                      sys, coordinator, greq, sopts, inject,
@@ -196,7 +198,8 @@ int cmd_generate(int argc, char** argv) {
                      },
                      [&](const msg::token_event& ev) { emit(ev.token); },
                      [&]() -> msg::supervisor_actor { // the coordinator restarted
-                       auto fresh = reconnect_coordinator(sys, parse_endpoint(a.str("cluster"), "cluster"));
+                       auto fresh = reconnect_coordinator(sys, parse_endpoint(a.str("cluster"), "cluster"),
+                                                          sopts.cluster_wait);
                        if (fresh)
                          coordinator = fresh;
                        return fresh; // invalid when it did not come back

@@ -84,7 +84,45 @@ caf::expected<msg::supervisor_actor> try_connect(caf::actor_system& sys, const E
 /// After a coordinator restart: tries to connect every 200 ms until `within` has
 /// passed; returns the new supervisor, or an invalid handle.
 msg::supervisor_actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep,
-                                 std::chrono::seconds within = std::chrono::seconds(30));
+                                            std::chrono::milliseconds within = std::chrono::milliseconds(10000));
+
+/// One request to a remote actor (the coordinator's supervisor) that waits for
+/// its reply at most `timeout`, and no longer than it takes to learn that the
+/// actor's process went away: a helper actor monitors `dest` and answers with
+/// ec::cluster_lost when it goes down (a request already sent to a process that
+/// dies would otherwise wait out its whole timeout).
+template <class Reply, class Dest, class... Ts>
+caf::expected<Reply> ask_watched(caf::actor_system& sys, const Dest& dest, std::chrono::milliseconds timeout, Ts... xs) {
+  auto helper = sys.spawn([=](caf::event_based_actor* self) -> caf::behavior {
+    return {[=](atom::tick_atom) -> caf::result<Reply> {
+      auto rp = std::make_shared<caf::typed_response_promise<Reply>>(self->make_response_promise<Reply>());
+      self->monitor(dest);
+      self->set_down_handler([=](caf::down_msg&) {
+        if (rp->pending())
+          rp->deliver(caf::make_error(ec::cluster_lost, "the coordinator went away"));
+        self->quit();
+      });
+      self->request(dest, timeout, xs...)
+        .then(
+          [=](Reply& r) {
+            if (rp->pending())
+              rp->deliver(std::move(r));
+            self->quit();
+          },
+          [=](caf::error& e) {
+            if (rp->pending())
+              rp->deliver(std::move(e));
+            self->quit();
+          });
+      return *rp;
+    }};
+  });
+  caf::scoped_actor self{sys};
+  caf::expected<Reply> out{caf::error{}};
+  self->request(helper, caf::infinite, atom::tick_atom_v)
+    .receive([&](Reply& r) { out = std::move(r); }, [&](caf::error& e) { out = std::move(e); });
+  return out;
+}
 
 /// A registered shard with its stats (answered = it replied within 2 s).
 struct ShardView {

@@ -60,17 +60,14 @@ void apply_remote_injection(caf::actor_system& sys, msg::supervisor_actor superv
 
 namespace {
 
-// One blocking request to the supervisor (10 s); throws model::Error(io) when it
-// does not answer.
+// One blocking request to the supervisor (10 s, less when its process goes
+// away); throws model::Error(io) when it does not answer.
 template <class Reply, class... Ts>
 Reply ask_supervisor(caf::actor_system& sys, const msg::supervisor_actor& sup, Ts... xs) {
-  caf::scoped_actor self{sys};
-  caf::error err;
-  Reply out;
-  self->request(sup, 10s, xs...).receive([&](Reply& r) { out = std::move(r); }, [&](caf::error& e) { err = e; });
-  if (err)
-    throw model::Error(model::errc::io, "the coordinator did not answer: " + sys.render(err));
-  return out;
+  auto r = ask_watched<Reply>(sys, sup, 10s, xs...);
+  if (!r)
+    throw model::Error(model::errc::io, "the coordinator did not answer: " + sys.render(r.error()));
+  return std::move(*r);
 }
 
 } // namespace

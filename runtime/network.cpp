@@ -74,7 +74,7 @@ caf::expected<msg::supervisor_actor> try_connect(caf::actor_system& sys, const E
   return sys.middleman().remote_actor<msg::supervisor_actor>(ep.host, ep.port);
 }
 
-msg::supervisor_actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep, std::chrono::seconds within) {
+msg::supervisor_actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep, std::chrono::milliseconds within) {
   const auto deadline = std::chrono::steady_clock::now() + within;
   while (std::chrono::steady_clock::now() < deadline) {
     if (auto sup = try_connect(sys, ep)) {

@@ -204,6 +204,7 @@ void Generation::prepare_and_generate() {
   const uint64_t seed = req_.seed ? *req_.seed : std::random_device{}();
   actors::SessionOptions so;
   so.max_context = m.cfg.max_seq_len;
+  so.cluster_wait = srv_->opts.route_wait;
   const auto n = static_cast<std::size_t>(req_.n);
   {
     std::lock_guard<std::mutex> lk(job_->mu);

@@ -37,6 +37,7 @@ struct ServerOptions {
   std::size_t max_body = 1 << 20;                  ///< bytes; larger bodies get 413
   std::chrono::seconds request_timeout{300};       ///< per generation
   std::chrono::seconds drain{10};                  ///< graceful shutdown
+  std::chrono::milliseconds route_wait{10000};     ///< how long a lost coordinator may take to come back
   std::size_t max_in_flight = 64;                  ///< generations at once; more get 429
   std::size_t max_connections = 256;               ///< open connections; more get 503 and are closed
   std::chrono::milliseconds header_timeout{10000}; ///< a request (header + body) must arrive within this

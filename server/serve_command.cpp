@@ -25,6 +25,8 @@ int run_serve(int argc, char** argv) {
     .option("max-body", "BYTES", "largest request body (default 1048576)")
     .option("request-timeout", "S", "seconds one generation may take (default 300)")
     .option("drain", "S", "seconds in-flight generations get at shutdown (default 10)")
+    .option("route-wait-ms", "MS", "how long to wait for a coordinator that went away to come back before "
+                                   "generations fail with cluster_lost (default 10000)")
     .option("max-in-flight", "N", "generations at once; more get 429 (default 64)")
     .option("max-connections", "N", "open HTTP connections; more get 503 and are closed (default 256)")
     .option("header-timeout-ms", "MS", "a request's header and body must arrive within this (default 10000)")
@@ -64,6 +66,7 @@ int run_serve(int argc, char** argv) {
   o.max_body = static_cast<std::size_t>(a.integer("max-body", 1 << 20, 64, int64_t{1} << 30));
   o.request_timeout = std::chrono::seconds(a.integer("request-timeout", 300, 1, 86400));
   o.drain = std::chrono::seconds(a.integer("drain", 10, 0, 3600));
+  o.route_wait = std::chrono::milliseconds(a.integer("route-wait-ms", 10000, 1, 600000));
   o.max_in_flight = static_cast<std::size_t>(a.integer("max-in-flight", 64, 1, 100000));
   o.max_connections = static_cast<std::size_t>(a.integer("max-connections", 256, 1, 1000000));
   o.header_timeout = std::chrono::milliseconds(a.integer("header-timeout-ms", 10000, 10, 3600000));
@@ -114,8 +117,8 @@ int run_serve(int argc, char** argv) {
     std::lock_guard<std::mutex> g(*sup_mu);
     return *sup;
   };
-  auto reconnect = [&sys, sup, sup_mu, cluster_ep]() -> msg::supervisor_actor {
-    auto fresh = runtime::reconnect_coordinator(sys, cluster_ep);
+  auto reconnect = [&sys, sup, sup_mu, cluster_ep, wait = o.route_wait]() -> msg::supervisor_actor {
+    auto fresh = runtime::reconnect_coordinator(sys, cluster_ep, wait);
     if (fresh) {
       std::lock_guard<std::mutex> g(*sup_mu);
       *sup = fresh;
