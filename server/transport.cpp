@@ -17,6 +17,12 @@ HttpConnection::HttpConnection(tcp::socket s, const TransportLimits& limits, std
   : sock_(std::move(s)), limits_(limits), sink_(std::move(sink)), counters_(counters),
     read_timer_(sock_.get_executor()), write_timer_(sock_.get_executor()) {
   ++counters_.open;
+  // The kernel's share of what waits for a slow client is bounded too (Linux
+  // would grow it to tcp_wmem's maximum, 4 MiB, per connection): together with
+  // max_send_buffer, a client that stops reading holds little and stalls soon,
+  // so that the write timeout finds it.
+  beast::error_code ignored;
+  sock_.set_option(net::socket_base::send_buffer_size(static_cast<int>(kernel_send_buffer)), ignored);
 }
 
 HttpConnection::~HttpConnection() { --counters_.open; }

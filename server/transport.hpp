@@ -53,6 +53,9 @@ struct TransportLimits {
   std::size_t max_send_buffer = 1 << 20;           ///< bytes queued behind a write in flight; past it the client is gone
 };
 
+/// The kernel send buffer of every connection (SO_SNDBUF; Linux doubles it).
+constexpr std::size_t kernel_send_buffer = 128 << 10;
+
 /// Counters the transport keeps for the whole server.
 struct TransportCounters {
   std::atomic<std::size_t> open{0};          ///< open connections

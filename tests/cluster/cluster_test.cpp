@@ -2,6 +2,7 @@
 // `strata node` processes talking BASP over real TCP; clients are separate
 // `strata generate --cluster` processes.
 
+#include "tests/cluster/cluster_support.hpp"
 #include "tests/cluster/process.hpp"
 #include "tests/support.hpp"
 
@@ -21,49 +22,7 @@ namespace strata {
 namespace {
 
 using test::Process;
-
-const std::string exe = STRATA_EXE;
-
-struct Cluster {
-  std::unique_ptr<Process> coordinator;
-  std::vector<std::unique_ptr<Process>> nodes;
-  std::string address; // HOST:PORT of the coordinator
-
-  explicit Cluster(std::string listen = "127.0.0.1:0") { start_coordinator(listen); }
-  void start_coordinator(const std::string& listen) {
-    coordinator = std::make_unique<Process>(
-      std::vector<std::string>{exe, "node", "--coordinator", "--listen", listen, "--route-wait-ms", "15000"});
-    const auto line = coordinator->wait_line("ready coordinator ");
-    address = line.empty() ? "" : line.substr(std::string("ready coordinator ").size());
-  }
-  Process& add(const std::string& layers, const std::string& model = "builtin:tiny") {
-    nodes.push_back(std::make_unique<Process>(std::vector<std::string>{
-      exe, "node", "--listen", "127.0.0.1:0", "--join", address, "--model", model, "--layers", layers, "--threads", "1"}));
-    return *nodes.back();
-  }
-  bool add_ready(const std::string& layers) { return !add(layers).wait_line("ready node ").empty(); }
-};
-
-std::string run(const std::string& args) {
-  Process p({"/bin/sh", "-c", exe + " " + args + " 2>&1"});
-  return p.drain();
-}
-
-std::string ids_line(const std::string& out) {
-  // The ids line is the one made only of digits and spaces.
-  std::istringstream is(out);
-  std::string line;
-  while (std::getline(is, line))
-    if (!line.empty() && line.find_first_not_of("0123456789 ") == std::string::npos)
-      return line;
-  return "";
-}
-
-const std::string prompt = "--prompt 'Once upon a time' --max-tokens 40 --output ids";
-
-std::string local_ids() {
-  return ids_line(run("generate --model builtin:tiny " + prompt));
-}
+using namespace clustertest;
 
 TEST(Cluster, ThreeNodesEqualOneProcess) {
   Cluster c;
@@ -452,91 +411,6 @@ TEST(Cluster, GgufNodesServeAndAnotherWeightTypeIsRefused) {
 TEST(Cluster, NonLoopbackNeedsInsecure) {
   const auto out = run("node --coordinator --listen 0.0.0.0:0");
   EXPECT_NE(out.find("--insecure"), std::string::npos) << out;
-}
-
-// ---------------------------------------------------------------- TLS
-
-bool have_openssl() { return run("certs --help").find("usage: strata certs") != std::string::npos &&
-                             std::system("command -v openssl >/dev/null") == 0; }
-
-// A CA with certificates for the coordinator, nodes and a client; a rogue CA
-// with one certificate; and an expired certificate from the right CA.
-std::string make_certs() {
-  const auto dir = test::scratch_dir("tls").string();
-  run("certs init --dir " + dir + "/ca");
-  for (auto n : {"coord", "n0", "n1", "n2", "client"})
-    run("certs issue --dir " + dir + "/ca --name " + n);
-  run("certs issue --dir " + dir + "/ca --name expired --days 0");
-  run("certs init --dir " + dir + "/rogue");
-  run("certs issue --dir " + dir + "/rogue --name rogue");
-  return dir;
-}
-
-std::vector<std::string> tls_args(const std::string& dir, const std::string& name, const std::string& ca = "ca") {
-  const std::string d = dir + "/" + (name == "rogue" ? "rogue" : "ca");
-  return {"--tls-cert", d + "/" + name + ".pem", "--tls-key", d + "/" + name + ".key", "--tls-ca", dir + "/" + ca + "/ca.pem"};
-}
-
-std::string flat(const std::vector<std::string>& v) {
-  std::string s;
-  for (auto& x : v)
-    s += " " + x;
-  return s;
-}
-
-// A free TCP port on loopback (bound once, then released).
-uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-long rss_kb(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmRSS:", 0) == 0)
-      return std::atol(line.c_str() + 6);
-  return -1;
-}
-
-struct TlsCluster {
-  std::string dir = make_certs();
-  std::unique_ptr<Process> coordinator;
-  std::vector<std::unique_ptr<Process>> nodes;
-  std::vector<uint16_t> ports;
-  std::string address;
-  TlsCluster() {
-    auto args = std::vector<std::string>{exe, "node", "--coordinator", "--listen", "127.0.0.1:0"};
-    for (auto& x : tls_args(dir, "coord"))
-      args.push_back(x);
-    coordinator = std::make_unique<Process>(args);
-    const auto line = coordinator->wait_line("ready coordinator ");
-    address = line.empty() ? "" : line.substr(std::string("ready coordinator ").size());
-    int i = 0;
-    for (auto layers : {"0-1", "2-3", "4"}) {
-      ports.push_back(free_port());
-      auto a = std::vector<std::string>{exe, "node", "--listen", "127.0.0.1:" + std::to_string(ports.back()), "--join",
-                                        address, "--model", "builtin:tiny", "--layers", layers, "--threads", "1"};
-      for (auto& x : tls_args(dir, "n" + std::to_string(i++)))
-        a.push_back(x);
-      nodes.push_back(std::make_unique<Process>(a));
-      nodes.back()->wait_line("ready node ");
-    }
-  }
-};
-
-
-// The node id in the "ready node ID layers ..." line.
-std::string node_id(const std::string& ready) {
-  const auto a = std::string("ready node ").size();
-  return ready.substr(a, ready.find(' ', a) - a);
 }
 
 TEST(Cluster, ForgedFrameHeadersOnAPlainPortAreRefusedWithoutAllocating) {

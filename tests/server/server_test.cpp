@@ -2,6 +2,7 @@
 // curl, the official openai npm client and headless Chromium.
 
 #include "tests/cluster/process.hpp"
+#include "tests/server/serve_support.hpp"
 #include "tests/support.hpp"
 
 #include <nlohmann/json.hpp>
@@ -24,27 +25,7 @@ namespace {
 
 using test::Process;
 using nlohmann::json;
-
-const std::string exe = STRATA_EXE;
-
-std::string sh(const std::string& cmd) {
-  Process p({"/bin/sh", "-c", cmd});
-  return p.drain();
-}
-
-bool have(const std::string& tool) { return sh("command -v " + tool + " >/dev/null && echo yes") == "yes\n"; }
-
-std::string quote(const std::string& s) { // for /bin/sh single quotes
-  std::string o = "'";
-  for (char c : s)
-    o += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return o + "'";
-}
-
-struct Http {
-  int status = 0;
-  std::string body;
-};
+using namespace servetest;
 
 struct Served {
   std::unique_ptr<Process> coordinator, server;
@@ -93,47 +74,6 @@ protected:
   }
   const Served& c() const { return *cluster_; }
 };
-
-// What a single-process run generates after `prompt` (greedy).
-std::string local_text(const std::string& prompt, int max_tokens) {
-  const auto out = sh(exe + " generate --model builtin:tiny --prompt " + quote(prompt) + " --max-tokens " +
-                      std::to_string(max_tokens) + " 2>/dev/null");
-  EXPECT_EQ(out.rfind(prompt, 0), 0u) << out;
-  return out.substr(prompt.size(), out.size() - prompt.size() - 1); // without the prompt and the newline
-}
-
-std::string completion_body(const std::string& prompt, int max_tokens, bool stream, const std::string& more = "") {
-  return json{{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", stream}}.dump().insert(1, more);
-}
-
-// The text of an SSE response; `finish` gets the last finish_reason, `done` whether [DONE] came.
-std::string sse_text(const std::string& body, std::string* finish = nullptr, bool* done = nullptr, json* usage = nullptr) {
-  std::istringstream is(body);
-  std::string line, text;
-  while (std::getline(is, line)) {
-    if (line.rfind("data: ", 0) != 0)
-      continue;
-    const auto data = line.substr(6);
-    if (data == "[DONE]") {
-      if (done)
-        *done = true;
-      continue;
-    }
-    auto j = json::parse(data);
-    if (j.contains("usage") && usage)
-      *usage = j["usage"];
-    if (j["choices"].empty())
-      continue;
-    auto& ch = j["choices"][0];
-    if (ch.contains("text"))
-      text += ch["text"].get<std::string>();
-    if (ch.contains("delta") && ch["delta"].contains("content"))
-      text += ch["delta"]["content"].get<std::string>();
-    if (!ch["finish_reason"].is_null() && finish)
-      *finish = ch["finish_reason"].get<std::string>();
-  }
-  return text;
-}
 
 TEST_F(Server, CompletionsWithCurlEqualTheSingleProcessRun) {
   const std::string prompt = "Once upon a time";
@@ -895,63 +835,6 @@ TEST(ServeWithoutModelFiles, LearnsTheModelFromTheCluster) {
   std::filesystem::remove_all(dir);
 }
 
-
-// A free loopback port (bound, then released).
-uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  uint16_t port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
-
-// A plain TCP connection to 127.0.0.1:port (-1 on failure).
-int connect_to(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Waits until the peer closes `fd` (read returns 0 or an error); false after `timeout`.
-bool closed_by_peer(int fd, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  char buf[4096];
-  while (std::chrono::steady_clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 1))) <= 0)
-      continue;
-    if (::read(fd, buf, sizeof buf) <= 0)
-      return true;
-  }
-  return false;
-}
-
-uint16_t port_of(const std::string& ready_line) { // "ready http 127.0.0.1:PORT"
-  return static_cast<uint16_t>(std::atoi(ready_line.c_str() + ready_line.rfind(':') + 1));
-}
-
-// A coordinator and one builtin:tiny node serving every layer.
-struct OneNode {
-  Process coordinator{{exe, "node", "--coordinator", "--listen", "127.0.0.1:0"}};
-  std::string cluster = coordinator.wait_line("ready coordinator ").substr(18);
-  Process node{{exe, "node", "--listen", "127.0.0.1:0", "--join", cluster, "--model", "builtin:tiny", "--layers", "0-4",
-                "--threads", "1"}};
-  bool ready = !node.wait_line("ready node ").empty();
-};
 
 TEST(ServeConnections, SlowlorisSocketsAreClosedAndKeepAliveWorks) {
   if (!have("curl"))

@@ -132,7 +132,16 @@ private:
       }
       if (step == 0)
         fail("range() step must not be zero", line_);
+      // Building the list is work in proportion to its length: counted as steps
+      // (and the deadline read) before it is built.
+      const int64_t n = step > 0 ? (stop > start ? (stop - start + step - 1) / step : 0)
+                                 : (start > stop ? (start - stop - step - 1) / -step : 0);
+      if (n > max_range)
+        fail("range() is too long", line_);
+      detail::spend(static_cast<uint64_t>(n));
+      detail::charge(static_cast<std::size_t>(n) * sizeof(Value));
       Array out;
+      out.reserve(static_cast<std::size_t>(n));
       for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
         if (static_cast<int64_t>(out.size()) >= max_range)
           fail("range() is too long", line_);

@@ -1,0 +1,216 @@
+// Clients whose cluster disappears, and strangers that connect to every port
+// with garbage or say nothing at all: a client ends with a typed error in time
+// whatever phase it was in, and legitimate generations stay exact.
+
+#include "tests/cluster/cluster_support.hpp"
+
+#include <chrono>
+#include <future>
+#include <random>
+#include <thread>
+
+namespace strata {
+namespace {
+
+using namespace clustertest;
+using clk = std::chrono::steady_clock;
+
+// A client process: when it exited, with what code and output.
+struct Client {
+  std::unique_ptr<Process> p;
+  explicit Client(const std::string& args) : p(std::make_unique<Process>(std::vector<std::string>{"/bin/sh", "-c", "exec " + exe + " " + args + " 2>&1"})) {}
+};
+
+// Kills every process of a cluster at once (kill -9: no goodbye on any connection).
+void kill_all(std::unique_ptr<Process>& coordinator, std::vector<std::unique_ptr<Process>>& nodes) {
+  coordinator->signal(SIGKILL);
+  for (auto& n : nodes)
+    n->signal(SIGKILL);
+}
+
+// How long after the kill the client exited, with its output (-1: still running after 30 s).
+std::pair<double, std::string> exit_after_kill(Client& c, clk::time_point killed) {
+  const int code = c.p->wait_exit(std::chrono::seconds(30));
+  const double s = std::chrono::duration<double>(clk::now() - killed).count();
+  const auto out = c.p->drain();
+  EXPECT_EQ(code, 1) << out;
+  return {code < 0 ? -1.0 : s, out};
+}
+
+// The route wait the clients are given, and what "in time" means for them.
+constexpr int route_wait_ms = 2000;
+constexpr double in_time_s = route_wait_ms / 1000.0 + 2.0;
+
+void lost_cluster_case(bool tls) {
+  std::string dir;
+  std::unique_ptr<Process> coordinator;
+  std::vector<std::unique_ptr<Process>> nodes;
+  std::string address, client;
+  if (tls) {
+    auto c = std::make_unique<TlsCluster>();
+    dir = c->dir;
+    address = c->address;
+    coordinator = std::move(c->coordinator);
+    nodes = std::move(c->nodes);
+    client = flat(tls_args(dir, "client"));
+  } else {
+    Cluster c;
+    address = c.address;
+    ASSERT_TRUE(c.add_ready("0-1"));
+    ASSERT_TRUE(c.add_ready("2-4"));
+    coordinator = std::move(c.coordinator);
+    nodes = std::move(c.nodes);
+  }
+  ASSERT_FALSE(address.empty());
+  // Mid-generation: at token 10 each client freezes a node for 3 s (the
+  // session waits on it), and the whole cluster is killed meanwhile. Three
+  // clients at once: a crowd.
+  const std::string gen = "generate --cluster " + address + client + " --route-wait-ms " + std::to_string(route_wait_ms) +
+                          " --prompt-ids 1,2,3 --max-tokens 300 --output ids";
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < 3; ++i)
+    clients.push_back(std::make_unique<Client>(gen + " --inject freeze:" + std::to_string(i % 2) + "@10"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(tls ? 2500 : 1500));
+  kill_all(coordinator, nodes);
+  const auto killed = clk::now();
+  for (auto& c : clients) {
+    auto [s, out] = exit_after_kill(*c, killed);
+    std::printf("%s client, cluster killed mid-generation: exited %.2f s after the kill: %s\n", tls ? "TLS" : "plain", s,
+                out.substr(out.rfind("error:") == std::string::npos ? 0 : out.rfind("error:")).c_str());
+    EXPECT_GE(s, 0) << "still running 30 s after its cluster died";
+    EXPECT_LE(s, in_time_s) << out;
+    EXPECT_NE(out.find("cluster_lost"), std::string::npos) << out;
+  }
+}
+
+TEST(LostCluster, AClientMidGenerationEndsWithClusterLostWithinTheRouteWait) {
+  lost_cluster_case(false);
+}
+
+TEST(LostCluster, ATlsClientMidGenerationEndsWithClusterLostWithinTheRouteWait) {
+  if (!have_openssl())
+    GTEST_SKIP() << "the openssl command is not installed";
+  lost_cluster_case(true);
+}
+
+TEST(LostCluster, AClientWaitingForARouteEndsWhenTheCoordinatorGoes) {
+  // Only layers 0-1 are served: the coordinator holds the route request for its
+  // route wait (15 s); it dies 1 s into it.
+  Cluster c;
+  ASSERT_TRUE(c.add_ready("0-1"));
+  Client waiting("generate --cluster " + c.address + " --route-wait-ms " + std::to_string(route_wait_ms) +
+                 " --prompt-ids 1,2,3 --max-tokens 20 --output ids");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  kill_all(c.coordinator, c.nodes);
+  auto [s, out] = exit_after_kill(waiting, clk::now());
+  std::printf("client waiting for a route: exited %.2f s after the coordinator died\n", s);
+  EXPECT_GE(s, 0);
+  EXPECT_LE(s, in_time_s) << out;
+  EXPECT_NE(out.find("cluster_lost"), std::string::npos) << out;
+}
+
+// ---------------------------------------------------------------- strangers
+
+// Connects to 127.0.0.1:port; -1 when refused.
+int connect_loopback(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+uint16_t port_of(const std::string& address) {
+  return static_cast<uint16_t>(std::atoi(address.c_str() + address.rfind(':') + 1));
+}
+
+// One round of strangers on `ports`: connections that send random bytes (some
+// a TLS or BASP-looking start, some cut short) and close, and connections that
+// open and say nothing (returned, to be closed after the round).
+std::vector<int> strangers(const std::vector<uint16_t>& ports, std::mt19937& rng) {
+  std::vector<int> half_open;
+  for (auto port : ports) {
+    for (int k = 0; k < 10; ++k) {
+      const int fd = connect_loopback(port);
+      if (fd < 0)
+        continue;
+      std::string junk(1 + rng() % 3000, '\0');
+      for (auto& ch : junk)
+        ch = static_cast<char>(rng());
+      if (k % 3 == 0)
+        junk.replace(0, 3, "\x16\x03\x01"); // a TLS handshake record's start
+      else if (k % 3 == 1)
+        junk[0] = 1; // a BASP handshake's type
+      (void)!::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+      ::close(fd);
+    }
+    for (int k = 0; k < 3; ++k)
+      if (const int fd = connect_loopback(port); fd >= 0)
+        half_open.push_back(fd);
+  }
+  return half_open;
+}
+
+TEST(HostilePeers, GarbageAndSilentConnectionsOnEveryPortNeverDisturbLegitimateGenerations) {
+  // A TLS cluster and a plain one (with `strata serve` in front): 20 rounds of
+  // strangers on every port, each round with legitimate generations in flight
+  // (two TLS clients, a plain client and an HTTP completion at once).
+  if (!have_openssl())
+    GTEST_SKIP() << "the openssl command is not installed";
+  TlsCluster t;
+  ASSERT_FALSE(t.address.empty());
+  Cluster p;
+  ASSERT_TRUE(p.add_ready("0-4"));
+  Process serve({exe, "serve", "--cluster", p.address, "--http", "127.0.0.1:0"});
+  const auto http = serve.wait_line("ready http ");
+  ASSERT_FALSE(http.empty());
+  std::vector<uint16_t> ports = {port_of(t.address), port_of(p.address), port_of(http)};
+  for (auto port : t.ports)
+    ports.push_back(port);
+  const auto expected = local_ids();
+  ASSERT_FALSE(expected.empty());
+  const std::string tls_gen = "generate --cluster " + t.address + flat(tls_args(t.dir, "client")) + " " + prompt;
+  const std::string plain_gen = "generate --cluster " + p.address + " " + prompt;
+  const std::string completion = "curl -s -m 60 --data-binary '{\"prompt\": \"Once upon a time\", \"max_tokens\": 12, "
+                                 "\"temperature\": 0}' http://" + http.substr(11) + "/v1/completions";
+  const auto http_expected = run("generate --model builtin:tiny --prompt 'Once upon a time' --max-tokens 12");
+  std::mt19937 rng(2024);
+  int exact = 0, total = 0;
+  for (int round = 0; round < 20; ++round) {
+    auto a = std::async(std::launch::async, [&] { return ids_line(run(tls_gen)); });
+    auto b = std::async(std::launch::async, [&] { return ids_line(run(tls_gen)); });
+    auto c = std::async(std::launch::async, [&] { return ids_line(run(plain_gen)); });
+    auto d = std::async(std::launch::async, [&] {
+      Process curl({"/bin/sh", "-c", completion});
+      return curl.drain();
+    });
+    const auto held = strangers(ports, rng);
+    for (auto* f : {&a, &b, &c}) {
+      const auto ids = f->get();
+      ++total;
+      exact += ids == expected;
+      EXPECT_EQ(ids, expected) << "round " << round;
+    }
+    const auto body = d.get();
+    ++total;
+    const bool http_ok = body.find("\"text\"") != std::string::npos &&
+                         http_expected.find(nlohmann::json::parse(body, nullptr, false)["choices"][0]["text"].get<std::string>()) !=
+                           std::string::npos;
+    exact += http_ok;
+    EXPECT_TRUE(http_ok) << "round " << round << ": " << body;
+    for (int fd : held)
+      ::close(fd);
+  }
+  std::printf("%d of %d generations exact across 20 rounds of strangers on %zu ports\n", exact, total, ports.size());
+  // Every node is still the incarnation it was (none was declared dead).
+  for (auto& n : t.nodes)
+    EXPECT_TRUE(n->last_line("ready node ").empty()) << "a node registered again";
+}
+
+} // namespace
+} // namespace strata
