@@ -5,13 +5,50 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <cstdint>
 #include <cstdio>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 
 namespace strata::test {
+
+/// A free TCP port on loopback (bound once, then released; 0 on failure).
+inline uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+/// A TCP connection to 127.0.0.1:port (-1 on failure); `receive_buffer` > 0 sets
+/// SO_RCVBUF first (a client that reads slowly, or not at all).
+inline int connect_to(uint16_t port, int receive_buffer = 0) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (receive_buffer > 0)
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
 
 inline std::string shared_path(const std::string& rel) {
   return std::string(STRATA_SHARED_DIR) + "/" + rel;

@@ -51,7 +51,7 @@ struct Regex {
   }
 };
 
-class HfTokenizer final : public Tokenizer {
+class HfTokenizer final : public HfTokenizerBase {
 public:
   HfTokenizer(const std::string& path, const json& j) : path_(path) {
     auto fail = [&](const std::string& what) {
@@ -124,21 +124,8 @@ public:
         fail(std::string("BPE ") + k + " is not supported");
   }
 
-  std::vector<int32_t> encode(std::string_view text, bool add_bos) const override {
-    return encode_with(text, add_bos, {});
-  }
-
-  std::vector<int32_t> encode_with(std::string_view text, bool add_bos, const SpecialText& special) const override {
-    check_utf8(text);
-    std::vector<int32_t> ids;
-    if (add_bos && v_.bos >= 0)
-      ids.push_back(v_.bos);
-    v_.split_added(text, ids, [&](std::string_view plain, int) { encode_plain(plain, ids); }, special);
-    return ids;
-  }
-
-  std::vector<std::pair<std::size_t, std::size_t>> find_special(std::string_view text) const override {
-    return v_.find_special(text);
+  void encode_segment(std::string_view plain, int, std::vector<int32_t>& ids) const override {
+    encode_plain(plain, ids);
   }
 
   std::string token_bytes(int32_t id, int32_t) const override {
@@ -238,7 +225,6 @@ private:
   Regex regex_;
   std::array<std::string, 256> byte_char_;
   std::unordered_map<std::string, unsigned char> char_byte_;
-  HfVocab v_;
   bool ignore_merges_ = false;
 };
 

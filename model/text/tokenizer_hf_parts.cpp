@@ -117,6 +117,15 @@ void HfVocab::split_added(std::string_view text, std::vector<int32_t>& ids,
     plain(text.substr(start), segment);
 }
 
+std::vector<int32_t> HfTokenizerBase::encode_with(std::string_view text, bool add_bos, const SpecialText& special) const {
+  check_utf8(text);
+  std::vector<int32_t> ids;
+  if (add_bos && v_.bos >= 0)
+    ids.push_back(v_.bos);
+  v_.split_added(text, ids, [&](std::string_view plain, int segment) { encode_segment(plain, segment, ids); }, special);
+  return ids;
+}
+
 std::vector<std::pair<std::size_t, std::size_t>> HfVocab::find_special(std::string_view text) const {
   std::vector<std::pair<std::size_t, std::size_t>> out;
   if (special_ids.empty())

@@ -47,4 +47,22 @@ struct HfVocab {
   int32_t id_of(const std::string& token) const;
 };
 
+/// What both tokenizer.json readers share as tokenizers: the vocabulary, and a
+/// text split at added tokens (special ones where SpecialText allows) before each
+/// plain segment is encoded by the reader's own model.
+class HfTokenizerBase : public Tokenizer {
+public:
+  std::vector<int32_t> encode(std::string_view text, bool add_bos) const override { return encode_with(text, add_bos, {}); }
+  std::vector<int32_t> encode_with(std::string_view text, bool add_bos, const SpecialText& special) const override;
+  std::vector<std::pair<std::size_t, std::size_t>> find_special(std::string_view text) const override {
+    return v_.find_special(text);
+  }
+
+protected:
+  /// Appends the ids of one plain segment, the `segment`-th piece of the text
+  /// between added tokens (0-based; added tokens count too).
+  virtual void encode_segment(std::string_view plain, int segment, std::vector<int32_t>& ids) const = 0;
+  HfVocab v_;
+};
+
 } // namespace strata::model::detail

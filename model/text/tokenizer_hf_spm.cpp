@@ -39,7 +39,7 @@ std::string replace_all(std::string_view s, const std::string& from, const std::
   return out;
 }
 
-class HfSpmTokenizer final : public Tokenizer {
+class HfSpmTokenizer final : public HfTokenizerBase {
 public:
   HfSpmTokenizer(const std::string& path, const json& j) : path_(path) {
     const auto fail = [&](const std::string& what) {
@@ -133,21 +133,8 @@ public:
     }
   }
 
-  std::vector<int32_t> encode(std::string_view text, bool add_bos) const override {
-    return encode_with(text, add_bos, {});
-  }
-
-  std::vector<int32_t> encode_with(std::string_view text, bool add_bos, const SpecialText& special) const override {
-    check_utf8(text);
-    std::vector<int32_t> ids;
-    if (add_bos && v_.bos >= 0)
-      ids.push_back(v_.bos);
-    v_.split_added(text, ids, [&](std::string_view plain, int segment) { encode_plain(plain, segment, ids); }, special);
-    return ids;
-  }
-
-  std::vector<std::pair<std::size_t, std::size_t>> find_special(std::string_view text) const override {
-    return v_.find_special(text);
+  void encode_segment(std::string_view plain, int segment, std::vector<int32_t>& ids) const override {
+    encode_plain(plain, segment, ids);
   }
 
   std::string token_bytes(int32_t id, int32_t prev) const override {
@@ -270,7 +257,6 @@ private:
   }
 
   std::string path_;
-  HfVocab v_;
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
   int32_t unk_ = -1;
   std::array<int32_t, 256> byte_id_{};

@@ -111,20 +111,6 @@ TEST(LostCluster, AClientWaitingForARouteEndsWhenTheCoordinatorGoes) {
 
 // ---------------------------------------------------------------- strangers
 
-// Connects to 127.0.0.1:port; -1 when refused.
-int connect_loopback(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 uint16_t port_of(const std::string& address) {
   return static_cast<uint16_t>(std::atoi(address.c_str() + address.rfind(':') + 1));
 }
@@ -136,7 +122,7 @@ std::vector<int> strangers(const std::vector<uint16_t>& ports, std::mt19937& rng
   std::vector<int> half_open;
   for (auto port : ports) {
     for (int k = 0; k < 10; ++k) {
-      const int fd = connect_loopback(port);
+      const int fd = test::connect_to(port);
       if (fd < 0)
         continue;
       std::string junk(1 + rng() % 3000, '\0');
@@ -150,7 +136,7 @@ std::vector<int> strangers(const std::vector<uint16_t>& ports, std::mt19937& rng
       ::close(fd);
     }
     for (int k = 0; k < 3; ++k)
-      if (const int fd = connect_loopback(port); fd >= 0)
+      if (const int fd = test::connect_to(port); fd >= 0)
         half_open.push_back(fd);
   }
   return half_open;

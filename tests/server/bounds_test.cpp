@@ -229,17 +229,9 @@ TEST(ServeBounds, EightyThousandTemplateVariablesAnswerWithinTheTimeout) {
 // A streaming request from a client that never reads: a tiny receive window,
 // so that serve's writes stall after a few kilobytes.
 int stalled_stream(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  const int small = 4096;
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
+  const int fd = connect_to(port, 4096);
+  if (fd < 0)
     return -1;
-  }
   const auto body = json{{"prompt", "Once upon a time"}, {"max_tokens", 480}, {"temperature", 0},
                          {"stream", true}, {"logprobs", 20}}.dump();
   const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
