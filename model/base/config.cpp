@@ -93,8 +93,21 @@ double ModelConfig::rope_attention_factor() const {
 }
 
 void ModelConfig::validate() const {
-  require(architecture == "llama" || architecture == "qwen2",
-          "architecture '" + architecture + "' is not supported (llama, qwen2)");
+  require(architecture == "llama" || architecture == "qwen2" || architecture == "qwen3" ||
+            architecture == "qwen3moe" || architecture == "gemma2" || architecture == "gemma3" ||
+            architecture == "phi3",
+          "architecture '" + architecture + "' is not supported (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3)");
+  require(n_experts >= 0 && n_experts <= 1024, "n_experts must be in 0..1024 (got " + std::to_string(n_experts) + ")");
+  if (n_experts > 0)
+    require(n_experts_used > 0 && n_experts_used <= n_experts && expert_hidden_dim > 0,
+            "a mixture of experts needs 0 < n_experts_used <= n_experts (" + std::to_string(n_experts_used) + " of " +
+              std::to_string(n_experts) + ") and an expert width > 0");
+  require(sliding_window >= 0 && swa_pattern >= 0, "sliding_window and its pattern must be >= 0");
+  require(std::isfinite(embed_scale) && embed_scale > 0, "embed_scale must be > 0");
+  require(std::isfinite(query_scale) && query_scale >= 0, "query_scale must be >= 0");
+  require(std::isfinite(attn_softcap) && attn_softcap >= 0 && std::isfinite(final_softcap) && final_softcap >= 0,
+          "soft-caps must be >= 0");
+  require(rope_theta_local >= 0, "rope_theta_local must be >= 0");
   require(dim > 0, "dim must be > 0 (got " + std::to_string(dim) + ")");
   require(hidden_dim > 0, "hidden_dim must be > 0 (got " + std::to_string(hidden_dim) + ")");
   require(n_layers > 0 && n_layers <= 4096, "n_layers must be in 1..4096 (got " + std::to_string(n_layers) + ")");
@@ -129,13 +142,31 @@ void ModelConfig::validate() const {
     require(id >= 0 && id < vocab_size, "eos id " + std::to_string(id) + " is outside the vocabulary");
 }
 
+std::string ModelConfig::describe() const {
+  std::ostringstream os;
+  os << architecture;
+  if (n_experts > 0)
+    os << ", " << n_experts << " experts (" << n_experts_used << " active)";
+  if (sliding_window > 0) {
+    int64_t local = 0;
+    for (int64_t l = 0; l < n_layers; ++l)
+      local += is_local(l);
+    os << ", window " << sliding_window << " on " << local << " of " << n_layers << " layers";
+  }
+  return os.str();
+}
+
 std::string ModelConfig::summary() const {
   std::ostringstream os;
   os << architecture << " dim=" << dim << " hidden=" << hidden_dim << " layers=" << n_layers
      << " heads=" << n_heads << "/" << n_kv_heads << " head_dim=" << head_dim
      << " vocab=" << vocab_size << " ctx=" << max_seq_len
      << " rope=" << (rotary == RotaryLayout::interleaved ? "interleaved" : "half") << "@" << rope_theta
-     << (tied_embeddings ? " tied" : "") << (attention_bias ? " qkv-bias" : "");
+     << (tied_embeddings ? " tied" : "") << (attention_bias ? " qkv-bias" : "") << (qk_norm ? " qk-norm" : "");
+  if (n_experts > 0)
+    os << " experts=" << n_experts << "/" << n_experts_used << "x" << expert_hidden_dim;
+  if (sliding_window > 0)
+    os << " window=" << sliding_window << (swa_pattern > 1 ? "/" + std::to_string(swa_pattern) : std::string());
   return os.str();
 }
 

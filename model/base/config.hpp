@@ -36,8 +36,13 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
+/// The gated FFN's activation: SiLU (SwiGLU) or tanh-approximated GELU (GeGLU, Gemma).
+enum class FfnActivation : uint8_t { silu = 0, gelu_tanh = 1 };
+
 struct ModelConfig {
-  std::string architecture = "llama"; ///< "llama" or "qwen2"
+  /// "llama" (Mixtral-style experts when n_experts > 0), "qwen2", "qwen3",
+  /// "qwen3moe", "gemma2", "gemma3" or "phi3".
+  std::string architecture = "llama";
   std::string identity;               ///< where it came from (path or builtin:NAME)
   int64_t dim = 0;
   int64_t hidden_dim = 0;
@@ -59,8 +64,38 @@ struct ModelConfig {
   /// "gguf:" + the GGUF file's type (e.g. "gguf:q4_K_M"). Part of the cache recipe.
   std::string dtype = "f32";
 
+  // What the families beyond Llama add (all off for llama and qwen2).
+  bool qk_norm = false;           ///< per-head RMS norm of q and k before RoPE (qwen3, gemma3)
+  bool sandwich_norms = false;    ///< RMS norms after attention and after the FFN as well (gemma2/3)
+  FfnActivation ffn_act = FfnActivation::silu;
+  double embed_scale = 1.0;       ///< the embedding rows times this (gemma: sqrt(dim))
+  double query_scale = 0.0;       ///< what q.k is multiplied by; 0: 1 / sqrt(head_dim)
+  double attn_softcap = 0.0;      ///< scores become c tanh(s / c) before softmax (gemma2); 0: off
+  double final_softcap = 0.0;     ///< logits become c tanh(l / c) (gemma2); 0: off
+  /// Sliding-window attention: a local layer's query at position p sees the
+  /// keys at p' with p - p' < sliding_window. 0: no layer is local.
+  int64_t sliding_window = 0;
+  /// Which layers are local: layer l when l % P < P - 1 (Gemma's pattern; P = 2:
+  /// every other layer); 0 or 1: every layer (Mistral v0.1).
+  int64_t swa_pattern = 0;
+  double rope_theta_local = 0.0;  ///< local layers' RoPE base (gemma3); 0: rope_theta
+  // Mixture of experts (qwen3moe, Mixtral): per token the router's softmax over
+  // every expert, the n_experts_used most probable, their probabilities
+  // renormalised to sum 1; the FFN is their weighted sum.
+  int64_t n_experts = 0;
+  int64_t n_experts_used = 0;
+  int64_t expert_hidden_dim = 0;  ///< one expert's FFN width
+
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  bool moe() const { return n_experts > 0; }
+  /// Whether `layer` attends through the sliding window.
+  bool is_local(int64_t layer) const {
+    return sliding_window > 0 && (swa_pattern <= 1 || layer % swa_pattern < swa_pattern - 1);
+  }
+  /// The architecture as `strata status` and /v1/models show it: "gemma3, window
+  /// 1024 on 5 of 6 layers", "qwen3moe, 128 experts (8 active)".
+  std::string describe() const;
 
   /// Throws Error(bad_config) naming the offending field when inconsistent.
   void validate() const;

@@ -58,6 +58,11 @@ std::string resolve_dtype(const TensorSource& src, const std::string& dtype) {
   throw Error(errc::bad_argument, "unknown --dtype '" + dtype + "' (auto, f32, bf16, q8_0, q4_0, q4_K)");
 }
 
+std::vector<WMatrix> TensorSource::load_experts(const std::string& name, int64_t, int64_t, int64_t) {
+  throw Error(errc::unsupported, "model '" + config().identity + "' has no experts ('" + name +
+                                   "'): mixtures of experts are read from GGUF files");
+}
+
 std::unique_ptr<TensorSource> open_source(const std::string& spec) {
   if (spec.rfind("builtin:", 0) == 0)
     return open_builtin(spec.substr(8));

@@ -22,7 +22,12 @@ namespace strata::model::detail {
 ///   "L<i>.attn_norm" (dim), "L<i>.wq" (q_dim, dim), "L<i>.wk"/"L<i>.wv" (kv_dim, dim),
 ///   "L<i>.bq" (q_dim), "L<i>.bk"/"L<i>.bv" (kv_dim), "L<i>.wo" (dim, q_dim),
 ///   "L<i>.ffn_norm" (dim), "L<i>.w1" gate (hidden, dim), "L<i>.w3" up (hidden, dim),
-///   "L<i>.w2" down (dim, hidden).
+///   "L<i>.w2" down (dim, hidden);
+///   fused where a family stores them so (phi3): "L<i>.wqkv" (q_dim + 2 kv_dim, dim),
+///   "L<i>.w13" gate | up (2 hidden, dim);
+///   "L<i>.q_norm" / "L<i>.k_norm" (head_dim), "L<i>.post_attn_norm" / "L<i>.post_ffn_norm" (dim);
+///   experts (MoE): "L<i>.router" (n_experts, dim), and the 3-D "L<i>.experts_w1" / "L<i>.experts_w3"
+///   (n_experts x (expert_hidden, dim)) and "L<i>.experts_w2" (n_experts x (dim, expert_hidden)).
 /// Weights are (out_features, in_features), row-major, as in torch.nn.Linear.
 class TensorSource {
 public:
@@ -37,6 +42,12 @@ public:
   virtual WMatrix load_matrix(const std::string& name, int64_t rows, int64_t cols);
   /// Whether the file's own types are kept (GGUF): then --dtype may not convert.
   virtual bool native_types() const { return false; }
+  /// Whether the checkpoint holds tensor `name` (e.g. a fused "L0.wqkv").
+  virtual bool has(const std::string& name) const { (void)name; return false; }
+  /// The `n` matrices (rows, cols) of a 3-D tensor of experts, each in the
+  /// file's own type (views into one mapping). Throws Error(unsupported) from
+  /// sources without experts.
+  virtual std::vector<WMatrix> load_experts(const std::string& name, int64_t n, int64_t rows, int64_t cols);
 };
 
 std::unique_ptr<TensorSource> open_llama2c(const std::string& path);

@@ -318,33 +318,43 @@ template <int HD>
 __attribute__((always_inline)) inline void attend_impl(const float* q, const CacheRows& rows, int64_t n, int64_t hd_rt,
                                                        float scale, float* scores, float* out) {
   const int64_t hd = HD > 0 ? HD : hd_rt;
+  const int64_t bt = rows.block_tokens;
+  // The first key the query sees (a sliding window starts later), and the
+  // block it lies in: blocks before it are not read.
+  const int64_t lo = rows.window > 0 ? std::max<int64_t>(0, n - rows.window) : 0;
+  const int64_t b0 = lo / bt;
+  const float cap = rows.softcap, inv_cap = cap > 0 ? 1.0f / cap : 0.f;
   // Walk the cache block by block: no division per row.
   float mx = -INFINITY;
-  for (int64_t j0 = 0, b = 0; j0 < n; j0 += rows.block_tokens, ++b) {
-    const float* k = rows.blocks[b] + rows.k_offset;
-    const int64_t m = std::min(rows.block_tokens, n - j0);
-    for (int64_t j = 0; j < m; ++j, k += rows.row_stride) {
+  for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
+    const int64_t first = std::max<int64_t>(lo - j0, 0);
+    const float* k = rows.blocks[b] + rows.k_offset + first * rows.row_stride;
+    const int64_t m = std::min(bt, n - j0);
+    for (int64_t j = first; j < m; ++j, k += rows.row_stride) {
       float s = 0.f;
 #pragma omp simd reduction(+ : s)
       for (int64_t i = 0; i < hd; ++i)
         s += q[i] * k[i];
       s *= scale;
+      if (cap > 0)
+        s = cap * std::tanh(s * inv_cap);
       scores[j0 + j] = s;
       mx = std::max(mx, s);
     }
   }
   float sum = 0.f;
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = lo; j < n; ++j) {
     scores[j] = std::exp(scores[j] - mx);
     sum += scores[j];
   }
   const float inv = 1.0f / sum;
   for (int64_t i = 0; i < hd; ++i)
     out[i] = 0.f;
-  for (int64_t j0 = 0, b = 0; j0 < n; j0 += rows.block_tokens, ++b) {
-    const float* v = rows.blocks[b] + rows.v_offset;
-    const int64_t m = std::min(rows.block_tokens, n - j0);
-    for (int64_t j = 0; j < m; ++j, v += rows.row_stride) {
+  for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
+    const int64_t first = std::max<int64_t>(lo - j0, 0);
+    const float* v = rows.blocks[b] + rows.v_offset + first * rows.row_stride;
+    const int64_t m = std::min(bt, n - j0);
+    for (int64_t j = first; j < m; ++j, v += rows.row_stride) {
       const float a = scores[j0 + j] * inv;
 #pragma omp simd
       for (int64_t i = 0; i < hd; ++i)
@@ -386,30 +396,45 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
     qt[i] = load16(lane);
   }
   const int64_t n = n0 + m;
+  const int64_t bt = rows.block_tokens;
+  // Row t (at position n0 + t) sees keys [n0 + t + 1 - window, n0 + t]: the
+  // earliest any row sees is row 0's first, and blocks before it are not read.
+  const int64_t w = rows.window;
+  const int64_t lo = w > 0 ? std::max<int64_t>(0, n0 + 1 - w) : 0;
+  const int64_t b0 = lo / bt;
+  const float cap = rows.softcap, inv_cap = cap > 0 ? 1.0f / cap : 0.f;
   v16u* S = reinterpret_cast<v16u*>(scores_raw);
   v16 lanes;
   for (int t = 0; t < L; ++t)
     lanes[t] = static_cast<float>(t);
   v16 mx = v16{} - INFINITY;
-  for (int64_t j0 = 0, b = 0; j0 < n; j0 += rows.block_tokens, ++b) {
-    const float* k = rows.blocks[b] + rows.k_offset;
-    const int64_t cnt = std::min(rows.block_tokens, n - j0);
-    for (int64_t j = 0; j < cnt; ++j, k += rows.row_stride) {
+  for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
+    const int64_t first = std::max<int64_t>(lo - j0, 0);
+    const float* k = rows.blocks[b] + rows.k_offset + first * rows.row_stride;
+    const int64_t cnt = std::min(bt, n - j0);
+    for (int64_t j = first; j < cnt; ++j, k += rows.row_stride) {
       v16 acc = v16{};
       for (int64_t i = 0; i < hd; ++i)
         acc += qt[i] * k[i];
       acc *= scale;
+      if (cap > 0)
+        for (int t = 0; t < L; ++t)
+          acc[t] = cap * std::tanh(acc[t] * inv_cap);
       const int64_t jj = j0 + j;
       if (jj > n0) { // causal: lane t sees key jj only when jj <= n0 + t
-        const v16 first = v16{} + static_cast<float>(jj - n0);
-        acc = lanes >= first ? acc : v16{} - INFINITY;
+        const v16 from = v16{} + static_cast<float>(jj - n0);
+        acc = lanes >= from ? acc : v16{} - INFINITY;
+      }
+      if (w > 0 && jj + w <= n0 + L - 1) { // window: lane t sees key jj only when n0 + t - jj < w
+        const v16 until = v16{} + static_cast<float>(jj - n0 + w - 1);
+        acc = lanes <= until ? acc : v16{} - INFINITY;
       }
       S[jj] = acc;
       mx = mx > acc ? mx : acc;
     }
   }
   v16 sum = v16{};
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = lo; j < n; ++j) {
     v16 e;
     for (int t = 0; t < L; ++t)
       e[t] = std::exp(S[j][t] - mx[t]);
@@ -417,7 +442,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
     sum += e;
   }
   const v16 inv = 1.0f / sum;
-  for (int64_t j = 0; j < n; ++j)
+  for (int64_t j = lo; j < n; ++j)
     S[j] = S[j] * inv; // probabilities; 0 where a row may not look
   if (hd % 16 == 0) {
     // 16 output columns of all rows at a time: each value row is read once.
@@ -426,10 +451,11 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
 #pragma GCC unroll 16
       for (int t = 0; t < L; ++t)
         acc[t] = v16{};
-      for (int64_t j0 = 0, b = 0; j0 < n; j0 += rows.block_tokens, ++b) {
-        const float* v = rows.blocks[b] + rows.v_offset + c;
-        const int64_t cnt = std::min(rows.block_tokens, n - j0);
-        for (int64_t j = 0; j < cnt; ++j, v += rows.row_stride) {
+      for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
+        const int64_t first = std::max<int64_t>(lo - j0, 0);
+        const float* v = rows.blocks[b] + rows.v_offset + c + first * rows.row_stride;
+        const int64_t cnt = std::min(bt, n - j0);
+        for (int64_t j = first; j < cnt; ++j, v += rows.row_stride) {
           const v16 vj = load16(v);
           const v16 p = S[j0 + j];
 #pragma GCC unroll 16
@@ -447,10 +473,11 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
     for (int64_t i = 0; i < hd; ++i)
       o[i] = 0.f;
     const int64_t nt = n0 + t + 1;
-    for (int64_t j0 = 0, b = 0; j0 < nt; j0 += rows.block_tokens, ++b) {
-      const float* v = rows.blocks[b] + rows.v_offset;
-      const int64_t cnt = std::min(rows.block_tokens, nt - j0);
-      for (int64_t j = 0; j < cnt; ++j, v += rows.row_stride) {
+    for (int64_t j0 = b0 * bt, b = b0; j0 < nt; j0 += bt, ++b) {
+      const int64_t first = std::max<int64_t>(lo - j0, 0);
+      const float* v = rows.blocks[b] + rows.v_offset + first * rows.row_stride;
+      const int64_t cnt = std::min(bt, nt - j0);
+      for (int64_t j = first; j < cnt; ++j, v += rows.row_stride) {
         const float a = S[j0 + j][t];
 #pragma omp simd
         for (int64_t i = 0; i < hd; ++i)

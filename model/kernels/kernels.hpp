@@ -51,9 +51,15 @@ struct CacheRows {
   int64_t row_stride;
   int64_t k_offset;
   int64_t v_offset;
+  /// Sliding window: the query at position p sees keys p' with p - p' < window
+  /// (0: every earlier key). Blocks wholly before the window are never read.
+  int64_t window = 0;
+  /// Scores become softcap * tanh(score / softcap) before the softmax (0: off).
+  float softcap = 0.f;
 };
 
-/// One query head against cached rows 0..n-1: out = softmax(q.K^T * scale) V.
+/// One query head against cached rows 0..n-1 (the query is at position n-1;
+/// with a window only the last `window` of them): out = softmax(q.K^T * scale) V.
 /// `scores` has room for n floats.
 void attend(const float* q, const CacheRows& rows, int64_t n, int64_t head_dim, float scale, float* scores, float* out);
 

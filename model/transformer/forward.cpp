@@ -10,11 +10,13 @@
 // blocks, in parallel over (row, head).
 
 #include "model/base/error.hpp"
+#include "model/formats/quant.hpp"
 #include "model/kernels/kernels.hpp"
 #include "model/transformer/shard_impl.hpp"
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -64,19 +66,53 @@ struct Plan {
 
 } // namespace
 
-void Shard::Impl::build_rope() {
-  const int64_t half = cfg.head_dim / 2;
-  rope_cos.resize(static_cast<std::size_t>(cfg.max_seq_len * half));
-  rope_sin.resize(rope_cos.size());
-  const auto inv = cfg.rope_inv_freq();
-  const auto att = static_cast<float>(cfg.rope_attention_factor());
+namespace {
+
+void fill_rope(const ModelConfig& c, std::vector<float>& cos_t, std::vector<float>& sin_t) {
+  const int64_t half = c.head_dim / 2;
+  cos_t.resize(static_cast<std::size_t>(c.max_seq_len * half));
+  sin_t.resize(cos_t.size());
+  const auto inv = c.rope_inv_freq();
+  const auto att = static_cast<float>(c.rope_attention_factor());
   for (int64_t p = 0; p < half; ++p) {
     const auto freq = static_cast<float>(inv[static_cast<std::size_t>(p)]);
-    for (int64_t pos = 0; pos < cfg.max_seq_len; ++pos) {
+    for (int64_t pos = 0; pos < c.max_seq_len; ++pos) {
       const float val = static_cast<float>(pos) * freq;
-      rope_cos[static_cast<std::size_t>(pos * half + p)] = att == 1.0f ? std::cos(val) : std::cos(val) * att;
-      rope_sin[static_cast<std::size_t>(pos * half + p)] = att == 1.0f ? std::sin(val) : std::sin(val) * att;
+      cos_t[static_cast<std::size_t>(pos * half + p)] = att == 1.0f ? std::cos(val) : std::cos(val) * att;
+      sin_t[static_cast<std::size_t>(pos * half + p)] = att == 1.0f ? std::sin(val) : std::sin(val) * att;
     }
+  }
+}
+
+// ggml's CPU GELU, which the references were made with: the input rounded to
+// fp16, a table of the tanh approximation at every fp16 value, the result an
+// fp16; x >= 10 is x, x <= -10 is 0.
+float gelu(float x) {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t i = 0; i < 65536; ++i) {
+      const float v = f16_to_f32(static_cast<uint16_t>(i));
+      const float y = 0.5f * v * (1.0f + std::tanh(0.79788456080286535587989211986876f * v * (1.0f + 0.044715f * v * v)));
+      t[i] = f16_to_f32(f32_to_f16(y));
+    }
+    return t;
+  }();
+  if (x >= 10.f)
+    return x;
+  if (x <= -10.f)
+    return 0.f;
+  return table[f32_to_f16(x)];
+}
+
+} // namespace
+
+void Shard::Impl::build_rope() {
+  fill_rope(cfg, rope_cos, rope_sin);
+  if (cfg.rope_theta_local > 0 && cfg.rope_theta_local != cfg.rope_theta) {
+    ModelConfig local = cfg; // gemma3's local layers: their own base, no scaling
+    local.rope_theta = cfg.rope_theta_local;
+    local.rope_scaling = RopeScaling{};
+    fill_rope(local, rope_cos_local, rope_sin_local);
   }
 }
 
@@ -97,10 +133,11 @@ struct Pass {
         detail::matmul_gemm(w, in + q.row0 * w.cols, out + q.row0 * w.rows, q.rows, accumulate);
   }
 
-  void rope(float* vec, int64_t n_heads, int64_t pos) const {
+  void rope(float* vec, int64_t n_heads, int64_t pos, bool local) const {
     const int64_t hd = cfg().head_dim, half = hd / 2;
-    const float* c = s.rope_cos.data() + pos * half;
-    const float* sn = s.rope_sin.data() + pos * half;
+    const bool own = local && !s.rope_cos_local.empty();
+    const float* c = (own ? s.rope_cos_local : s.rope_cos).data() + pos * half;
+    const float* sn = (own ? s.rope_sin_local : s.rope_sin).data() + pos * half;
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = vec + h * hd;
       if (cfg().rotary == RotaryLayout::interleaved) {
@@ -146,7 +183,9 @@ struct Pass {
     const auto& c = cfg();
     const int64_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
     const int64_t qkv_stride = c.q_dim() + 2 * c.kv_dim();
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float scale = c.query_scale > 0 ? static_cast<float>(c.query_scale) : 1.0f / std::sqrt(static_cast<float>(hd));
+    const int64_t window = c.is_local(s.range.first + l) ? c.sliding_window : 0;
+    const auto softcap = static_cast<float>(c.attn_softcap);
     const float* qkv = s.ws.qkv.data();
     float* att = s.ws.att.data();
     const int64_t max_ctx = plan.max_ctx;
@@ -163,7 +202,7 @@ struct Pass {
         const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
         const int64_t g = w.head / group;
         const detail::CacheRows rows{q.view.blocks.data(), BlockPool::block_tokens, c.kv_dim(), k0 + g * hd,
-                                     v0 + g * hd};
+                                     v0 + g * hd, window, softcap};
         const int64_t r = q.row0 + w.t0;
         const float* qp = qkv + r * qkv_stride + w.head * hd;
         float* op = att + r * c.q_dim() + w.head * hd;
@@ -187,10 +226,139 @@ struct Pass {
     at::parallel_for(0, R, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(per_row, 1)), f);
   }
 
+  // Normalizes every row of `y` (R, D) with `w` and adds it to the residual `x`
+  // (Gemma's norms after attention and after the FFN).
+  void add_post_normed(float* x, float* y, const at::Tensor& w) {
+    const int64_t D = cfg().dim;
+    const float eps = static_cast<float>(cfg().norm_eps);
+    rows_parallel(2 * D, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        rmsnorm(y + r * D, y + r * D, w.data_ptr<float>(), D, eps);
+        for (int64_t i = 0; i < D; ++i)
+          x[r * D + i] += y[r * D + i];
+      }
+    });
+  }
+
+  // gate | up (n, 2H) -> act(gate) * up (n, H).
+  void gated(const float* h13, float* out, int64_t n, int64_t H) const {
+    const bool gelu_act = cfg().ffn_act == FfnActivation::gelu_tanh;
+    for (int64_t r = 0; r < n; ++r) {
+      const float* g = h13 + r * 2 * H;
+      const float* u = g + H;
+      float* o = out + r * H;
+      if (gelu_act)
+        for (int64_t i = 0; i < H; ++i)
+          o[i] = gelu(g[i]) * u[i];
+      else
+        for (int64_t i = 0; i < H; ++i)
+          o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  }
+
+  // One expert over the gathered rows `gx` (n, D): y (n, D) = down(act(gate x) * up x).
+  // Few rows go through matmul_rows, many through GEMM; which one depends only on
+  // n, itself a function of the rows' own tokens (see moe()).
+  void expert(const LayerWeights& lw, std::size_t e, int64_t n) {
+    auto& ws = s.ws;
+    const int64_t D = cfg().dim, EH = cfg().expert_hidden_dim;
+    float* gh = grow(ws.gh, n * 2 * EH);
+    float* ga = grow(ws.gact, n * EH);
+    float* gy = grow(ws.gy, n * D);
+    if (n <= detail::small_rows) {
+      detail::matmul_rows(lw.expert_w13[e], ws.gx.data(), gh, n, false);
+      gated(gh, ga, n, EH);
+      detail::matmul_rows(lw.expert_w2[e], ga, gy, n, false);
+    } else {
+      detail::matmul_gemm(lw.expert_w13[e], ws.gx.data(), gh, n, false);
+      gated(gh, ga, n, EH);
+      detail::matmul_gemm(lw.expert_w2[e], ga, gy, n, false);
+    }
+  }
+
+  // The mixture of experts over the normed rows `xb`, into `out` (R, D) (zeroed
+  // here). Per row: the router's softmax over every expert, the k most
+  // probable (the lower index first on ties), their probabilities renormalised.
+  // Each expert's matrices are read once per group of rows that chose it: the
+  // decode rows of all sequences together, a long sequence's rows on their
+  // own, so a row's numbers never depend on the other sequences of the batch;
+  // each row adds its experts' outputs in ascending expert order.
+  void moe(const LayerWeights& lw, const float* xb, float* out) {
+    const auto& c = cfg();
+    auto& ws = s.ws;
+    const int64_t R = plan.rows, D = c.dim, E = c.n_experts, K = c.n_experts_used;
+    float* logits = grow(ws.router, R * E);
+    detail::Linear router;
+    router.add(lw.router);
+    linear(logits, xb, router, false);
+    int32_t* chosen = grow(ws.chosen, R * K);
+    float* weight = grow(ws.weight, R * K);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* lg = logits + r * E;
+      float mx = lg[0];
+      for (int64_t e = 1; e < E; ++e)
+        mx = std::max(mx, lg[e]);
+      std::vector<float> p(static_cast<std::size_t>(E));
+      float sum = 0.f;
+      for (int64_t e = 0; e < E; ++e)
+        sum += p[static_cast<std::size_t>(e)] = std::exp(lg[e] - mx);
+      for (auto& v : p)
+        v /= sum;
+      std::vector<int32_t> order(static_cast<std::size_t>(E));
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+        return p[static_cast<std::size_t>(a)] != p[static_cast<std::size_t>(b)] ? p[static_cast<std::size_t>(a)] > p[static_cast<std::size_t>(b)]
+                                                                                : a < b;
+      });
+      float top = 0.f;
+      for (int64_t k = 0; k < K; ++k)
+        top += p[static_cast<std::size_t>(order[static_cast<std::size_t>(k)])];
+      for (int64_t k = 0; k < K; ++k) {
+        chosen[r * K + k] = order[static_cast<std::size_t>(k)];
+        weight[r * K + k] = p[static_cast<std::size_t>(order[static_cast<std::size_t>(k)])] / top;
+      }
+    }
+    std::memset(out, 0, static_cast<std::size_t>(R * D) * sizeof(float));
+    // Groups of rows that share expert passes: the stacked decode rows, then each long sequence.
+    std::vector<std::pair<int64_t, int64_t>> groups;
+    if (plan.small_end > 0)
+      groups.emplace_back(0, plan.small_end);
+    for (auto& q : plan.seqs)
+      if (q.row0 >= plan.small_end)
+        groups.emplace_back(q.row0, q.row0 + q.rows);
+    std::vector<int64_t> rows;
+    std::vector<float> wts;
+    for (auto [g0, g1] : groups)
+      for (int64_t e = 0; e < E; ++e) {
+        rows.clear();
+        wts.clear();
+        for (int64_t r = g0; r < g1; ++r)
+          for (int64_t k = 0; k < K; ++k)
+            if (chosen[r * K + k] == e) {
+              rows.push_back(r);
+              wts.push_back(weight[r * K + k]);
+            }
+        if (rows.empty())
+          continue;
+        const auto n = static_cast<int64_t>(rows.size());
+        float* gx = grow(ws.gx, n * D);
+        for (int64_t i = 0; i < n; ++i)
+          std::memcpy(gx + i * D, xb + rows[static_cast<std::size_t>(i)] * D, static_cast<std::size_t>(D) * sizeof(float));
+        expert(lw, static_cast<std::size_t>(e), n);
+        const float* gy = ws.gy.data();
+        for (int64_t i = 0; i < n; ++i) {
+          float* o = out + rows[static_cast<std::size_t>(i)] * D;
+          const float wgt = wts[static_cast<std::size_t>(i)];
+          for (int64_t j = 0; j < D; ++j)
+            o[j] += wgt * gy[i * D + j];
+        }
+      }
+  }
+
   void layers() {
     const auto& c = cfg();
     const int64_t R = plan.rows;
-    const int64_t D = c.dim, Q = c.q_dim(), KV = c.kv_dim(), H = c.hidden_dim;
+    const int64_t D = c.dim, Q = c.q_dim(), KV = c.kv_dim(), H = c.hidden_dim, hd = c.head_dim;
     const int64_t qkv_stride = Q + 2 * KV;
     const float eps = static_cast<float>(c.norm_eps);
     auto& ws = s.ws;
@@ -198,11 +366,13 @@ struct Pass {
     float* xb = grow(ws.xb, R * D);
     float* qkv = grow(ws.qkv, R * qkv_stride);
     grow(ws.att, R * Q);
-    float* h13 = grow(ws.h13, R * 2 * H);
-    float* hb = grow(ws.hb, R * H);
+    float* h13 = c.moe() ? nullptr : grow(ws.h13, R * 2 * H);
+    float* hb = c.moe() ? nullptr : grow(ws.hb, R * H);
+    float* tmp = c.sandwich_norms || c.moe() ? grow(ws.tmp, R * D) : nullptr;
     plan_attention();
     for (int64_t l = 0; l < s.range.count(); ++l) {
       const LayerWeights& lw = s.w.layers[static_cast<std::size_t>(l)];
+      const bool local = c.is_local(s.range.first + l);
       // Attention block.
       rows_parallel(D, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
@@ -219,30 +389,48 @@ struct Pass {
             for (int64_t i = 0; i < qkv_stride; ++i)
               row[i] += b[i];
           }
-          rope(row, c.n_heads, pos);
-          rope(row + Q, c.n_kv_heads, pos);
+          if (c.qk_norm) { // each head of q and of k on its own
+            for (int64_t h = 0; h < c.n_heads; ++h)
+              rmsnorm(row + h * hd, row + h * hd, lw.q_norm.data_ptr<float>(), hd, eps);
+            for (int64_t h = 0; h < c.n_kv_heads; ++h)
+              rmsnorm(row + Q + h * hd, row + Q + h * hd, lw.k_norm.data_ptr<float>(), hd, eps);
+          }
+          rope(row, c.n_heads, pos, local);
+          rope(row + Q, c.n_kv_heads, pos, local);
           std::memcpy(q.view.k(l, pos), row + Q, static_cast<std::size_t>(KV) * sizeof(float));
           std::memcpy(q.view.v(l, pos), row + Q + KV, static_cast<std::size_t>(KV) * sizeof(float));
         }
       });
       attention(l);
-      linear(x, ws.att.data(), lw.wo, true);
-      // Feed-forward block (SwiGLU).
+      if (c.sandwich_norms) {
+        linear(tmp, ws.att.data(), lw.wo, false);
+        add_post_normed(x, tmp, lw.post_attn_norm);
+      } else {
+        linear(x, ws.att.data(), lw.wo, true);
+      }
+      // Feed-forward block: gated (SwiGLU / GeGLU), or a mixture of experts.
       rows_parallel(D, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
           rmsnorm(xb + r * D, x + r * D, lw.ffn_norm.data_ptr<float>(), D, eps);
       });
-      linear(h13, xb, lw.w13, false);
-      rows_parallel(4 * H, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const float* g = h13 + r * 2 * H;
-          const float* u = g + H;
-          float* o = hb + r * H;
-          for (int64_t i = 0; i < H; ++i)
-            o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      if (c.moe()) {
+        moe(lw, xb, tmp);
+        if (c.sandwich_norms) {
+          add_post_normed(x, tmp, lw.post_ffn_norm);
+        } else {
+          for (int64_t i = 0; i < R * D; ++i)
+            x[i] += tmp[i];
         }
-      });
-      linear(x, hb, lw.w2, true);
+        continue;
+      }
+      linear(h13, xb, lw.w13, false);
+      rows_parallel(4 * H, [&](int64_t r0, int64_t r1) { gated(h13 + r0 * 2 * H, hb + r0 * H, r1 - r0, H); });
+      if (c.sandwich_norms) {
+        linear(tmp, hb, lw.w2, false);
+        add_post_normed(x, tmp, lw.post_ffn_norm);
+      } else {
+        linear(x, hb, lw.w2, true);
+      }
     }
   }
 };
@@ -330,8 +518,14 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
   for (auto& q : plan.seqs) {
     const SeqStep& st = batch[q.index];
     if (head) {
-      for (int64_t t = 0; t < q.rows; ++t)
-        dequantize(w.embedding.type, w.embedding.row(st.tokens[static_cast<std::size_t>(t)]), x + (q.row0 + t) * D, D);
+      const auto scale = static_cast<float>(cfg.embed_scale);
+      for (int64_t t = 0; t < q.rows; ++t) {
+        float* row = x + (q.row0 + t) * D;
+        dequantize(w.embedding.type, w.embedding.row(st.tokens[static_cast<std::size_t>(t)]), row, D);
+        if (scale != 1.0f)
+          for (int64_t i = 0; i < D; ++i)
+            row[i] *= scale;
+      }
     } else {
       std::memcpy(x + q.row0 * D, st.hidden, static_cast<std::size_t>(q.rows * D) * sizeof(float));
     }
@@ -356,6 +550,11 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
         rmsnorm(xn + k * D, x + (emit[static_cast<std::size_t>(k)]->row0 + emit[static_cast<std::size_t>(k)]->rows - 1) * D,
                 w.final_norm.data_ptr<float>(), D, static_cast<float>(cfg.norm_eps));
       detail::matmul_rows(w.classifier, xn, lg, cfg.vocab_size, S, false);
+      if (cfg.final_softcap > 0) { // gemma2: logits = c tanh(logits / c)
+        const auto cap = static_cast<float>(cfg.final_softcap), inv = 1.0f / cap;
+        for (int64_t i = 0; i < S * cfg.vocab_size; ++i)
+          lg[i] = cap * std::tanh(lg[i] * inv);
+      }
       for (int64_t k = 0; k < S; ++k)
         out[emit[static_cast<std::size_t>(k)]->index].out.logits.assign(lg + k * cfg.vocab_size,
                                                                         lg + (k + 1) * cfg.vocab_size);

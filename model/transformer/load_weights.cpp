@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -119,16 +120,51 @@ ShardWeights load_weights(TensorSource& src, LayerRange range, const LoadOptions
       const std::string p = "L" + std::to_string(i) + ".";
       LayerWeights& lw = w.layers[static_cast<std::size_t>(i - range.first)];
       lw.attn_norm = src.load(p + "attn_norm", {D});
-      lw.wqkv.add(conv(src.load_matrix(p + "wq", Q, D)));
-      lw.wqkv.add(conv(src.load_matrix(p + "wk", KV, D)));
-      lw.wqkv.add(conv(src.load_matrix(p + "wv", KV, D)));
+      if (src.has(p + "wqkv")) { // fused (phi3)
+        lw.wqkv.add(conv(src.load_matrix(p + "wqkv", Q + 2 * KV, D)));
+      } else {
+        lw.wqkv.add(conv(src.load_matrix(p + "wq", Q, D)));
+        lw.wqkv.add(conv(src.load_matrix(p + "wk", KV, D)));
+        lw.wqkv.add(conv(src.load_matrix(p + "wv", KV, D)));
+      }
       if (c.attention_bias)
         lw.bqkv = at::cat({src.load(p + "bq", {Q}), src.load(p + "bk", {KV}), src.load(p + "bv", {KV})}, 0);
+      if (c.qk_norm) {
+        lw.q_norm = src.load(p + "q_norm", {c.head_dim});
+        lw.k_norm = src.load(p + "k_norm", {c.head_dim});
+      }
       lw.wo.add(conv(src.load_matrix(p + "wo", D, Q)));
       lw.ffn_norm = src.load(p + "ffn_norm", {D});
-      lw.w13.add(conv(src.load_matrix(p + "w1", H, D)));
-      lw.w13.add(conv(src.load_matrix(p + "w3", H, D)));
-      lw.w2.add(conv(src.load_matrix(p + "w2", D, H)));
+      if (c.sandwich_norms) {
+        lw.post_attn_norm = src.load(p + "post_attn_norm", {D});
+        lw.post_ffn_norm = src.load(p + "post_ffn_norm", {D});
+      }
+      if (c.moe()) {
+        const int64_t E = c.n_experts, EH = c.expert_hidden_dim;
+        {
+          const at::Tensor r = src.load(p + "router", {E, D}).contiguous();
+          const float* rp = r.data_ptr<float>();
+          lw.router = owned_f32(std::vector<float>(rp, rp + E * D), E, D);
+        }
+        auto gate = src.load_experts(p + "experts_w1", E, EH, D);
+        auto up = src.load_experts(p + "experts_w3", E, EH, D);
+        auto down = src.load_experts(p + "experts_w2", E, D, EH);
+        lw.expert_w13.resize(static_cast<std::size_t>(E));
+        lw.expert_w2.resize(static_cast<std::size_t>(E));
+        for (int64_t e = 0; e < E; ++e) {
+          const auto k = static_cast<std::size_t>(e);
+          lw.expert_w13[k].add(conv(std::move(gate[k])));
+          lw.expert_w13[k].add(conv(std::move(up[k])));
+          lw.expert_w2[k].add(conv(std::move(down[k])));
+        }
+      } else if (src.has(p + "w13")) { // fused gate | up (phi3)
+        lw.w13.add(conv(src.load_matrix(p + "w13", 2 * H, D)));
+        lw.w2.add(conv(src.load_matrix(p + "w2", D, H)));
+      } else {
+        lw.w13.add(conv(src.load_matrix(p + "w1", H, D)));
+        lw.w13.add(conv(src.load_matrix(p + "w3", H, D)));
+        lw.w2.add(conv(src.load_matrix(p + "w2", D, H)));
+      }
       progress.add(per_layer);
     });
   if (tail && !(c.tied_embeddings && head))

@@ -107,7 +107,9 @@ std::size_t Shard::weight_bytes() const {
   n += impl_->w.embedding.bytes();
   for (auto& l : impl_->w.layers) {
     add(l.attn_norm), add(l.bqkv), add(l.ffn_norm);
-    n += l.wqkv.bytes() + l.wo.bytes() + l.w13.bytes() + l.w2.bytes();
+    n += l.wqkv.bytes() + l.wo.bytes() + l.w13.bytes() + l.w2.bytes() + l.router.bytes();
+    for (std::size_t e = 0; e < l.expert_w13.size(); ++e)
+      n += l.expert_w13[e].bytes() + l.expert_w2[e].bytes();
   }
   add(impl_->w.final_norm);
   if (impl_->w.classifier.data != impl_->w.embedding.data)

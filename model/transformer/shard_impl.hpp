@@ -21,6 +21,13 @@ struct Workspace {
   std::vector<float> hb;   // (R, hidden) SwiGLU output
   std::vector<float> xn;     // (S, dim) final-normed last rows
   std::vector<float> logits; // (S, vocab)
+  std::vector<float> tmp;    // (R, dim) a sub-block's output before its post-norm (sandwich norms)
+  // Mixture of experts: router logits, each row's chosen experts and weights,
+  // and one expert's gathered rows.
+  std::vector<float> router;      // (R, n_experts)
+  std::vector<int32_t> chosen;    // (R, n_experts_used)
+  std::vector<float> weight;      // (R, n_experts_used)
+  std::vector<float> gx, gh, gact, gy; // gathered (n, dim), (n, 2*expert_hidden), (n, expert_hidden), (n, dim)
 };
 
 struct Shard::Impl {
@@ -29,6 +36,7 @@ struct Shard::Impl {
   detail::ShardWeights w;
   uint64_t uid = 0;
   std::vector<float> rope_cos, rope_sin; // (max_seq_len, head_dim / 2)
+  std::vector<float> rope_cos_local, rope_sin_local; // local layers' own base (gemma3), else empty
   Workspace ws;
   std::shared_ptr<BlockPool> default_pool; // for new_cache(): unbounded, made on first use
 

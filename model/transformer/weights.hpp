@@ -13,13 +13,20 @@
 namespace strata::model::detail {
 
 struct LayerWeights {
-  at::Tensor attn_norm; // (dim)
-  Linear wqkv;          // (q_dim + 2*kv_dim, dim): q rows, then k, then v
-  at::Tensor bqkv;      // (q_dim + 2*kv_dim) or undefined when the model has no bias
-  Linear wo;            // (dim, q_dim)
-  at::Tensor ffn_norm;  // (dim)
-  Linear w13;           // (2*hidden, dim): gate rows, then up rows
-  Linear w2;            // (dim, hidden)
+  at::Tensor attn_norm;      // (dim)
+  Linear wqkv;               // (q_dim + 2*kv_dim, dim): q rows, then k, then v
+  at::Tensor bqkv;           // (q_dim + 2*kv_dim) or undefined when the model has no bias
+  at::Tensor q_norm, k_norm; // (head_dim) each, with cfg.qk_norm
+  Linear wo;                 // (dim, q_dim)
+  at::Tensor post_attn_norm; // (dim), with cfg.sandwich_norms
+  at::Tensor ffn_norm;       // (dim)
+  Linear w13;                // (2*hidden, dim): gate rows, then up rows (dense FFN)
+  Linear w2;                 // (dim, hidden)
+  at::Tensor post_ffn_norm;  // (dim), with cfg.sandwich_norms
+  // Mixture of experts: the router and, per expert, its gate | up and down.
+  WMatrix router;            // (n_experts, dim)
+  std::vector<Linear> expert_w13; // each (2*expert_hidden, dim)
+  std::vector<Linear> expert_w2;  // each (dim, expert_hidden)
 };
 
 struct ShardWeights {
