@@ -167,17 +167,21 @@ public:
     cfg_.max_seq_len = get_int("max_position_embeddings", 2048);
     if (cfg_.rope_scaling.type == "dynamic") // see parse_rope_scaling
       cfg_.max_seq_len = std::min(cfg_.max_seq_len, cfg_.rope_scaling.original_max_position);
-    // A sliding window (Mistral v0.1: 4096) changes attention only past the
-    // window: sequences are held to it, so every position sees what it would.
-    // Qwen2 windows only when use_sliding_window is set, and then only layers
-    // from max_window_layers on (as transformers' Qwen2 reads its config).
+    // A sliding window: Mistral v0.1's (4096) is real windowed attention on
+    // every layer. Qwen2 windows only when use_sliding_window is set, and then
+    // only layers from max_window_layers on (as transformers' Qwen2 reads its
+    // config): such a model is held to its window, where windowed and full
+    // attention are the same computation (Qwen2.5's shipped configs have none).
     const bool windowed = mt != "qwen2" || (get_bool("use_sliding_window", false) &&
                                              get_int("max_window_layers", cfg_.n_layers) < cfg_.n_layers);
     if (windowed && c.contains("sliding_window") && !c["sliding_window"].is_null()) {
       const int64_t w = get_int("sliding_window");
       if (w <= 0)
         throw Error(errc::bad_config, where + ": sliding_window must be positive");
-      cfg_.max_seq_len = std::min(cfg_.max_seq_len, w);
+      if (mt == "qwen2")
+        cfg_.max_seq_len = std::min(cfg_.max_seq_len, w);
+      else
+        cfg_.sliding_window = w; // every layer local (swa_pattern 0)
     } else if (mt == "qwen2" && get_bool("use_sliding_window", false) && windowed) {
       throw Error(errc::bad_config, where + ": use_sliding_window without a sliding_window size");
     }

@@ -179,9 +179,11 @@ TEST(Rope, ConfigFieldsAreReadOrRefusedByName) {
                      model::errc::unsupported, "partial_rotary_factor");
   c = model::read_config(hf_dir_with("silu", {{"hidden_act", "silu"}, {"mlp_bias", false}}));
   EXPECT_EQ(c.dim, 64);
-  // Mistral v0.1's window: sequences are held to it (attention is exact below it).
+  // Mistral v0.1's window: windowed attention on every layer, at any length.
   c = model::read_config(hf_dir_with("window", {{"sliding_window", 4096}}));
-  EXPECT_EQ(c.max_seq_len, 4096);
+  EXPECT_EQ(c.max_seq_len, 32768);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_TRUE(c.is_local(0));
   c = model::read_config(hf_dir_with("nowindow", {{"sliding_window", nullptr}}));
   EXPECT_EQ(c.max_seq_len, 32768);
   // Qwen2: the window applies only with use_sliding_window, to layers from
@@ -203,8 +205,8 @@ TEST(Rope, ConfigFieldsAreReadOrRefusedByName) {
 
 // GGUF: llama.cpp stores llama3 scaling as a factor per frequency
 // (rope_freqs.weight). Factors of 2 everywhere are linear scaling by 2: the two
-// files must give the same logits; and a shard held to a sliding window refuses
-// positions past it.
+// files must give the same logits; a sliding window in the metadata makes
+// every layer local (windowed attention) without shortening the context.
 TEST(Rope, GgufFrequencyFactorsEqualLinearScaling) {
   constexpr int64_t D = 64, H = 128, V = 300, NH = 4, NKV = 2, HD = D / NH;
   auto write = [&](const std::string& name, bool freqs, bool linear) {
@@ -249,7 +251,9 @@ TEST(Rope, GgufFrequencyFactorsEqualLinearScaling) {
   auto plain = model::Shard::load(write("plain", false, false));
   auto freqs = model::Shard::load(write("freqs", true, false));
   auto linear = model::Shard::load(write("linear", false, true));
-  EXPECT_EQ(freqs->config().max_seq_len, 32) << "held to the sliding window";
+  EXPECT_EQ(freqs->config().max_seq_len, 64) << "a window does not shorten the context";
+  EXPECT_EQ(freqs->config().sliding_window, 32);
+  EXPECT_TRUE(freqs->config().is_local(0));
   std::vector<int32_t> tok{1, 7, 9, 11, 200, 3};
   auto pos = model::consecutive_positions(0, 6);
   auto c1 = plain->new_cache(), c2 = freqs->new_cache(), c3 = linear->new_cache();
@@ -259,8 +263,12 @@ TEST(Rope, GgufFrequencyFactorsEqualLinearScaling) {
   EXPECT_EQ(b, l) << "factors of 2 per frequency == linear scaling by 2";
   EXPECT_NE(a, b) << "the scaling must change something";
   auto c4 = freqs->new_cache();
-  std::vector<int32_t> many(33, 5);
-  EXPECT_MODEL_ERROR(freqs->forward(many, model::consecutive_positions(0, 33), c4), model::errc::context_overflow, "32");
+  std::vector<int32_t> many(65, 5);
+  EXPECT_NO_THROW(freqs->forward(std::vector<int32_t>(many.begin(), many.begin() + 40),
+                                 model::consecutive_positions(0, 40), c4))
+      << "past the window, below the context";
+  auto c5 = freqs->new_cache();
+  EXPECT_MODEL_ERROR(freqs->forward(many, model::consecutive_positions(0, 65), c5), model::errc::context_overflow, "64");
 }
 
 } // namespace
