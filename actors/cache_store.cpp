@@ -9,7 +9,7 @@ SessionCacheStore::SessionCacheStore(StoreLimits limits, std::shared_ptr<model::
 }
 
 std::size_t SessionCacheStore::bytes() const {
-  return static_cast<std::size_t>(pool_->in_use()) * pool_->block_bytes();
+  return pool_->bytes_in_use();
 }
 
 void SessionCacheStore::remember(const std::string& session, miss_reason why) {
@@ -203,9 +203,9 @@ void SessionCacheStore::committed(Context& ctx, int64_t step_id, int64_t past_le
   ctx.last_past_len = past_len;
   ctx.last_used = now_();
   const auto full = static_cast<std::size_t>(ctx.cache.seq_len() / model::BlockPool::block_tokens);
-  const auto& table = ctx.cache.table();
   for (; ctx.published < std::min(full, ctx.ids.size()); ++ctx.published)
-    pool_->publish(table[ctx.published], ctx.ids[ctx.published]); // an id taken by another block: ours stays private
+    ctx.cache.publish(ctx.published, ctx.ids[ctx.published]); // an id taken by another block: ours stays private
+  ctx.cache.trim_window(); // after publishing: a later session may still share the blocks it gives back
 }
 
 int64_t SessionCacheStore::share_prefix(Context& ctx, int64_t limit) {
@@ -213,8 +213,7 @@ int64_t SessionCacheStore::share_prefix(Context& ctx, int64_t limit) {
   for (std::size_t b = static_cast<std::size_t>(ctx.cache.blocks()); b < ctx.ids.size(); ++b) {
     if (static_cast<int64_t>(b + 1) * bt > limit)
       break;
-    const int32_t block = pool_->lookup(ctx.ids[b]);
-    if (block < 0 || !ctx.cache.adopt(block))
+    if (!ctx.cache.adopt(ctx.ids[b]))
       break;
     counters_.prefix_hit_tokens += bt;
   }

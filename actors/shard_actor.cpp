@@ -47,6 +47,10 @@ msg::shard_stats shard_state::stats() const {
   s.prefix_hit_tokens = c.prefix_hit_tokens;
   s.prefix_blocks = static_cast<uint64_t>(pool->published());
   s.prefix_cached = static_cast<uint64_t>(pool->cached());
+  if (const auto* lp = pool->local()) {
+    s.window_used = static_cast<uint64_t>(lp->in_use());
+    s.window_block_bytes = lp->block_bytes();
+  }
   return s;
 }
 

@@ -103,6 +103,10 @@ model::ModelConfig model_facts::to_config() const {
   c.max_seq_len = max_seq_len;
   c.bos_id = bos_id;
   c.eos_ids = eos_ids;
+  c.n_experts = n_experts;
+  c.n_experts_used = n_experts_used;
+  c.sliding_window = sliding_window;
+  c.swa_pattern = swa_pattern;
   return c;
 }
 

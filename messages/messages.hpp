@@ -311,6 +311,11 @@ struct model_facts {
   int32_t bos_id = -1;
   std::vector<int32_t> eos_ids;
   std::string tokenizer; ///< the model's own tokenizer ("builtin:bytes"), or "" (bring one)
+  // What kind of model it is, for status and /v1/models.
+  int64_t n_experts = 0;      ///< mixture of experts: experts per layer (0: dense)
+  int64_t n_experts_used = 0; ///< ... of them active per token
+  int64_t sliding_window = 0; ///< local layers attend to this many positions (0: none)
+  int64_t swa_pattern = 0;    ///< which layers are local (model::ModelConfig::is_local)
 
   static model_facts of(const model::ModelConfig& cfg);
   /// A config with these facts (enough for stop rules, tokenizers and chat formats).
@@ -321,7 +326,7 @@ struct model_facts {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_facts& x) {
   return f(caf::meta::type_name("model_facts"), x.architecture, x.model, x.n_layers, x.vocab_size, x.max_seq_len,
-           x.bos_id, guard(x.eos_ids), x.tokenizer);
+           x.bos_id, guard(x.eos_ids), x.tokenizer, x.n_experts, x.n_experts_used, x.sliding_window, x.swa_pattern);
 }
 
 /// One shard of a route.
@@ -515,6 +520,8 @@ struct shard_stats {
   uint64_t prefix_hit_tokens = 0;  ///< positions taken from the prefix cache instead of computed
   uint64_t prefix_blocks = 0;      ///< blocks published in the prefix cache now
   uint64_t prefix_cached = 0;      ///< ... of them that nobody uses now (reclaimable)
+  uint64_t window_used = 0;        ///< blocks of the sliding-window layers' pool in use (the windows' keys and values)
+  uint64_t window_block_bytes = 0; ///< bytes of one of them (0: the shard has no sliding-window layer)
 };
 
 template <class Inspector>
@@ -522,7 +529,7 @@ typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
   return f(caf::meta::type_name("shard_stats"), x.first, x.last, x.cache_bytes, x.sessions, x.hits,
            guard(x.misses), x.evictions, x.steps, x.duplicates, x.conflicts, x.orphans, x.pool_blocks, x.pool_used,
            x.block_bytes, x.queued, x.rounds, x.batched_rows, x.max_batch, x.overloaded, x.computed, x.recomputed,
-           x.prefix_hit_tokens, x.prefix_blocks, x.prefix_cached);
+           x.prefix_hit_tokens, x.prefix_blocks, x.prefix_cached, x.window_used, x.window_block_bytes);
 }
 
 /// Streamed to a generation's client for every token, in order.

@@ -15,6 +15,10 @@ model_facts model_facts::of(const model::ModelConfig& cfg) {
   f.max_seq_len = cfg.max_seq_len;
   f.bos_id = cfg.bos_id;
   f.eos_ids = cfg.eos_ids;
+  f.n_experts = cfg.n_experts;
+  f.n_experts_used = cfg.n_experts_used;
+  f.sliding_window = cfg.sliding_window;
+  f.swa_pattern = cfg.swa_pattern;
   // Only builtin tokenizers travel by name (a GGUF file's own stays with the file).
   if (cfg.identity.rfind("builtin:", 0) != 0)
     return f;

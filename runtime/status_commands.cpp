@@ -58,6 +58,14 @@ int run_status(int argc, char** argv) {
   auto& sys = client_system(liveness_from(a), tls_from(a));
   auto sup = connect_coordinator(sys, ep);
   auto cs = cluster_status(sys, sup);
+  // The model's facts as its shards reported them (architecture, experts, windows).
+  msg::model_facts facts;
+  try {
+    facts = cluster_model(sys, sup);
+  } catch (const model::Error&) {
+    // no shard has registered yet: the facts stay empty
+  }
+  const auto kind = facts.vocab_size > 0 ? facts.to_config().describe() : std::string("-");
   caf::scoped_actor self{sys};
   struct Row {
     msg::shard_stats stats;
@@ -82,6 +90,11 @@ int run_status(int argc, char** argv) {
     nlohmann::json j;
     j["cluster"] = ep.host + ":" + std::to_string(ep.port);
     j["model"] = cs.recipe.model;
+    j["architecture"] = facts.architecture;
+    j["experts"] = facts.n_experts;
+    j["experts_active"] = facts.n_experts_used;
+    j["sliding_window"] = facts.sliding_window;
+    j["window_layers"] = facts.vocab_size > 0 ? facts.to_config().local_layers() : 0;
     j["epoch"] = cs.epoch;
     j["route_complete"] = !cs.plan.hops.empty();
     j["route"] = nlohmann::json::array();
@@ -113,6 +126,7 @@ int run_status(int argc, char** argv) {
                              {"conflicts", st.conflicts},
                              {"pool_blocks", st.pool_blocks},
                              {"pool_used", st.pool_used},
+                             {"window_used", st.window_used},
                              {"block_bytes", st.block_bytes},
                              {"queued", st.queued},
                              {"rounds", st.rounds},
@@ -124,8 +138,8 @@ int run_status(int argc, char** argv) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("cluster %s:%u  model %s  epoch %lld  shard nodes %zu\n", ep.host.c_str(), ep.port,
-              cs.recipe.model.empty() ? "-" : cs.recipe.model.c_str(), static_cast<long long>(cs.epoch),
+  std::printf("cluster %s:%u  model %s (%s)  epoch %lld  shard nodes %zu\n", ep.host.c_str(), ep.port,
+              cs.recipe.model.empty() ? "-" : cs.recipe.model.c_str(), kind.c_str(), static_cast<long long>(cs.epoch),
               cs.shards.size());
   std::string route;
   for (auto& h : cs.plan.hops)
@@ -133,7 +147,7 @@ int run_status(int argc, char** argv) {
   std::printf("route: %s\n", route.empty() ? "none complete (some layers have no node)" : route.c_str());
   // An aligned table: every column as wide as its widest cell.
   std::vector<std::vector<std::string>> table = {{"#", "node", "address", "layers", "alive", "inc", "role", "cache-bytes",
-                                                  "pool(used/blocks)", "rounds", "max-batch", "queued", "overloaded",
+                                                  "pool(used/blocks)", "window-used", "rounds", "max-batch", "queued", "overloaded",
                                                   "sessions", "hits", "orphans", "conflicts",
                                                   "misses(unknown,ttl,lru,released,superseded,seq)"}};
   for (std::size_t i = 0; i < cs.shards.size(); ++i) {
@@ -148,7 +162,8 @@ int run_status(int argc, char** argv) {
     table.push_back({std::to_string(i), caf::to_string(s.shard.shard.node()), s.address.empty() ? "-" : s.address,
                      std::to_string(s.shard.first) + "-" + std::to_string(s.shard.last),
                      rows[i].answered ? std::string(alive) : "not answering", std::to_string(s.incarnation), role(i),
-                     n(st.cache_bytes), n(st.pool_used) + "/" + n(st.pool_blocks), n(st.rounds), n(st.max_batch),
+                     n(st.cache_bytes), n(st.pool_used) + "/" + n(st.pool_blocks),
+                     st.window_block_bytes > 0 ? n(st.window_used) : "-", n(st.rounds), n(st.max_batch),
                      n(st.queued), n(st.overloaded), n(st.sessions), n(st.hits), n(st.orphans), n(st.conflicts),
                      rows[i].answered ? misses : "-"});
   }

@@ -14,8 +14,14 @@ using nlohmann::json;
 namespace {
 
 json model_json(const ModelState& m) {
-  return {{"id", m.id}, {"object", "model"}, {"created", 0}, {"owned_by", "strata"},
-          {"context_length", m.cfg.max_seq_len}};
+  json j = {{"id", m.id}, {"object", "model"}, {"created", 0}, {"owned_by", "strata"},
+            {"context_length", m.cfg.max_seq_len}, {"architecture", m.cfg.architecture}};
+  if (m.cfg.moe())
+    j["experts"] = {{"total", m.cfg.n_experts}, {"active", m.cfg.n_experts_used}};
+  if (m.cfg.sliding_window > 0)
+    j["sliding_window"] = {{"size", m.cfg.sliding_window}, {"layers", m.cfg.local_layers()},
+                           {"of_layers", m.cfg.n_layers}};
+  return j;
 }
 
 } // namespace

@@ -147,12 +147,8 @@ std::string ModelConfig::describe() const {
   os << architecture;
   if (n_experts > 0)
     os << ", " << n_experts << " experts (" << n_experts_used << " active)";
-  if (sliding_window > 0) {
-    int64_t local = 0;
-    for (int64_t l = 0; l < n_layers; ++l)
-      local += is_local(l);
-    os << ", window " << sliding_window << " on " << local << " of " << n_layers << " layers";
-  }
+  if (sliding_window > 0)
+    os << ", window " << sliding_window << " on " << local_layers() << " of " << n_layers << " layers";
   return os.str();
 }
 

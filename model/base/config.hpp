@@ -96,6 +96,13 @@ struct ModelConfig {
   /// The architecture as `strata status` and /v1/models show it: "gemma3, window
   /// 1024 on 5 of 6 layers", "qwen3moe, 128 experts (8 active)".
   std::string describe() const;
+  /// Layers with a sliding window (is_local).
+  int64_t local_layers() const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < n_layers; ++l)
+      n += is_local(l) ? 1 : 0;
+    return n;
+  }
 
   /// Throws Error(bad_config) naming the offending field when inconsistent.
   void validate() const;

@@ -53,6 +53,9 @@ public:
         throw Error(errc::unsupported, where + ": experts in architecture '" + arch + "' are not supported");
       if (auto shared = f_.opt_int(a + "expert_shared_count"); shared && *shared > 0)
         throw Error(errc::unsupported, where + ": shared experts are not supported");
+      if (auto gating = f_.opt_int(a + "expert_gating_func"); gating && *gating != 1) // llama.cpp: 1 softmax, 2 sigmoid
+        throw Error(errc::unsupported, where + ": " + a + "expert_gating_func " + std::to_string(*gating) +
+                                         " is not supported (softmax, 1)");
       cfg_.n_experts_used = f_.get_int(a + "expert_used_count");
       cfg_.expert_hidden_dim = f_.opt_int(a + "expert_feed_forward_length").value_or(0);
       if (cfg_.expert_hidden_dim == 0)

@@ -201,7 +201,7 @@ struct Pass {
         const Item& w = items[static_cast<std::size_t>(it)];
         const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
         const int64_t g = w.head / group;
-        const detail::CacheRows rows{q.view.blocks.data(), BlockPool::block_tokens, c.kv_dim(), k0 + g * hd,
+        const detail::CacheRows rows{q.view.blocks_of(l).data(), BlockPool::block_tokens, c.kv_dim(), k0 + g * hd,
                                      v0 + g * hd, window, softcap};
         const int64_t r = q.row0 + w.t0;
         const float* qp = qkv + r * qkv_stride + w.head * hd;
@@ -259,13 +259,17 @@ struct Pass {
   // One expert over the gathered rows `gx` (n, D): y (n, D) = down(act(gate x) * up x).
   // Few rows go through matmul_rows, many through GEMM; which one depends only on
   // n, itself a function of the rows' own tokens (see moe()).
-  void expert(const LayerWeights& lw, std::size_t e, int64_t n) {
+  // Expert e on the n rows gathered in ws.gx, into ws.gy. `few`: the rows come
+  // from the stacked few-row sequences and go through matmul_rows whatever n is
+  // (a row's numbers must not depend on how many other sequences chose e);
+  // otherwise (one long sequence's rows) GEMM above small_rows.
+  void expert(const LayerWeights& lw, std::size_t e, int64_t n, bool few) {
     auto& ws = s.ws;
     const int64_t D = cfg().dim, EH = cfg().expert_hidden_dim;
     float* gh = grow(ws.gh, n * 2 * EH);
     float* ga = grow(ws.gact, n * EH);
     float* gy = grow(ws.gy, n * D);
-    if (n <= detail::small_rows) {
+    if (few || n <= detail::small_rows) {
       detail::matmul_rows(lw.expert_w13[e], ws.gx.data(), gh, n, false);
       gated(gh, ga, n, EH);
       detail::matmul_rows(lw.expert_w2[e], ga, gy, n, false);
@@ -344,7 +348,7 @@ struct Pass {
         float* gx = grow(ws.gx, n * D);
         for (int64_t i = 0; i < n; ++i)
           std::memcpy(gx + i * D, xb + rows[static_cast<std::size_t>(i)] * D, static_cast<std::size_t>(D) * sizeof(float));
-        expert(lw, static_cast<std::size_t>(e), n);
+        expert(lw, static_cast<std::size_t>(e), n, g0 < plan.small_end);
         const float* gy = ws.gy.data();
         for (int64_t i = 0; i < n; ++i) {
           float* o = out + rows[static_cast<std::size_t>(i)] * D;

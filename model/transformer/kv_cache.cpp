@@ -14,6 +14,19 @@ BlockPool::BlockPool(CacheShape shape, int64_t capacity, uint64_t owner)
   if (shape.n_layers <= 0 || shape.kv_dim <= 0)
     throw Error(errc::bad_argument, "a block pool needs layers and a kv width (got " + std::to_string(shape.n_layers) +
                                       " layers, kv_dim " + std::to_string(shape.kv_dim) + ")");
+  // Each layer's place in its pool's blocks: global layers in order in this
+  // pool, local ones in order in the local pool.
+  int64_t global = 0;
+  for (int64_t l = 0; l < shape.n_layers; ++l)
+    layer_index_.push_back(shape.is_local(l) ? n_local_++ : global++);
+  if (n_local_ > 0) {
+    CacheShape ls{n_local_, shape.kv_dim, 0, {}, 0};
+    local_ = std::make_unique<BlockPool>(std::move(ls), capacity_, owner);
+  }
+}
+
+std::size_t BlockPool::bytes_in_use() const {
+  return static_cast<std::size_t>(in_use_) * block_bytes() + (local_ ? local_->bytes_in_use() : 0);
 }
 
 int64_t BlockPool::blocks_for_budget(CacheShape shape, std::size_t bytes) {
@@ -25,7 +38,8 @@ int64_t BlockPool::blocks_for_budget(CacheShape shape, std::size_t bytes) {
 
 std::size_t BlockPool::allocated_bytes() const {
   return static_cast<std::size_t>(std::count_if(storage_.begin(), storage_.end(), [](auto& p) { return p != nullptr; })) *
-         block_bytes();
+           block_bytes() +
+         (local_ ? local_->allocated_bytes() : 0);
 }
 
 int32_t BlockPool::allocate() {
@@ -37,7 +51,7 @@ int32_t BlockPool::allocate() {
     free_.pop_back();
   } else if (static_cast<int64_t>(storage_.size()) < capacity_) {
     id = static_cast<int32_t>(storage_.size());
-    storage_.emplace_back(new float[static_cast<std::size_t>(block_floats())]);
+    storage_.emplace_back(new float[static_cast<std::size_t>(std::max<int64_t>(1, block_floats()))]);
     refs_.push_back(0);
     ids_.emplace_back();
     has_id_.push_back(0);
@@ -94,6 +108,8 @@ void BlockPool::unpublish(int32_t block) {
 }
 
 void BlockPool::set_prefix_cache(bool on) {
+  if (local_)
+    local_->set_prefix_cache(on);
   prefix_on_ = on;
   if (on)
     return;
@@ -133,8 +149,10 @@ KVCache::~KVCache() {
 }
 
 KVCache::KVCache(KVCache&& o) noexcept
-  : pool_(std::move(o.pool_)), table_(std::move(o.table_)), seq_len_(std::exchange(o.seq_len_, 0)) {
+  : pool_(std::move(o.pool_)), table_(std::move(o.table_)), local_(std::move(o.local_)),
+    local_first_(std::exchange(o.local_first_, 0)), seq_len_(std::exchange(o.seq_len_, 0)) {
   o.table_.clear();
+  o.local_.clear();
 }
 
 KVCache& KVCache::operator=(KVCache&& o) noexcept {
@@ -142,18 +160,45 @@ KVCache& KVCache::operator=(KVCache&& o) noexcept {
     release_all();
     pool_ = std::move(o.pool_);
     table_ = std::move(o.table_);
+    local_ = std::move(o.local_);
     o.table_.clear();
+    o.local_.clear();
+    local_first_ = std::exchange(o.local_first_, 0);
     seq_len_ = std::exchange(o.seq_len_, 0);
   }
   return *this;
 }
 
 void KVCache::release_all() {
-  if (pool_)
+  if (pool_) {
     for (auto b : table_)
       pool_->release(b);
+    for (auto b : local_)
+      if (b >= 0)
+        pool_->local()->release(b);
+  }
   table_.clear();
+  local_.clear();
+  local_first_ = 0;
   seq_len_ = 0;
+}
+
+int64_t KVCache::local_blocks() const {
+  return static_cast<int64_t>(local_.size() - local_first_);
+}
+
+void KVCache::trim_window() {
+  if (local_.empty())
+    return;
+  // The next position, seq_len, sees keys from seq_len + 1 - window on; so does
+  // every later one. Blocks that end before that are given back.
+  const int64_t first_seen = seq_len_ + 1 - pool_->shape().window;
+  const auto keep_from =
+    static_cast<std::size_t>(std::max<int64_t>(0, first_seen) / BlockPool::block_tokens); // block of first_seen
+  for (; local_first_ < std::min(keep_from, local_.size()); ++local_first_) {
+    pool_->local()->release(local_[local_first_]);
+    local_[local_first_] = -1;
+  }
 }
 
 int64_t KVCache::blocks_missing(int64_t tokens) const {
@@ -161,28 +206,48 @@ int64_t KVCache::blocks_missing(int64_t tokens) const {
 }
 
 std::size_t KVCache::bytes() const {
-  return pool_ ? table_.size() * pool_->block_bytes() : 0;
+  if (!pool_)
+    return 0;
+  return table_.size() * pool_->block_bytes() +
+         (pool_->local() ? static_cast<std::size_t>(local_blocks()) * pool_->local()->block_bytes() : 0);
 }
 
 bool KVCache::reserve(int64_t tokens) {
+  trim_window();
   const int64_t missing = blocks_missing(tokens);
   if (missing == 0)
     return true;
-  if (!pool_ || pool_->available() < missing)
+  BlockPool* lp = pool_ ? pool_->local() : nullptr;
+  if (!pool_ || pool_->available() < missing || (lp && lp->available() < missing))
     return false;
-  for (int64_t i = 0; i < missing; ++i)
+  for (int64_t i = 0; i < missing; ++i) {
     table_.push_back(pool_->allocate());
+    if (lp)
+      local_.push_back(lp->allocate());
+  }
   return true;
 }
 
 void KVCache::truncate(int64_t n) {
   n = std::max<int64_t>(0, n);
+  if (!local_.empty() && n < seq_len_) {
+    const int64_t first_seen = std::max<int64_t>(0, n + 1 - pool_->shape().window);
+    if (static_cast<std::size_t>(first_seen / BlockPool::block_tokens) < local_first_)
+      throw Error(errc::bad_argument, "cannot truncate to " + std::to_string(n) +
+                                        " positions: the window there reaches local blocks already given back");
+  }
   if (n < seq_len_)
     seq_len_ = n;
   const auto keep = static_cast<std::size_t>(blocks_needed(n));
   while (table_.size() > keep) {
     pool_->release(table_.back());
     table_.pop_back();
+    if (!local_.empty()) {
+      if (local_.back() >= 0)
+        pool_->local()->release(local_.back());
+      local_.pop_back();
+      local_first_ = std::min(local_first_, local_.size());
+    }
   }
 }
 
@@ -193,13 +258,35 @@ void KVCache::commit(int64_t n) {
   seq_len_ = n;
 }
 
-bool KVCache::adopt(int32_t block) {
+bool KVCache::adopt(const BlockId& id) {
   if (!pool_ || seq_len_ != blocks() * BlockPool::block_tokens)
+    return false;
+  const int32_t block = pool_->lookup(id);
+  if (block < 0)
+    return false;
+  BlockPool* lp = pool_->local();
+  const int32_t lb = lp ? lp->lookup(id) : -1;
+  if (lp && lb < 0)
     return false;
   pool_->retain(block);
   table_.push_back(block);
+  if (lp) {
+    lp->retain(lb);
+    local_.push_back(lb);
+  }
   seq_len_ += BlockPool::block_tokens;
   return true;
+}
+
+bool KVCache::publish(std::size_t index, const BlockId& id) {
+  if (!pool_ || index >= table_.size())
+    return false;
+  const bool ok = pool_->publish(table_[index], id);
+  // The local pool may still hold a block under this id whose main block was
+  // reclaimed: the same id is the same contents, so either serves an adopter.
+  if (ok && index < local_.size() && local_[index] >= 0)
+    pool_->local()->publish(local_[index], id);
+  return ok;
 }
 
 KVView KVCache::view() const {
@@ -209,6 +296,11 @@ KVView KVCache::view() const {
   v.blocks.reserve(table_.size());
   for (auto b : table_)
     v.blocks.push_back(pool_->data(b));
+  if (!local_.empty()) {
+    v.local_blocks.reserve(local_.size());
+    for (auto b : local_)
+      v.local_blocks.push_back(b >= 0 ? pool_->local()->data(b) : nullptr);
+  }
   return v;
 }
 

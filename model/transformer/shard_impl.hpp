@@ -41,7 +41,15 @@ struct Shard::Impl {
   std::shared_ptr<BlockPool> default_pool; // for new_cache(): unbounded, made on first use
 
   // Every shard but the tail keeps its output rows beside its keys and values.
-  CacheShape cache_shape() const { return {range.count(), cfg.kv_dim(), range.last == cfg.n_layers - 1 ? 0 : cfg.dim}; }
+  CacheShape cache_shape() const {
+    CacheShape s{range.count(), cfg.kv_dim(), range.last == cfg.n_layers - 1 ? 0 : cfg.dim, {}, 0};
+    if (cfg.sliding_window > 0 && cfg.sliding_window < cfg.max_seq_len) {
+      s.window = cfg.sliding_window;
+      for (int64_t l = range.first; l <= range.last; ++l)
+        s.local.push_back(cfg.is_local(l) ? 1 : 0);
+    }
+    return s;
+  }
   void build_rope();
   /// The batched forward pass (forward.cpp).
   std::vector<SeqOutcome> run(std::span<const SeqStep> batch);

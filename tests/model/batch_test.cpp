@@ -182,6 +182,54 @@ TEST(Batch, StaggeredSequencesEqualAloneGgufQ4KM) {
   batched_equals_alone(test::shared_path("models/gguf/rand256-q4_k_m.gguf"), "0,1");
 }
 
+// Mixtures of experts: each round's rows pick their experts (4 per layer, 2
+// per row here), rows of a round share some experts and not others, and each
+// expert's matrices are applied to its rows together; a row still gets bit for
+// bit what it gets alone, in f32 and in the quantized kernels of the 3-D expert
+// tensors. Sliding windows (gemma3, window 16; the sequences run past it, and
+// their local blocks before the window go back to the pool) likewise.
+TEST(Batch, ExpertsAndWindowsInABatchEqualAlone) {
+  for (const char* f : {"qwen3moe-rand-f32", "qwen3moe-rand-q4_k_m", "mixtral-rand-f32", "mixtral-rand-q8_0",
+                        "gemma3-rand-f32", "gemma2-rand-q8_0"}) {
+    const auto file = "models/gguf/" + std::string(f) + ".gguf";
+    STRATA_REQUIRE_SHARED(file);
+    SCOPED_TRACE(f);
+    const bool three = std::string(f).rfind("gemma3", 0) == 0;
+    batched_equals_alone(test::shared_path(file), three ? "0-2" : "0-1");
+    batched_equals_alone(test::shared_path(file), three ? "0,1,2" : "0,1");
+  }
+}
+
+// Many few-row sequences in one round: an expert is chosen by far more than
+// small_rows rows of the stacked group, and each row still gets what it gets
+// alone (the group goes through the few-row kernel whatever its size).
+TEST(Batch, AnExpertChosenByManyRowsOfOneRoundGivesEachRowItsLoneNumbers) {
+  for (const char* f : {"qwen3moe-rand-f32", "mixtral-rand-q4_k_m"}) {
+    const auto file = "models/gguf/" + std::string(f) + ".gguf";
+    STRATA_REQUIRE_SHARED(file);
+    SCOPED_TRACE(f);
+    Pipeline batched(test::shared_path(file), "0-1"), alone(test::shared_path(file), "0-1");
+    std::vector<std::vector<int32_t>> ps;
+    for (int i = 0; i < 6; ++i) {
+      std::vector<int32_t> p{1};
+      for (int j = 0; j < 15; ++j) // 16 rows: each sequence is a few-row one
+        p.push_back(static_cast<int32_t>((11 + 37 * i + 7 * j) % 500 + 3));
+      ps.push_back(p);
+    }
+    std::vector<std::vector<KVCache>> bc(ps.size());
+    std::vector<std::vector<KVCache>*> cs;
+    for (auto& c : bc) {
+      c = batched.caches();
+      cs.push_back(&c);
+    }
+    const auto together = batched.run(ps, cs); // 96 rows in one stacked group
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      auto c = alone.caches();
+      EXPECT_EQ(together[i], alone.run({ps[i]}, {&c})[0]) << "sequence " << i << ": not bit-for-bit";
+    }
+  }
+}
+
 // A prompt fed in pieces (as the shard scheduler does for long prompts) fills
 // the same cache and gives the same logits as one prefill, within 1e-4.
 TEST(Batch, ChunkedPrefillEqualsOnePrefill) {

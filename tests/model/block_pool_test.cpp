@@ -4,6 +4,7 @@
 // frees them.
 
 #include "model/transformer/kv_cache.hpp"
+#include "model/base/error.hpp"
 
 #include <gtest/gtest.h>
 
@@ -36,7 +37,7 @@ TEST(BlockPool, SharedBlocksAreCountedOnceAndNeverWritten) {
   EXPECT_EQ(pool->in_use(), 2);
   KVCache b(pool);
   for (uint64_t i = 0; i < 2; ++i)
-    ASSERT_TRUE(b.adopt(pool->lookup(BlockId{7, i})));
+    ASSERT_TRUE(b.adopt(BlockId{7, i}));
   EXPECT_EQ(b.seq_len(), 2 * bt);
   EXPECT_EQ(pool->in_use(), 2) << "two sequences, two shared blocks: counted once";
   EXPECT_EQ(pool->refcount(a.table()[0]), 2);
@@ -45,7 +46,7 @@ TEST(BlockPool, SharedBlocksAreCountedOnceAndNeverWritten) {
   EXPECT_EQ(pool->in_use(), 3);
   EXPECT_NE(b.table()[2], a.table()[0]);
   EXPECT_NE(b.table()[2], a.table()[1]);
-  EXPECT_FALSE(b.adopt(pool->lookup(BlockId{7, 0}))) << "only right after full blocks";
+  EXPECT_FALSE(b.adopt(BlockId{7, 0})) << "only right after full blocks";
   EXPECT_FALSE(pool->publish(b.table()[2], BlockId{7, 0})) << "an id names one block";
 }
 
@@ -80,7 +81,7 @@ TEST(BlockPool, ACachedBlockAdoptedAgainIsInUseAgain) {
   { KVCache a = filled(pool, 1, 9); }
   EXPECT_EQ(pool->cached(), 1);
   KVCache b(pool);
-  ASSERT_TRUE(b.adopt(pool->lookup(BlockId{9, 0})));
+  ASSERT_TRUE(b.adopt(BlockId{9, 0}));
   EXPECT_EQ(pool->cached(), 0);
   EXPECT_EQ(pool->in_use(), 1);
   EXPECT_EQ(*b.view().out(3), 9.0f);
@@ -96,6 +97,88 @@ TEST(BlockPool, TurningThePrefixCacheOffFreesCachedBlocks) {
   KVCache b(pool);
   ASSERT_TRUE(b.reserve(bt));
   EXPECT_FALSE(pool->publish(b.table()[0], BlockId{5, 0}));
+}
+
+
+// Sliding windows: a shard of 3 layers, the first two local with a window of
+// 40. Local layers live in the local pool; a long sequence holds the global
+// layer's blocks in full and the local ones only for the window.
+TEST(WindowedCache, LocalBlocksBeforeTheWindowGoBackAndTheRestStaysPut) {
+  CacheShape shape{3, 4, 8, {1, 1, 0}, 40};
+  auto pool = std::make_shared<BlockPool>(shape, 64);
+  ASSERT_NE(pool->local(), nullptr);
+  EXPECT_EQ(pool->local()->shape().n_layers, 2);
+  // Main blocks: 1 layer of k|v plus the output rows; local blocks: 2 layers.
+  EXPECT_EQ(pool->block_bytes(), (1 * 2 * bt * 4 + bt * 8) * sizeof(float));
+  EXPECT_EQ(pool->local()->block_bytes(), (2 * 2 * bt * 4) * sizeof(float));
+  KVCache c(pool);
+  // Write every layer's key at every position as the position, one at a time.
+  for (int64_t p = 0; p < 10 * bt; ++p) {
+    ASSERT_TRUE(c.reserve(p + 1));
+    auto v = c.view();
+    for (int64_t l = 0; l < 3; ++l)
+      *v.k(l, p) = static_cast<float>(p * 10 + l);
+    *v.out(p) = static_cast<float>(p);
+    c.commit(p + 1);
+    // Held: the blocks of positions p + 1 - 40 .. p (at most 3 of 32).
+    EXPECT_LE(c.local_blocks(), 3) << p;
+    EXPECT_EQ(c.blocks(), p / bt + 1);
+  }
+  EXPECT_EQ(pool->local()->in_use(), c.local_blocks());
+  EXPECT_EQ(pool->in_use(), 10);
+  // The window and every global position still read back what was written.
+  const auto v = c.view();
+  for (int64_t p = 0; p < 10 * bt; ++p) {
+    EXPECT_EQ(*v.k(2, p), static_cast<float>(p * 10 + 2));
+    EXPECT_EQ(*v.out(p), static_cast<float>(p));
+  }
+  for (int64_t p = 10 * bt - 40; p < 10 * bt; ++p)
+    for (int64_t l = 0; l < 2; ++l)
+      EXPECT_EQ(*v.k(l, p), static_cast<float>(p * 10 + l));
+  EXPECT_EQ(c.bytes(), 10 * pool->block_bytes() + static_cast<std::size_t>(c.local_blocks()) * pool->local()->block_bytes());
+  // Back into the window: fine; back past what was given back: refused, unchanged.
+  c.truncate(10 * bt - 8);
+  EXPECT_EQ(c.seq_len(), 10 * bt - 8);
+  EXPECT_THROW(c.truncate(bt), Error);
+  EXPECT_EQ(c.seq_len(), 10 * bt - 8);
+  // Dropping the cache gives everything back.
+  c = KVCache();
+  EXPECT_EQ(pool->in_use(), 0);
+  EXPECT_EQ(pool->local()->in_use(), 0);
+}
+
+TEST(WindowedCache, APublishedPrefixIsSharedWithItsLocalBlocks) {
+  CacheShape shape{2, 4, 0, {1, 0}, 16};
+  auto pool = std::make_shared<BlockPool>(shape, 16);
+  KVCache a(pool);
+  ASSERT_TRUE(a.reserve(3 * bt));
+  for (int64_t p = 0; p < 3 * bt; ++p) {
+    *a.view().k(0, p) = static_cast<float>(p);
+    *a.view().k(1, p) = static_cast<float>(-p);
+  }
+  a.commit(3 * bt);
+  for (std::size_t b = 0; b < 3; ++b) // published before the window is trimmed
+    EXPECT_TRUE(a.publish(b, BlockId{3, b}));
+  a.trim_window();
+  EXPECT_EQ(a.local_blocks(), 1);
+  EXPECT_EQ(pool->local()->cached(), 2) << "given back but kept for sharing";
+  KVCache b(pool);
+  for (uint64_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(b.adopt(BlockId{3, i}));
+  EXPECT_EQ(b.seq_len(), 3 * bt);
+  const auto v = b.view();
+  for (int64_t p = 0; p < 3 * bt; ++p) {
+    EXPECT_EQ(*v.k(0, p), static_cast<float>(p));
+    EXPECT_EQ(*v.k(1, p), static_cast<float>(-p));
+  }
+  // An id whose local block is gone (reclaimed or never published) is not adopted.
+  KVCache d(pool);
+  ASSERT_TRUE(d.reserve(bt));
+  d.commit(bt);
+  EXPECT_TRUE(pool->publish(d.table()[0], BlockId{4, 0})) << "the main block alone";
+  KVCache e(pool);
+  EXPECT_FALSE(e.adopt(BlockId{4, 0}));
+  EXPECT_EQ(e.seq_len(), 0);
 }
 
 } // namespace
