@@ -312,6 +312,11 @@ void bench_kernels() {
 
 } // namespace
 
+double bench_bandwidth(int threads) { // for bench_arch.cpp
+  return measure_bandwidth(threads);
+}
+
+int arch_bench_main(int argc, char** argv);    // bench_arch.cpp
 int cluster_bench_main(int argc, char** argv); // bench_cluster.cpp
 int batch_bench_main(int argc, char** argv);   // bench_batch.cpp
 int prefix_bench_main(int argc, char** argv);  // bench_prefix.cpp
@@ -319,6 +324,8 @@ int prefix_bench_main(int argc, char** argv);  // bench_prefix.cpp
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::string what = argc > 1 ? argv[1] : "model";
+  if (what == "arch")
+    return arch_bench_main(argc, argv);
   if (what == "batch")
     return batch_bench_main(argc, argv);
   if (what == "prefix")

@@ -408,6 +408,62 @@ TEST(Cluster, GgufNodesServeAndAnotherWeightTypeIsRefused) {
   EXPECT_NE(q8_out.find("weights f32"), std::string::npos) << q8_out;
 }
 
+// The new architectures across processes: a Gemma-3-shaped model (sliding
+// windows; its generations run 4x past the window) and a Qwen3-MoE one, each
+// split over node processes with a replica, four clients at once, three of them
+// meeting a fault (a killed node the replica replaces, an eviction, an epoch
+// bump): every client's ids equal llama.cpp's for the same file, and
+// `status --json` names the architecture, the experts and the window.
+TEST(Cluster, NewArchitecturesAcrossProcessesWithFaultsEqualLlamaCpp) {
+  struct Family {
+    std::string name;
+    std::vector<std::string> layers; // node ranges; the first range has a replica
+    std::string kill;                // the fault that kills the replicated range's node
+  };
+  for (const Family& f : {Family{"gemma3", {"0-1", "0-1", "2"}, "kill:0@20"},
+                          Family{"qwen3moe", {"0", "0", "1"}, "kill:0@20"}}) {
+    SCOPED_TRACE(f.name);
+    const std::string file = "models/gguf/" + f.name + "-rand-f32.gguf";
+    STRATA_REQUIRE_SHARED(file);
+    const auto model = test::shared_path(file);
+    const auto ref = test::read_json(test::shared_path("models/gguf/" + f.name + "-rand.gguf-ref.json"));
+    const auto& cases = ref["files"][f.name + "-rand-f32.gguf"];
+    ASSERT_GE(cases.size(), 4u);
+    Cluster c;
+    for (const auto& l : f.layers)
+      ASSERT_FALSE(c.add(l, model).wait_line("ready node ").empty());
+    const std::vector<std::string> faults = {" --inject " + f.kill, " --inject evict:1@10", " --inject epoch@30", ""};
+    std::vector<std::unique_ptr<Process>> clients;
+    std::vector<std::string> want;
+    for (std::size_t i = 0; i < 4; ++i) {
+      std::string ids, expect;
+      for (auto id : cases[i]["prompt_ids"])
+        ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+      for (auto id : cases[i]["generated_ids"])
+        expect += (expect.empty() ? "" : " ") + std::to_string(id.get<int>());
+      want.push_back(expect);
+      clients.push_back(std::make_unique<Process>(std::vector<std::string>{
+        "/bin/sh", "-c",
+        exe + " generate --cluster " + c.address + " --prompt-ids " + ids + " --max-tokens " +
+          std::to_string(cases[i]["generated_ids"].size()) + " --output ids" + faults[i] + " 2>&1"}));
+    }
+    for (std::size_t i = 0; i < clients.size(); ++i) {
+      const auto out = clients[i]->drain();
+      EXPECT_EQ(ids_line(out), want[i]) << "client " << i << " (" << faults[i] << "):\n" << out;
+      EXPECT_EQ(clients[i]->wait_exit(), 0);
+    }
+    const auto st = nlohmann::json::parse(run("status --cluster " + c.address + " --json"));
+    EXPECT_EQ(st["architecture"], f.name);
+    if (f.name == "qwen3moe") {
+      EXPECT_EQ(st["experts"], 4);
+      EXPECT_EQ(st["experts_active"], 2);
+    } else {
+      EXPECT_EQ(st["sliding_window"], 16);
+      EXPECT_EQ(st["window_layers"], 2);
+    }
+  }
+}
+
 TEST(Cluster, NonLoopbackNeedsInsecure) {
   const auto out = run("node --coordinator --listen 0.0.0.0:0");
   EXPECT_NE(out.find("--insecure"), std::string::npos) << out;
