@@ -7,6 +7,9 @@
 
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -141,17 +144,28 @@ public:
       return dflt;
     };
     const std::string mt = c.value("model_type", std::string{});
-    if (mt == "llama" || mt == "mistral")
-      cfg_.architecture = "llama";
-    else if (mt == "qwen2")
-      cfg_.architecture = "qwen2";
-    else
-      throw Error(errc::unsupported, where + ": model_type '" + mt + "' is not supported (llama, mistral, qwen2)");
+    mt_ = mt;
+    static const std::map<std::string, std::string> families = {
+      {"llama", "llama"}, {"mistral", "llama"},    {"mixtral", "llama"},   {"qwen2", "qwen2"},      {"qwen3", "qwen3"},
+      {"qwen3_moe", "qwen3moe"}, {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}, {"phi3", "phi3"}};
+    if (mt == "gemma3")
+      throw Error(errc::unsupported, where + ": model_type 'gemma3' is the multimodal checkpoint; its text model "
+                                               "(model_type gemma3_text, or a GGUF file) is supported");
+    const auto fam = families.find(mt);
+    if (fam == families.end())
+      throw Error(errc::unsupported, where + ": model_type '" + mt +
+                                       "' is not supported (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma2, "
+                                       "gemma3_text, phi3)");
+    cfg_.architecture = fam->second;
+    gemma_ = mt == "gemma2" || mt == "gemma3_text";
     if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
       cfg_.rope_scaling = parse_rope_scaling(c["rope_scaling"], where, get_int("max_position_embeddings", 2048));
     // Fields that change the math: refused unless they say what strata computes.
-    if (c.contains("hidden_act") && c["hidden_act"] != "silu")
-      throw Error(errc::unsupported, where + ": hidden_act " + c["hidden_act"].dump() + " is not supported (silu)");
+    const std::string act_key = c.contains("hidden_activation") ? "hidden_activation" : "hidden_act";
+    const std::string want_act = gemma_ ? "gelu_pytorch_tanh" : "silu";
+    if (c.contains(act_key) && !c[act_key].is_null() && c[act_key] != want_act)
+      throw Error(errc::unsupported, where + ": " + act_key + " " + c[act_key].dump() + " is not supported (" +
+                                       want_act + ")");
     if (get_bool("mlp_bias", false))
       throw Error(errc::unsupported, where + ": mlp_bias is not supported");
     if (get_num("partial_rotary_factor", 1.0) != 1.0)
@@ -172,17 +186,18 @@ public:
     // only layers from max_window_layers on (as transformers' Qwen2 reads its
     // config): such a model is held to its window, where windowed and full
     // attention are the same computation (Qwen2.5's shipped configs have none).
-    const bool windowed = mt != "qwen2" || (get_bool("use_sliding_window", false) &&
-                                             get_int("max_window_layers", cfg_.n_layers) < cfg_.n_layers);
+    const bool qwen = mt == "qwen2" || mt == "qwen3" || mt == "qwen3_moe";
+    const bool windowed = !qwen || (get_bool("use_sliding_window", false) &&
+                                    get_int("max_window_layers", cfg_.n_layers) < cfg_.n_layers);
     if (windowed && c.contains("sliding_window") && !c["sliding_window"].is_null()) {
       const int64_t w = get_int("sliding_window");
       if (w <= 0)
         throw Error(errc::bad_config, where + ": sliding_window must be positive");
-      if (mt == "qwen2")
+      if (qwen)
         cfg_.max_seq_len = std::min(cfg_.max_seq_len, w);
       else
-        cfg_.sliding_window = w; // every layer local (swa_pattern 0)
-    } else if (mt == "qwen2" && get_bool("use_sliding_window", false) && windowed) {
+        cfg_.sliding_window = w; // every layer local (swa_pattern 0) unless the family says otherwise below
+    } else if (qwen && get_bool("use_sliding_window", false) && windowed) {
       throw Error(errc::bad_config, where + ": use_sliding_window without a sliding_window size");
     }
     cfg_.rope_theta = get_num("rope_theta", 10000.0);
@@ -190,6 +205,7 @@ public:
     cfg_.norm_eps = get_num("rms_norm_eps", 1e-6);
     cfg_.tied_embeddings = get_bool("tie_word_embeddings", false);
     cfg_.attention_bias = cfg_.architecture == "qwen2" ? true : get_bool("attention_bias", false);
+    family_fields(c, where, get_int, get_num, get_bool);
     cfg_.bos_id = static_cast<int32_t>(get_int("bos_token_id", -1));
     add_eos_ids(c, where, cfg_.eos_ids);
     // The stop ids a model ships for generation (e.g. Llama 3 Instruct's <|eot_id|>)
@@ -229,6 +245,21 @@ public:
 
   const ModelConfig& config() const override { return cfg_; }
 
+  bool has(const std::string& name) const override {
+    auto l = split_layer_name(name);
+    return l && mt_ == "phi3" && (l->second == "wqkv" || l->second == "w13");
+  }
+
+  std::vector<WMatrix> load_experts(const std::string& name, int64_t n, int64_t rows, int64_t cols) override {
+    std::vector<WMatrix> out;
+    for (int64_t e = 0; e < n; ++e) {
+      const at::Tensor t = load(name + "#" + std::to_string(e), {rows, cols}).contiguous();
+      const float* p = t.data_ptr<float>();
+      out.push_back(owned_f32(std::vector<float>(p, p + rows * cols), rows, cols));
+    }
+    return out;
+  }
+
   at::Tensor load(const std::string& name, const std::vector<int64_t>& shape) override {
     const std::string hf = hf_name(name);
     const SafetensorsFile& f = file_for(hf);
@@ -249,10 +280,71 @@ public:
         dst[i] = v.dtype == DType::f16 ? f16_to_f32(h) : bf16_to_f32(h);
       }
     }
+    if (gemma_ && is_norm(name)) // Gemma's RMS norms scale by (1 + w)
+      for (int64_t i = 0; i < n; ++i)
+        dst[i] += 1.0f;
     return out;
   }
 
 private:
+  static bool is_norm(const std::string& name) {
+    if (name == "norm")
+      return true;
+    auto l = split_layer_name(name);
+    return l && (l->second.size() >= 5 && l->second.compare(l->second.size() - 5, 5, "_norm") == 0);
+  }
+
+  // Family fields beyond the Llama ones: experts, Gemma's norms, scales, caps
+  // and windows, Qwen3's q/k norms. Each refuses what would change the math.
+  template <class GetInt, class GetNum, class GetBool>
+  void family_fields(const json& c, const std::string& where, GetInt get_int, GetNum get_num, GetBool get_bool) {
+    if (mt_ == "qwen3" || mt_ == "qwen3_moe" || mt_ == "gemma3_text")
+      cfg_.qk_norm = true;
+    if (mt_ == "qwen3_moe") {
+      cfg_.n_experts = get_int("num_experts");
+      cfg_.n_experts_used = get_int("num_experts_per_tok");
+      cfg_.expert_hidden_dim = get_int("moe_intermediate_size");
+      if (!get_bool("norm_topk_prob", false))
+        throw Error(errc::unsupported, where + ": norm_topk_prob false is not supported (the top-k are renormalised)");
+      if (get_int("decoder_sparse_step", 1) != 1 ||
+          (c.contains("mlp_only_layers") && c["mlp_only_layers"].is_array() && !c["mlp_only_layers"].empty()))
+        throw Error(errc::unsupported, where + ": dense layers between the expert layers (decoder_sparse_step, "
+                                               "mlp_only_layers) are not supported");
+    }
+    if (mt_ == "mixtral") {
+      cfg_.n_experts = get_int("num_local_experts");
+      cfg_.n_experts_used = get_int("num_experts_per_tok");
+      cfg_.expert_hidden_dim = cfg_.hidden_dim;
+    }
+    if (gemma_) {
+      cfg_.tied_embeddings = get_bool("tie_word_embeddings", true);
+      cfg_.sandwich_norms = true;
+      cfg_.ffn_act = FfnActivation::gelu_tanh;
+      cfg_.embed_scale = static_cast<double>(std::sqrt(static_cast<float>(cfg_.dim)));
+      cfg_.query_scale = 1.0 / std::sqrt(get_num("query_pre_attn_scalar", static_cast<double>(cfg_.head_dim)));
+      cfg_.attn_softcap = get_num("attn_logit_softcapping", 0.0);
+      cfg_.final_softcap = get_num("final_logit_softcapping", 0.0);
+      if (cfg_.sliding_window > 0) {
+        cfg_.swa_pattern = mt_ == "gemma2" ? 2 : get_int("sliding_window_pattern", 6);
+        // Newer configs list every layer's kind: it must be the pattern.
+        if (c.contains("layer_types") && c["layer_types"].is_array()) {
+          const auto& lt = c["layer_types"];
+          if (static_cast<int64_t>(lt.size()) != cfg_.n_layers)
+            throw Error(errc::bad_config, where + ": layer_types has " + std::to_string(lt.size()) + " entries for " +
+                                            std::to_string(cfg_.n_layers) + " layers");
+          for (int64_t l = 0; l < cfg_.n_layers; ++l)
+            if ((lt[static_cast<std::size_t>(l)] == "sliding_attention") != cfg_.is_local(l))
+              throw Error(errc::unsupported, where + ": layer_types is not a repeating pattern of " +
+                                               std::to_string(cfg_.swa_pattern - 1) + " local layers and 1 global one");
+        }
+      }
+      if (mt_ == "gemma3_text")
+        cfg_.rope_theta_local = get_num("rope_local_base_freq", 10000.0);
+      else if (cfg_.rope_scaling.type != "none")
+        throw Error(errc::unsupported, where + ": rope_scaling in a gemma2 model is not supported");
+    }
+  }
+
   std::string hf_name(const std::string& name) const {
     if (name == "embed")
       return "model.embed_tokens.weight";
@@ -261,6 +353,26 @@ private:
     if (name == "norm")
       return "model.norm.weight";
     auto l = split_layer_name(name);
+    const std::string layer = "model.layers." + std::to_string(l->first) + ".";
+    std::string part = l->second;
+    // Experts: "experts_w1#E" -> the expert's own matrix.
+    if (auto hash = part.find('#'); hash != std::string::npos) {
+      const std::string e = part.substr(hash + 1), w = part.substr(0, hash);
+      if (mt_ == "mixtral")
+        return layer + "block_sparse_moe.experts." + e + "." + w.substr(8) + ".weight"; // w1 / w2 / w3
+      const std::string proj = w == "experts_w1" ? "gate_proj" : w == "experts_w3" ? "up_proj" : "down_proj";
+      return layer + "mlp.experts." + e + "." + proj + ".weight";
+    }
+    if (part == "router")
+      return layer + (mt_ == "mixtral" ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+    if (gemma_) {
+      if (part == "ffn_norm")
+        return layer + "pre_feedforward_layernorm.weight";
+      if (part == "post_attn_norm")
+        return layer + "post_attention_layernorm.weight";
+      if (part == "post_ffn_norm")
+        return layer + "post_feedforward_layernorm.weight";
+    }
     static const std::map<std::string, std::string> parts = {
       {"attn_norm", "input_layernorm.weight"},     {"ffn_norm", "post_attention_layernorm.weight"},
       {"wq", "self_attn.q_proj.weight"},           {"wk", "self_attn.k_proj.weight"},
@@ -268,8 +380,13 @@ private:
       {"bq", "self_attn.q_proj.bias"},             {"bk", "self_attn.k_proj.bias"},
       {"bv", "self_attn.v_proj.bias"},             {"w1", "mlp.gate_proj.weight"},
       {"w3", "mlp.up_proj.weight"},                {"w2", "mlp.down_proj.weight"},
+      {"q_norm", "self_attn.q_norm.weight"},       {"k_norm", "self_attn.k_norm.weight"},
+      {"wqkv", "self_attn.qkv_proj.weight"},       {"w13", "mlp.gate_up_proj.weight"},
     };
-    return "model.layers." + std::to_string(l->first) + "." + parts.at(l->second);
+    auto it = parts.find(part);
+    if (it == parts.end())
+      throw Error(errc::missing_tensor, "HF model directory '" + dir_.string() + "' has no tensor for '" + name + "'");
+    return layer + it->second;
   }
 
   const SafetensorsFile& file_for(const std::string& hf) {
@@ -288,6 +405,8 @@ private:
   }
 
   fs::path dir_;
+  std::string mt_;
+  bool gemma_ = false;
   ModelConfig cfg_;
   std::map<std::string, std::string> weight_map_;
   std::mutex files_mutex_;

@@ -108,7 +108,8 @@ float gelu(float x) {
 
 void Shard::Impl::build_rope() {
   fill_rope(cfg, rope_cos, rope_sin);
-  if (cfg.rope_theta_local > 0 && cfg.rope_theta_local != cfg.rope_theta) {
+  const bool scaled = cfg.rope_scaling.type != "none" || !cfg.rope_scaling.freq_factors.empty();
+  if (cfg.rope_theta_local > 0 && (cfg.rope_theta_local != cfg.rope_theta || scaled)) {
     ModelConfig local = cfg; // gemma3's local layers: their own base, no scaling
     local.rope_theta = cfg.rope_theta_local;
     local.rope_scaling = RopeScaling{};

@@ -3,6 +3,7 @@
 // loads through the HF path and gives the reference ids.
 
 #include "model/base/error.hpp"
+#include "model/formats/gguf.hpp"
 #include "model/formats/safetensors.hpp"
 #include "model/transformer/shard.hpp"
 #include "model/text/tokenizer.hpp"
@@ -10,6 +11,7 @@
 #include "tests/support.hpp"
 
 #include <algorithm>
+#include <map>
 #include <cstring>
 #include <filesystem>
 
@@ -207,6 +209,198 @@ TEST(HfExport, SameCheckpointAsLlama2cHfAndGgufGivesIdenticalIds) {
   EXPECT_EQ(first[0], first[2]) << "the GGUF f32 file holds the llama2.c weights bit for bit";
   for (std::size_t i = 0; i < first[0].size(); ++i)
     ASSERT_NEAR(first[0][i], first[1][i], 1e-4);
+}
+
+
+// The new architectures as Hugging Face directories: each seeded GGUF of
+// ../shared/models/gguf written out the way transformers stores that family
+// (its tensor names and config.json fields; Gemma's norms as w where GGUF holds
+// 1 + w; Mixtral's q/k in rotate-half order; experts as one matrix each), then
+// loaded from the directory: greedy ids equal llama.cpp's for the GGUF file.
+std::string hf_from_gguf(const std::string& family) {
+  const model::GgufFile g(test::shared_path("models/gguf/" + family + "-rand-f32.gguf"));
+  const std::string arch = g.get_string("general.architecture"), a = arch + ".";
+  const int64_t D = g.get_int(a + "embedding_length"), L = g.get_int(a + "block_count");
+  const int64_t NH = g.get_int(a + "attention.head_count"), NKV = g.get_int(a + "attention.head_count_kv");
+  const int64_t hd = g.get_int(a + "attention.key_length");
+  const int64_t V = g.tensor("token_embd.weight")->dims[1];
+  const bool gemma = arch == "gemma2" || arch == "gemma3", mixtral = arch == "llama";
+  auto values = [&](const std::string& name, float add = 0.f) {
+    const auto* t = g.tensor(name);
+    EXPECT_NE(t, nullptr) << name;
+    std::vector<float> v(static_cast<std::size_t>(t->numel()));
+    std::memcpy(v.data(), t->data, v.size() * 4);
+    for (auto& x : v)
+      x += add;
+    return v;
+  };
+  auto norm = [&](const std::string& name) { return values(name, gemma ? -1.f : 0.f); };
+  std::vector<TensorToWrite> ts;
+  auto put = [&](const std::string& name, std::vector<int64_t> shape, std::vector<float> v) {
+    ts.push_back({name, std::move(shape), std::move(v), DType::f32});
+  };
+  put("model.embed_tokens.weight", {V, D}, values("token_embd.weight"));
+  put("model.norm.weight", {D}, norm("output_norm.weight"));
+  const bool tied = g.tensor("output.weight") == nullptr;
+  if (!tied)
+    put("lm_head.weight", {V, D}, values("output.weight"));
+  int64_t ffn = 0, experts = 0, expert_ffn = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
+    put(p + "input_layernorm.weight", {D}, norm(b + "attn_norm.weight"));
+    if (arch == "phi3") {
+      const auto* t = g.tensor(b + "attn_qkv.weight");
+      put(p + "self_attn.qkv_proj.weight", {t->dims[1], D}, values(b + "attn_qkv.weight"));
+    } else {
+      auto q = values(b + "attn_q.weight"), k = values(b + "attn_k.weight");
+      if (mixtral) { // GGUF llama: adjacent pairs; transformers: rotate-half
+        q = permute_rows(q, NH, hd, D);
+        k = permute_rows(k, NKV, hd, D);
+      }
+      put(p + "self_attn.q_proj.weight", {NH * hd, D}, q);
+      put(p + "self_attn.k_proj.weight", {NKV * hd, D}, k);
+      put(p + "self_attn.v_proj.weight", {NKV * hd, D}, values(b + "attn_v.weight"));
+    }
+    put(p + "self_attn.o_proj.weight", {D, NH * hd}, values(b + "attn_output.weight"));
+    if (g.tensor(b + "attn_q_norm.weight")) {
+      put(p + "self_attn.q_norm.weight", {hd}, norm(b + "attn_q_norm.weight"));
+      put(p + "self_attn.k_norm.weight", {hd}, norm(b + "attn_k_norm.weight"));
+    }
+    if (gemma) {
+      put(p + "pre_feedforward_layernorm.weight", {D}, norm(b + "ffn_norm.weight"));
+      put(p + "post_attention_layernorm.weight", {D}, norm(b + "post_attention_norm.weight"));
+      put(p + "post_feedforward_layernorm.weight", {D}, norm(b + "post_ffw_norm.weight"));
+    } else {
+      put(p + "post_attention_layernorm.weight", {D}, norm(b + "ffn_norm.weight"));
+    }
+    if (const auto* router = g.tensor(b + "ffn_gate_inp.weight")) {
+      experts = router->dims[1];
+      expert_ffn = g.tensor(b + "ffn_gate_exps.weight")->dims[1];
+      put(p + (mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight"), {experts, D}, values(b + "ffn_gate_inp.weight"));
+      const auto gate = values(b + "ffn_gate_exps.weight"), up = values(b + "ffn_up_exps.weight"),
+                 down = values(b + "ffn_down_exps.weight");
+      const auto n = static_cast<std::size_t>(expert_ffn * D);
+      for (int64_t e = 0; e < experts; ++e) {
+        const std::string x = p + (mixtral ? "block_sparse_moe.experts." : "mlp.experts.") + std::to_string(e) + ".";
+        auto part = [&](const std::vector<float>& v) {
+          return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(e * n),
+                                    v.begin() + static_cast<std::ptrdiff_t>((e + 1) * n));
+        };
+        put(x + (mixtral ? "w1" : "gate_proj") + ".weight", {expert_ffn, D}, part(gate));
+        put(x + (mixtral ? "w3" : "up_proj") + ".weight", {expert_ffn, D}, part(up));
+        put(x + (mixtral ? "w2" : "down_proj") + ".weight", {D, expert_ffn}, part(down));
+      }
+    } else if (arch == "phi3") {
+      ffn = g.tensor(b + "ffn_down.weight")->dims[0];
+      put(p + "mlp.gate_up_proj.weight", {2 * ffn, D}, values(b + "ffn_up.weight"));
+      put(p + "mlp.down_proj.weight", {D, ffn}, values(b + "ffn_down.weight"));
+    } else {
+      ffn = g.tensor(b + "ffn_gate.weight")->dims[1];
+      put(p + "mlp.gate_proj.weight", {ffn, D}, values(b + "ffn_gate.weight"));
+      put(p + "mlp.up_proj.weight", {ffn, D}, values(b + "ffn_up.weight"));
+      put(p + "mlp.down_proj.weight", {D, ffn}, values(b + "ffn_down.weight"));
+    }
+  }
+  static const std::map<std::string, std::string> model_type = {
+    {"qwen3", "qwen3"}, {"qwen3moe", "qwen3_moe"}, {"llama", "mixtral"},
+    {"gemma2", "gemma2"}, {"gemma3", "gemma3_text"}, {"phi3", "phi3"}};
+  nlohmann::json cfg = {{"model_type", model_type.at(arch)},
+                        {"hidden_size", D},
+                        {"intermediate_size", experts > 0 && mixtral ? expert_ffn : ffn > 0 ? ffn : 4 * D},
+                        {"num_hidden_layers", L},
+                        {"num_attention_heads", NH},
+                        {"num_key_value_heads", NKV},
+                        {"head_dim", hd},
+                        {"vocab_size", V},
+                        {"max_position_embeddings", g.get_int(a + "context_length")},
+                        {"rms_norm_eps", *g.opt_float(a + "attention.layer_norm_rms_epsilon")},
+                        {"rope_theta", g.opt_float(a + "rope.freq_base").value_or(10000.0)},
+                        {"tie_word_embeddings", tied},
+                        {"bos_token_id", g.opt_int("tokenizer.ggml.bos_token_id").value_or(1)},
+                        {"eos_token_id", g.opt_int("tokenizer.ggml.eos_token_id").value_or(2)}};
+  if (experts > 0) {
+    if (mixtral) {
+      cfg["num_local_experts"] = experts;
+    } else {
+      cfg["num_experts"] = experts;
+      cfg["moe_intermediate_size"] = expert_ffn;
+      cfg["norm_topk_prob"] = true;
+    }
+    cfg["num_experts_per_tok"] = g.get_int(a + "expert_used_count");
+  }
+  if (gemma) {
+    cfg["hidden_activation"] = "gelu_pytorch_tanh";
+    cfg["query_pre_attn_scalar"] = hd;
+    cfg["sliding_window"] = g.get_int(a + "attention.sliding_window");
+    if (auto c = g.opt_float(a + "attn_logit_softcapping"))
+      cfg["attn_logit_softcapping"] = *c;
+    if (auto c = g.opt_float(a + "final_logit_softcapping"))
+      cfg["final_logit_softcapping"] = *c;
+    if (arch == "gemma3") {
+      cfg["sliding_window_pattern"] = g.get_int(a + "attention.sliding_window_pattern");
+      cfg["rope_local_base_freq"] = *g.opt_float(a + "rope.freq_base_swa");
+    }
+  }
+  auto dir = test::scratch_dir("hf_" + family);
+  test::write_file(dir / "config.json", cfg.dump(2));
+  model::write_safetensors((dir / "model.safetensors").string(), ts);
+  return dir.string();
+}
+
+class HfArchitecture : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfArchitecture, DirectoryWrittenFromTheGgufGivesLlamaCppIds) {
+  const std::string family = GetParam();
+  STRATA_REQUIRE_SHARED("models/gguf/" + family + "-rand-f32.gguf");
+  const auto dir = hf_from_gguf(family);
+  auto shard = model::Shard::load(dir);
+  const auto gguf = model::Shard::load(test::shared_path("models/gguf/" + family + "-rand-f32.gguf"));
+  EXPECT_EQ(shard->config().describe(), gguf->config().describe());
+  const auto ref = test::read_json(test::shared_path("models/gguf/" + family + "-rand.gguf-ref.json"));
+  for (const auto& c : ref["files"][family + "-rand-f32.gguf"]) {
+    const auto prompt = c["prompt_ids"].get<std::vector<int32_t>>();
+    const auto want = c["generated_ids"].get<std::vector<int32_t>>();
+    auto cache = shard->new_cache();
+    auto out = shard->forward(prompt, model::consecutive_positions(0, static_cast<int64_t>(prompt.size())), cache);
+    std::vector<int32_t> got;
+    while (got.size() < want.size()) {
+      const auto next = static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
+      got.push_back(next);
+      out = shard->forward(std::vector<int32_t>{next}, model::consecutive_positions(cache.seq_len(), 1), cache);
+    }
+    EXPECT_EQ(got, want) << family << " prompt of " << prompt.size();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfArchitecture,
+                         ::testing::Values("qwen3", "qwen3moe", "mixtral", "gemma2", "gemma3", "phi3"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST(HfExport, ConfigsOfOtherFamiliesAreRefusedNamingWhat) {
+  auto dir = test::scratch_dir("hf_refused");
+  auto refused = [&](nlohmann::json cfg, const std::string& what) {
+    test::write_file(dir / "config.json", cfg.dump());
+    EXPECT_MODEL_ERROR(model::read_config(dir.string()), model::errc::unsupported, what);
+  };
+  nlohmann::json base = {{"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 2},
+                         {"num_attention_heads", 4}, {"vocab_size", 300}};
+  auto with = [&](nlohmann::json extra) {
+    auto c = base;
+    c.update(extra);
+    return c;
+  };
+  refused(with({{"model_type", "gpt_neox"}}), "gpt_neox");
+  refused(with({{"model_type", "gemma3"}}), "gemma3_text");
+  refused(with({{"model_type", "qwen3_moe"}, {"num_experts", 4}, {"num_experts_per_tok", 2},
+                {"moe_intermediate_size", 32}, {"norm_topk_prob", false}}),
+          "norm_topk_prob");
+  refused(with({{"model_type", "qwen3_moe"}, {"num_experts", 4}, {"num_experts_per_tok", 2},
+                {"moe_intermediate_size", 32}, {"norm_topk_prob", true}, {"mlp_only_layers", {1}}}),
+          "mlp_only_layers");
+  refused(with({{"model_type", "gemma2"}, {"hidden_activation", "gelu"}}), "hidden_activation");
+  refused(with({{"model_type", "gemma3_text"}, {"sliding_window", 16}, {"sliding_window_pattern", 2},
+                {"layer_types", {"full_attention", "sliding_attention"}}}),
+          "layer_types");
 }
 
 } // namespace
