@@ -461,6 +461,24 @@ TEST(Cluster, NewArchitecturesAcrossProcessesWithFaultsEqualLlamaCpp) {
       EXPECT_EQ(st["sliding_window"], 16);
       EXPECT_EQ(st["window_layers"], 2);
     }
+    // ... and so does the OpenAI front door's model list.
+    Process serve({exe, "serve", "--cluster", c.address, "--http", "127.0.0.1:0", "--tokenizer", model});
+    const auto ready = serve.wait_line("ready http ");
+    ASSERT_FALSE(ready.empty());
+    Process curl({"/bin/sh", "-c", "curl -s http://" + ready.substr(std::string("ready http ").size()) + "/v1/models"});
+    const auto models = nlohmann::json::parse(curl.drain());
+    const auto& m = models["data"][0];
+    EXPECT_EQ(m["architecture"], f.name);
+    if (f.name == "qwen3moe") {
+      EXPECT_EQ(m["experts"]["total"], 4);
+      EXPECT_EQ(m["experts"]["active"], 2);
+      EXPECT_FALSE(m.contains("sliding_window"));
+    } else {
+      EXPECT_EQ(m["sliding_window"]["size"], 16);
+      EXPECT_EQ(m["sliding_window"]["layers"], 2);
+      EXPECT_EQ(m["sliding_window"]["of_layers"], 3);
+      EXPECT_FALSE(m.contains("experts"));
+    }
   }
 }
 

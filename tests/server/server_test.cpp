@@ -348,6 +348,8 @@ TEST_F(Server, TokenizeAndDetokenizeInLlamaServerShapes) {
 TEST_F(Server, ModelsByIdServedNameAndModelNotFound) {
   auto list = json::parse(c().call("/v1/models").body);
   EXPECT_EQ(list["data"][0]["id"], "builtin:tiny");
+  EXPECT_EQ(list["data"][0]["architecture"], "llama");
+  EXPECT_FALSE(list["data"][0].contains("experts")) << "a dense model";
   auto one = c().call("/v1/models/builtin:tiny");
   EXPECT_EQ(one.status, 200) << one.body;
   EXPECT_EQ(json::parse(one.body)["id"], "builtin:tiny");
