@@ -257,25 +257,20 @@ struct Pass {
     }
   }
 
-  // One expert over the gathered rows `gx` (n, D): y (n, D) = down(act(gate x) * up x).
-  // Few rows go through matmul_rows, many through GEMM; which one depends only on
-  // n, itself a function of the rows' own tokens (see moe()).
-  // Expert e on the n rows gathered in ws.gx, into ws.gy. `few`: the rows come
-  // from the stacked few-row sequences and go through matmul_rows whatever n is
-  // (a row's numbers must not depend on how many other sequences chose e);
-  // otherwise (one long sequence's rows) GEMM above small_rows.
-  void expert(const LayerWeights& lw, std::size_t e, int64_t n, bool few) {
-    auto& ws = s.ws;
-    const int64_t D = cfg().dim, EH = cfg().expert_hidden_dim;
-    float* gh = grow(ws.gh, n * 2 * EH);
-    float* ga = grow(ws.gact, n * EH);
-    float* gy = grow(ws.gy, n * D);
+  // One expert over the gathered rows `gx` (n, D): gy (n, D) = down(act(gate x) * up x),
+  // with gh (n, 2 EH) and ga (n, EH) as scratch. `few`: the rows come from the
+  // stacked few-row sequences and go through matmul_rows whatever n is (a row's
+  // numbers must not depend on how many other sequences chose e); otherwise (one
+  // long sequence's rows, n a function of its own tokens) GEMM above small_rows.
+  void expert(const LayerWeights& lw, std::size_t e, const float* gx, int64_t n, bool few, float* gh, float* ga,
+              float* gy) const {
+    const int64_t EH = cfg().expert_hidden_dim;
     if (few || n <= detail::small_rows) {
-      detail::matmul_rows(lw.expert_w13[e], ws.gx.data(), gh, n, false);
+      detail::matmul_rows(lw.expert_w13[e], gx, gh, n, false);
       gated(gh, ga, n, EH);
       detail::matmul_rows(lw.expert_w2[e], ga, gy, n, false);
     } else {
-      detail::matmul_gemm(lw.expert_w13[e], ws.gx.data(), gh, n, false);
+      detail::matmul_gemm(lw.expert_w13[e], gx, gh, n, false);
       gated(gh, ga, n, EH);
       detail::matmul_gemm(lw.expert_w2[e], ga, gy, n, false);
     }
@@ -331,33 +326,60 @@ struct Pass {
     for (auto& q : plan.seqs)
       if (q.row0 >= plan.small_end)
         groups.emplace_back(q.row0, q.row0 + q.rows);
-    std::vector<int64_t> rows;
-    std::vector<float> wts;
-    for (auto [g0, g1] : groups)
-      for (int64_t e = 0; e < E; ++e) {
-        rows.clear();
-        wts.clear();
-        for (int64_t r = g0; r < g1; ++r)
-          for (int64_t k = 0; k < K; ++k)
-            if (chosen[r * K + k] == e) {
-              rows.push_back(r);
-              wts.push_back(weight[r * K + k]);
-            }
-        if (rows.empty())
-          continue;
-        const auto n = static_cast<int64_t>(rows.size());
-        float* gx = grow(ws.gx, n * D);
+    const int64_t EH = c.expert_hidden_dim;
+    for (auto [g0, g1] : groups) {
+      const bool few = g0 < plan.small_end;
+      // Each expert's rows (ascending) and their weights.
+      std::vector<std::vector<int64_t>> rows(static_cast<std::size_t>(E));
+      std::vector<std::vector<float>> wts(static_cast<std::size_t>(E));
+      for (int64_t r = g0; r < g1; ++r)
+        for (int64_t k = 0; k < K; ++k) {
+          const auto e = static_cast<std::size_t>(chosen[r * K + k]);
+          rows[e].push_back(r);
+          wts[e].push_back(weight[r * K + k]);
+        }
+      std::vector<std::size_t> used;
+      for (std::size_t e = 0; e < rows.size(); ++e)
+        if (!rows[e].empty())
+          used.push_back(e);
+      // The experts' products: for the few-row group each expert on one thread,
+      // the experts side by side (one parallel region per layer instead of one
+      // per product; a product's numbers do not depend on its thread); a long
+      // sequence's experts one after the other, each GEMM using every thread.
+      std::vector<std::vector<float>> ys(used.size());
+      auto run = [&](std::size_t u) {
+        const std::size_t e = used[u];
+        const auto n = static_cast<int64_t>(rows[e].size());
+        thread_local std::vector<float> gx, gh, ga;
+        grow(gx, n * D);
+        grow(gh, n * 2 * EH);
+        grow(ga, n * EH);
         for (int64_t i = 0; i < n; ++i)
-          std::memcpy(gx + i * D, xb + rows[static_cast<std::size_t>(i)] * D, static_cast<std::size_t>(D) * sizeof(float));
-        expert(lw, static_cast<std::size_t>(e), n, g0 < plan.small_end);
-        const float* gy = ws.gy.data();
-        for (int64_t i = 0; i < n; ++i) {
-          float* o = out + rows[static_cast<std::size_t>(i)] * D;
-          const float wgt = wts[static_cast<std::size_t>(i)];
+          std::memcpy(gx.data() + i * D, xb + rows[e][static_cast<std::size_t>(i)] * D,
+                      static_cast<std::size_t>(D) * sizeof(float));
+        ys[u].resize(static_cast<std::size_t>(n * D));
+        expert(lw, e, gx.data(), n, few, gh.data(), ga.data(), ys[u].data());
+      };
+      if (few && used.size() > 1 && at::get_num_threads() > 1)
+        at::parallel_for(0, static_cast<int64_t>(used.size()), 1, [&](int64_t u0, int64_t u1) {
+          for (int64_t u = u0; u < u1; ++u)
+            run(static_cast<std::size_t>(u));
+        });
+      else
+        for (std::size_t u = 0; u < used.size(); ++u)
+          run(u);
+      // Each row adds its experts' outputs in ascending expert order.
+      for (std::size_t u = 0; u < used.size(); ++u) {
+        const std::size_t e = used[u];
+        const float* gy = ys[u].data();
+        for (std::size_t i = 0; i < rows[e].size(); ++i) {
+          float* o = out + rows[e][i] * D;
+          const float wgt = wts[e][i];
           for (int64_t j = 0; j < D; ++j)
-            o[j] += wgt * gy[i * D + j];
+            o[j] += wgt * gy[static_cast<int64_t>(i) * D + j];
         }
       }
+    }
   }
 
   void layers() {
@@ -535,7 +557,7 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
       std::memcpy(x + q.row0 * D, st.hidden, static_cast<std::size_t>(q.rows * D) * sizeof(float));
     }
   }
-  Pass{*this, plan}.layers();
+  Pass{*this, plan, {}}.layers();
   // Commit: only now do the new positions count.
   for (auto& q : plan.seqs)
     batch[q.index].cache->commit(q.past + q.rows);

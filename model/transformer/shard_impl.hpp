@@ -27,7 +27,6 @@ struct Workspace {
   std::vector<float> router;      // (R, n_experts)
   std::vector<int32_t> chosen;    // (R, n_experts_used)
   std::vector<float> weight;      // (R, n_experts_used)
-  std::vector<float> gx, gh, gact, gy; // gathered (n, dim), (n, 2*expert_hidden), (n, expert_hidden), (n, dim)
 };
 
 struct Shard::Impl {

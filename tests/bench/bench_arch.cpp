@@ -7,7 +7,8 @@
 // decode at 8k of context against its speed at 512 (its windows keep long
 // contexts cheap). A benchmark, not a test: it prints tables, asserts nothing.
 //
-// Usage: strata_bench arch [DIR [LLAMA_BIN]]: DIR holds the generated files
+// Usage: strata_bench arch [DIR [LLAMA_BIN]] (STRATA_BENCH_ROUNDS: rounds of
+// strata then llama.cpp, default 3, medians): DIR holds the generated files
 // (default build/bench-models), LLAMA_BIN the folder with llama-bench and
 // llama-quantize (default: $LLAMA_CPP_BIN; none: strata alone, on f32).
 
@@ -17,6 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <utility>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -283,6 +286,27 @@ Speeds llama_speed(const std::string& bin, const std::string& file, int threads,
   return sp;
 }
 
+// Rounds of (strata, llama.cpp) in turn; the median of each figure. The VM is
+// shared and noisy: one pass can be off by 2x either way.
+std::pair<Speeds, Speeds> interleaved(model::Shard& shard, const std::string& llama, const std::string& file, int t,
+                                      int64_t prompt, int64_t depth, bool peer, int rounds) {
+  std::vector<double> ap, ad, bp, bd;
+  for (int r = 0; r < rounds; ++r) {
+    const auto a = strata_speed(shard, t, prompt, depth);
+    ap.push_back(a.prefill);
+    ad.push_back(a.decode);
+    if (peer) {
+      const auto b = llama_speed(llama, file, t, prompt, depth);
+      bp.push_back(b.prefill);
+      bd.push_back(b.decode);
+    }
+  }
+  Speeds a{median_of(ap), median_of(ad)}, b;
+  if (peer)
+    b = {median_of(bp), median_of(bd)};
+  return {a, b};
+}
+
 std::string fmt(double v) {
   if (v <= 0)
     return "-";
@@ -307,10 +331,14 @@ int arch_bench_main(int argc, char** argv) {
   const bool peer = !llama.empty() && fs::exists(fs::path(llama) / "llama-bench") &&
                     fs::exists(fs::path(llama) / "llama-quantize");
   fs::create_directories(dir);
+  const char* rounds_env = std::getenv("STRATA_BENCH_ROUNDS");
+  const int rounds = std::max(1, rounds_env ? std::atoi(rounds_env) : 3);
   std::printf("# strata_bench arch\n\nFiles in %s; peer: %s\n", dir.c_str(),
               peer ? (llama + " (llama-bench, llama-quantize)").c_str() : "none (set LLAMA_CPP_BIN): strata alone, f32");
   const double bw1 = bench_bandwidth(1), bw2 = bench_bandwidth(2);
-  std::printf("read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", bw1, bw2);
+  std::printf("read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (2 threads); %d interleaved rounds "
+              "(STRATA_BENCH_ROUNDS), medians\n",
+              bw1, bw2, rounds);
   for (const Shape* s : {&moe_shape, &gemma_shape}) {
     const auto f32 = dir / (s->file + "-f32.gguf");
     if (!fs::exists(f32)) {
@@ -340,8 +368,7 @@ int arch_bench_main(int argc, char** argv) {
       std::printf("| threads | strata prefill 512 tok/s | llama.cpp | ratio | strata decode tok/s | llama.cpp | ratio | "
                   "roofline of active bytes tok/s | strata %% of roofline |\n|---|---|---|---|---|---|---|---|---|\n");
       for (int t : {1, 2}) {
-        const auto a = strata_speed(*shard, t, 512, 0);
-        const auto b = peer ? llama_speed(llama, file, t, 512, 0) : Speeds{};
+        const auto [a, b] = interleaved(*shard, llama, file, t, 512, 0, peer, rounds);
         const double roof = (t == 1 ? bw1 : bw2) * 1e9 / active;
         std::printf("| %d | %s | %s | %s | %s | %s | %s | %s | %.0f %% |\n", t, fmt(a.prefill).c_str(),
                     fmt(b.prefill).c_str(), ratio(a.prefill, b.prefill).c_str(), fmt(a.decode).c_str(),
@@ -357,8 +384,7 @@ int arch_bench_main(int argc, char** argv) {
         for (int64_t depth : {int64_t{512}, int64_t{8192}}) {
           if (t == 1 && depth > 512)
             continue; // the 8k prefill alone takes minutes on one thread
-          const auto a = strata_speed(*shard, t, depth == 512 ? 512 : 0, depth);
-          const auto b = peer ? llama_speed(llama, file, t, depth == 512 ? 512 : 0, depth) : Speeds{};
+          const auto [a, b] = interleaved(*shard, llama, file, t, depth == 512 ? 512 : 0, depth, peer, rounds);
           if (t == 2)
             (depth == 512 ? at512 : at8k) = a.decode, (depth == 512 ? l512 : l8k) = b.decode;
           std::printf("| %d | %lld | %s | %s | %s | %s | %s | %s |\n", t, static_cast<long long>(depth),

@@ -143,7 +143,7 @@ std::vector<int> strangers(const std::vector<uint16_t>& ports, std::mt19937& rng
 }
 
 TEST(HostilePeers, GarbageAndSilentConnectionsOnEveryPortNeverDisturbLegitimateGenerations) {
-  // A TLS cluster and a plain one (with `strata serve` in front): 20 rounds of
+  // A TLS cluster and a plain one (with `strata serve` in front): 10 rounds of
   // strangers on every port, each round with legitimate generations in flight
   // (two TLS clients, a plain client and an HTTP completion at once).
   if (!have_openssl())
@@ -167,7 +167,8 @@ TEST(HostilePeers, GarbageAndSilentConnectionsOnEveryPortNeverDisturbLegitimateG
   const auto http_expected = run("generate --model builtin:tiny --prompt 'Once upon a time' --max-tokens 12");
   std::mt19937 rng(2024);
   int exact = 0, total = 0;
-  for (int round = 0; round < 20; ++round) {
+  const int rounds = 10; // docs/security.md: 20 rounds measured by hand, 80 of 80 exact
+  for (int round = 0; round < rounds; ++round) {
     auto a = std::async(std::launch::async, [&] { return ids_line(run(tls_gen)); });
     auto b = std::async(std::launch::async, [&] { return ids_line(run(tls_gen)); });
     auto c = std::async(std::launch::async, [&] { return ids_line(run(plain_gen)); });
@@ -192,7 +193,8 @@ TEST(HostilePeers, GarbageAndSilentConnectionsOnEveryPortNeverDisturbLegitimateG
     for (int fd : held)
       ::close(fd);
   }
-  std::printf("%d of %d generations exact across 20 rounds of strangers on %zu ports\n", exact, total, ports.size());
+  std::printf("%d of %d generations exact across %d rounds of strangers on %zu ports\n", exact, total, rounds,
+              ports.size());
   // Every node is still the incarnation it was (none was declared dead).
   for (auto& n : t.nodes)
     EXPECT_TRUE(n->last_line("ready node ").empty()) << "a node registered again";
