@@ -537,8 +537,11 @@ TEST(Cluster, TlsClusterEqualsPlainAndRefusesStrangers) {
   const auto client = flat(tls_args(c.dir, "client"));
   // Three clients in a row (each exits without a TLS close): identical output, and
   // the nodes stay registered as they were (no node was dropped).
-  for (int i = 0; i < 3; ++i)
-    EXPECT_EQ(ids_line(run("generate --cluster " + c.address + client + " " + prompt)), local_ids());
+  const auto expected = local_ids();
+  for (int i = 0; i < 3; ++i) {
+    const auto out = run("generate --cluster " + c.address + client + " " + prompt);
+    EXPECT_EQ(ids_line(out), expected) << "client " << i << " printed:\n" << out; // the whole story when it fails
+  }
   const auto status = run("status --cluster " + c.address + client);
   EXPECT_NE(status.find("shard nodes 3"), std::string::npos) << status;
   for (auto& n : c.nodes)
