@@ -65,7 +65,8 @@ int run_status(int argc, char** argv) {
   } catch (const model::Error&) {
     // no shard has registered yet: the facts stay empty
   }
-  const auto kind = facts.vocab_size > 0 ? facts.to_config().describe() : std::string("-");
+  const auto model_cfg = facts.to_config(); // vocab_size 0: no shard has registered yet
+  const auto kind = facts.vocab_size > 0 ? model_cfg.describe() : std::string("-");
   caf::scoped_actor self{sys};
   struct Row {
     msg::shard_stats stats;
@@ -94,7 +95,7 @@ int run_status(int argc, char** argv) {
     j["experts"] = facts.n_experts;
     j["experts_active"] = facts.n_experts_used;
     j["sliding_window"] = facts.sliding_window;
-    j["window_layers"] = facts.vocab_size > 0 ? facts.to_config().local_layers() : 0;
+    j["window_layers"] = model_cfg.local_layers();
     j["epoch"] = cs.epoch;
     j["route_complete"] = !cs.plan.hops.empty();
     j["route"] = nlohmann::json::array();

@@ -61,13 +61,12 @@ struct CacheShape {
     return n;
   }
   bool operator==(const CacheShape& o) const {
-    return n_layers == o.n_layers && kv_dim == o.kv_dim && out_dim == o.out_dim && window == o.window &&
-           n_local() == o.n_local() && [&] {
-             for (int64_t l = 0; l < n_layers; ++l)
-               if (is_local(l) != o.is_local(l))
-                 return false;
-             return true;
-           }();
+    if (n_layers != o.n_layers || kv_dim != o.kv_dim || out_dim != o.out_dim || window != o.window)
+      return false;
+    for (int64_t l = 0; l < n_layers; ++l)
+      if (is_local(l) != o.is_local(l))
+        return false;
+    return true;
   }
 };
 
