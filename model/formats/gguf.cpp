@@ -147,7 +147,15 @@ std::optional<WType> resident(uint32_t t) {
     case 0: return WType::f32;
     case 1: return WType::f16;
     case 2: return WType::q4_0;
+    case 3: return WType::q4_1;
+    case 6: return WType::q5_0;
+    case 7: return WType::q5_1;
     case 8: return WType::q8_0;
+    case 10: return WType::q2_K;
+    case 11: return WType::q3_K;
+    case 13: return WType::q5_K;
+    case 20: return WType::iq4_nl;
+    case 23: return WType::iq4_xs;
     case 12: return WType::q4_K;
     case 14: return WType::q6_K;
     case 30: return WType::bf16;

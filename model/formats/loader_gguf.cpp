@@ -25,7 +25,7 @@ std::string file_type_name(int64_t ft) {
   static const std::map<int64_t, std::string> names = {
     {0, "f32"},   {1, "f16"},     {2, "q4_0"},    {3, "q4_1"},    {7, "q8_0"},   {8, "q5_0"},   {9, "q5_1"},
     {10, "q2_K"}, {11, "q3_K_S"}, {12, "q3_K_M"}, {13, "q3_K_L"}, {14, "q4_K_S"}, {15, "q4_K_M"}, {16, "q5_K_S"},
-    {17, "q5_K_M"}, {18, "q6_K"}, {32, "bf16"},
+    {17, "q5_K_M"}, {18, "q6_K"}, {21, "q2_K_S"}, {25, "iq4_nl"}, {30, "iq4_xs"}, {32, "bf16"},
   };
   auto it = names.find(ft);
   return it == names.end() ? "type" + std::to_string(ft) : it->second;
@@ -233,7 +233,8 @@ private:
     if (!t->type)
       throw Error(errc::unsupported, "GGUF file '" + f_.path() + "': tensor '" + g + "' has type " +
                                        ggml_type_name(t->ggml_type) +
-                                       ", which strata does not implement (f32, f16, bf16, q8_0, q4_0, q4_K, q6_K)");
+                                       ", which strata does not implement (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, "
+                                       "q6_K, iq4_nl, iq4_xs)");
     return *t;
   }
 

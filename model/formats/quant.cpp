@@ -159,6 +159,143 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void dequant_f16(con
   }
 }
 
+// ------------------------------------------------------------ the fallback and mix types
+
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void dequant_q4_1(const uint8_t* __restrict src, float* __restrict y,
+                                                                                int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, src += 20, y += 32) {
+    const float d = half(src), m = half(src + 2);
+    const vi16 q = __builtin_convertvector(load_vec<vub16>(src + 4), vi16);
+    store16(y, __builtin_convertvector(q & 0xF, vf16) * d + m);
+    store16(y + 16, __builtin_convertvector(q >> 4, vf16) * d + m);
+  }
+}
+
+// q5_0 (x = d (q - 16)) and q5_1 (x = d q + m): bit j of qh is value j's 5th bit.
+template <bool WITH_MIN>
+void dequant_q5(const uint8_t* __restrict src, float* __restrict y, int64_t blocks) {
+  constexpr std::size_t BB = WITH_MIN ? 24 : 22;
+  constexpr std::size_t QH = WITH_MIN ? 4 : 2;
+  for (int64_t b = 0; b < blocks; ++b, src += BB, y += 32) {
+    const float d = half(src), m = WITH_MIN ? half(src + 2) : 0.f;
+    const int off = WITH_MIN ? 0 : 16; // q5_0: d (q - 16), as ggml computes it
+    uint32_t qh;
+    std::memcpy(&qh, src + QH, 4);
+    const uint8_t* qs = src + QH + 4;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (qs[j] & 0xF) | static_cast<int>(((qh >> j) & 1u) << 4);
+      const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+      y[j] = d * static_cast<float>(lo - off) + m;
+      y[j + 16] = d * static_cast<float>(hi - off) + m;
+    }
+  }
+}
+
+// q2_K: 16 groups of 16; group g = 8h + 2j + p holds values 128h + 32j + 16p + l,
+// whose 2 bits are bits 2j of qs[32h + 16p + l]; scales[g] is scale | min << 4.
+void dequant_q2_K(const uint8_t* __restrict src, float* __restrict y, int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, src += 84) {
+    const uint8_t* scales = src;
+    const uint8_t* qs = src + 16;
+    const float d = half(src + 80), dmin = half(src + 82);
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 4; ++j)
+        for (int p = 0; p < 2; ++p, y += 16) {
+          const uint8_t sc = scales[8 * h + 2 * j + p];
+          const float dl = d * static_cast<float>(sc & 0xF), ml = dmin * static_cast<float>(sc >> 4);
+          const uint8_t* q = qs + 32 * h + 16 * p;
+          for (int l = 0; l < 16; ++l)
+            y[l] = dl * static_cast<float>((q[l] >> (2 * j)) & 3) - ml;
+        }
+  }
+}
+
+} // namespace
+
+void q3_K_scales(const uint8_t* packed, int8_t out[16]) {
+  uint32_t aux[4];
+  std::memcpy(aux, packed, 12);
+  constexpr uint32_t m1 = 0x03030303u, m4 = 0x0f0f0f0fu;
+  const uint32_t tmp = aux[2];
+  aux[2] = ((aux[0] >> 4) & m4) | (((tmp >> 4) & m1) << 4);
+  aux[3] = ((aux[1] >> 4) & m4) | (((tmp >> 6) & m1) << 4);
+  aux[0] = (aux[0] & m4) | (((tmp >> 0) & m1) << 4);
+  aux[1] = (aux[1] & m4) | (((tmp >> 2) & m1) << 4);
+  std::memcpy(out, aux, 16);
+  for (int g = 0; g < 16; ++g)
+    out[g] = static_cast<int8_t>(out[g] - 32);
+}
+
+namespace {
+
+// q3_K: the groups and 2 bits as q2_K; minus 4 where bit 4h + j of
+// hmask[16p + l] is clear; 6-bit scales - 32.
+void dequant_q3_K(const uint8_t* __restrict src, float* __restrict y, int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, src += 110) {
+    const uint8_t* hm = src;
+    const uint8_t* qs = src + 32;
+    int8_t sc[16];
+    q3_K_scales(src + 96, sc);
+    const float d = half(src + 108);
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 4; ++j)
+        for (int p = 0; p < 2; ++p, y += 16) {
+          const float dl = d * static_cast<float>(sc[8 * h + 2 * j + p]);
+          const uint8_t* q = qs + 32 * h + 16 * p;
+          const uint8_t bit = static_cast<uint8_t>(1u << (4 * h + j));
+          for (int l = 0; l < 16; ++l)
+            y[l] = dl * static_cast<float>(((q[l] >> (2 * j)) & 3) - ((hm[16 * p + l] & bit) ? 0 : 4));
+        }
+  }
+}
+
+// q5_K: q4_K plus a 5th bit: value l of group g adds 16 when bit g of qh[l] is set.
+void dequant_q5_K(const uint8_t* __restrict src, float* __restrict y, int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, src += 176) {
+    const float d = half(src), dmin = half(src + 2);
+    const uint8_t* scales = src + 4;
+    const uint8_t* qh = src + 16;
+    const uint8_t* q = src + 48;
+    for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
+      int sc, mn;
+      scale_min_k4(j, scales, sc, mn);
+      const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(mn);
+      scale_min_k4(j + 1, scales, sc, mn);
+      const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(mn);
+      for (int l = 0; l < 32; ++l)
+        y[l] = d1 * static_cast<float>((q[l] & 0xF) | (((qh[l] >> j) & 1) << 4)) - m1;
+      for (int l = 0; l < 32; ++l)
+        y[l + 32] = d2 * static_cast<float>((q[l] >> 4) | (((qh[l] >> (j + 1)) & 1) << 4)) - m2;
+    }
+  }
+}
+
+inline void iq4_32(float d, const uint8_t* qs, float* y) {
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * static_cast<float>(iq4nl_values[qs[j] & 0xF]);
+    y[j + 16] = d * static_cast<float>(iq4nl_values[qs[j] >> 4]);
+  }
+}
+
+void dequant_iq4_nl(const uint8_t* __restrict src, float* __restrict y, int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, src += 18, y += 32)
+    iq4_32(half(src), src + 2, y);
+}
+
+// iq4_xs: 8 groups of 32, each an iq4_nl block with scale d (ls - 32).
+void dequant_iq4_xs(const uint8_t* __restrict src, float* __restrict y, int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, src += 136) {
+    const float d = half(src);
+    const uint16_t sh = load_u16(src + 2);
+    const uint8_t* sl = src + 4;
+    const uint8_t* qs = src + 8;
+    for (int g = 0; g < 8; ++g, y += 32, qs += 16) {
+      const int ls = ((sl[g / 2] >> (4 * (g % 2))) & 0xF) | (((sh >> (2 * g)) & 3) << 4);
+      iq4_32(d * static_cast<float>(ls - 32), qs, y);
+    }
+  }
+}
+
 // A simple q4_K quantizer: each sub-block of 32 spans [min(0, lo), hi] in 15
 // steps; the 8 scales and mins are then 6-bit multiples of the block's d and
 // dmin (f16). Not llama.cpp's error-minimizing search: somewhat less accurate,
@@ -213,12 +350,20 @@ const char* to_string(WType t) {
     case WType::q4_0: return "q4_0";
     case WType::q4_K: return "q4_K";
     case WType::q6_K: return "q6_K";
+    case WType::q4_1: return "q4_1";
+    case WType::q5_0: return "q5_0";
+    case WType::q5_1: return "q5_1";
+    case WType::q2_K: return "q2_K";
+    case WType::q3_K: return "q3_K";
+    case WType::q5_K: return "q5_K";
+    case WType::iq4_nl: return "iq4_nl";
+    case WType::iq4_xs: return "iq4_xs";
   }
   return "?";
 }
 
 std::optional<WType> parse_wtype(const std::string& s) {
-  for (auto t : {WType::f32, WType::f16, WType::bf16, WType::q8_0, WType::q4_0, WType::q4_K, WType::q6_K}) {
+  for (auto t : all_wtypes) {
     std::string name = to_string(t), lower = name;
     std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
     if (s == name || s == lower)
@@ -230,8 +375,10 @@ std::optional<WType> parse_wtype(const std::string& s) {
 int64_t block_values(WType t) {
   switch (t) {
     case WType::f32: case WType::f16: case WType::bf16: return 1;
-    case WType::q8_0: case WType::q4_0: return 32;
-    case WType::q4_K: case WType::q6_K: return 256;
+    case WType::q8_0: case WType::q4_0: case WType::q4_1: case WType::q5_0: case WType::q5_1: case WType::iq4_nl:
+      return 32;
+    case WType::q4_K: case WType::q6_K: case WType::q2_K: case WType::q3_K: case WType::q5_K: case WType::iq4_xs:
+      return 256;
   }
   return 1;
 }
@@ -244,6 +391,14 @@ std::size_t block_bytes(WType t) {
     case WType::q4_0: return 18;
     case WType::q4_K: return 144;
     case WType::q6_K: return 210;
+    case WType::q4_1: return 20;
+    case WType::q5_0: return 22;
+    case WType::q5_1: return 24;
+    case WType::q2_K: return 84;
+    case WType::q3_K: return 110;
+    case WType::q5_K: return 176;
+    case WType::iq4_nl: return 18;
+    case WType::iq4_xs: return 136;
   }
   return 4;
 }
@@ -262,6 +417,14 @@ void dequantize(WType t, const uint8_t* src, float* dst, int64_t n) {
     case WType::q4_0: return dequant_q4_0(src, dst, blocks);
     case WType::q4_K: return dequant_q4_K(src, dst, blocks);
     case WType::q6_K: return dequant_q6_K(src, dst, blocks);
+    case WType::q4_1: return dequant_q4_1(src, dst, blocks);
+    case WType::q5_0: return dequant_q5<false>(src, dst, blocks);
+    case WType::q5_1: return dequant_q5<true>(src, dst, blocks);
+    case WType::q2_K: return dequant_q2_K(src, dst, blocks);
+    case WType::q3_K: return dequant_q3_K(src, dst, blocks);
+    case WType::q5_K: return dequant_q5_K(src, dst, blocks);
+    case WType::iq4_nl: return dequant_iq4_nl(src, dst, blocks);
+    case WType::iq4_xs: return dequant_iq4_xs(src, dst, blocks);
   }
 }
 
@@ -309,7 +472,8 @@ void quantize(WType t, const float* x, uint8_t* dst, int64_t n) {
       for (int64_t b = 0; b < n / 256; ++b, x += 256, dst += 144)
         quantize_q4_K_block(x, dst);
       return;
-    case WType::q6_K:
+    case WType::q6_K: case WType::q4_1: case WType::q5_0: case WType::q5_1: case WType::q2_K: case WType::q3_K:
+    case WType::q5_K: case WType::iq4_nl: case WType::iq4_xs:
       throw Error(errc::unsupported, std::string("quantizing to ") + to_string(t) +
                                        " is not supported (load a GGUF file quantized by llama.cpp instead)");
   }

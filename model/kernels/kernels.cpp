@@ -181,8 +181,9 @@ struct Prepared {
 };
 
 bool prepares_alike(WType a, WType b, bool gemm) {
-  auto kind = [](WType t) {
-    return t == WType::q4_0 ? WType::q8_0 : t == WType::q6_K ? WType::q4_K : t; // same activation blocks
+  auto kind = [](WType t) { // the same activation blocks
+    const int64_t b = acts_block(t);
+    return b == 32 ? WType::q8_0 : b == 256 ? WType::q4_K : t;
   };
   return kind(a) == kind(b) && (gemm || fused_available(a) == fused_available(b));
 }

@@ -38,15 +38,21 @@ bool has_bf16() {
 // ------------------------------------------------------------ activations
 
 // llama.cpp's q8_0: d = amax / 127 kept as f16; q = round(x / d).
-void quant_q8_0(const float* x, int64_t n, int8_t* q, float* d) {
+// Also q8_1's s = f16(d x sum(q)) with d unrounded (what llama.cpp pairs with
+// q4_1 / q5_1 weights' mins).
+void quant_q8_0(const float* x, int64_t n, int8_t* q, float* d, float* s) {
   for (int64_t b = 0; b < n / 32; ++b, x += 32, q += 32) {
     float amax = 0.f;
     for (int j = 0; j < 32; ++j)
       amax = std::max(amax, std::fabs(x[j]));
     const float id = amax != 0.f ? 127.f / amax : 0.f;
     d[b] = f16_to_f32(f32_to_f16(amax / 127.f)); // stored as f16 by llama.cpp
-    for (int j = 0; j < 32; ++j)
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) {
       q[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+      sum += q[j];
+    }
+    s[b] = f16_to_f32(f32_to_f16(amax / 127.f * static_cast<float>(sum)));
   }
 }
 
@@ -90,14 +96,21 @@ void set_fused_isa(FusedIsa isa) {
   isa_setting = isa;
 }
 
+int64_t acts_block(WType t) {
+  switch (t) {
+    case WType::f32: case WType::f16: case WType::bf16: return 0;
+    default: return block_values(t);
+  }
+}
+
 bool fused_available(WType t) {
   const FusedIsa isa = isa_setting.load(std::memory_order_relaxed);
   if (isa == FusedIsa::expand)
     return false;
   switch (t) {
-    case WType::q8_0: case WType::q4_0: case WType::q4_K: case WType::q6_K: return has_vnni() || has_avx2();
+    case WType::f32: case WType::f16: return false;
     case WType::bf16: return isa == FusedIsa::best && has_bf16();
-    default: return false;
+    default: return has_vnni() || has_avx2();
   }
 }
 
@@ -112,11 +125,13 @@ void quantize_acts(WType t, const float* X, int64_t M, int64_t cols, QuantActs& 
     return;
   }
   out.q.resize(static_cast<std::size_t>(M * cols));
-  if (t == WType::q8_0 || t == WType::q4_0) {
+  if (acts_block(t) == 32) {
     out.d.resize(static_cast<std::size_t>(M * (cols / 32)));
     out.sums32.resize(static_cast<std::size_t>(M * (cols / 32)));
+    out.s.resize(static_cast<std::size_t>(M * (cols / 32)));
     for (int64_t m = 0; m < M; ++m)
-      quant_q8_0(X + m * cols, cols, out.q.data() + m * cols, out.d.data() + m * (cols / 32));
+      quant_q8_0(X + m * cols, cols, out.q.data() + m * cols, out.d.data() + m * (cols / 32),
+                 out.s.data() + m * (cols / 32));
     for (std::size_t i = 0; i < out.sums32.size(); ++i) {
       int32_t s = 0;
       for (int j = 0; j < 32; ++j)
@@ -144,7 +159,7 @@ void expand_acts(const QuantActs& a, float* out) {
     }
     return;
   }
-  const int64_t block = a.for_type == WType::q8_0 || a.for_type == WType::q4_0 ? 32 : 256;
+  const int64_t block = acts_block(a.for_type);
   for (int64_t i = 0; i < n; ++i)
     out[i] = a.d[static_cast<std::size_t>(i / block)] * static_cast<float>(a.q[static_cast<std::size_t>(i)]);
 }

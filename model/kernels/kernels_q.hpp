@@ -22,7 +22,13 @@ struct QuantActs {
   std::vector<float> d;       ///< one scale per block (32 or 256 values)
   std::vector<int32_t> sums;  ///< K types: the sum of every 16 values
   std::vector<int16_t> sums32; ///< the sum of every 32 values (|sum| <= 4064)
+  std::vector<float> s;       ///< 32-value blocks: f16(sum x unrounded d), llama.cpp's q8_1 "s"
 };
+
+/// The activation block a weight type pairs with, as llama.cpp pairs them: 32
+/// (q8_0 / q8_1 blocks: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl), 256 (q8_K: the K
+/// types and iq4_xs), 0 for the float types.
+int64_t acts_block(WType t);
 
 /// Which kernels run (tests compare them on one machine): best = what the CPU
 /// has; avx2 = the AVX2 int8 kernels even where VNNI exists (bf16 then expands);
@@ -32,7 +38,7 @@ void set_fused_isa(FusedIsa isa);
 
 /// Whether this CPU (and the setting above) has a fused kernel for `t`.
 bool fused_available(WType t);
-/// Quantizes M rows of X for weights of type `t` (bf16, q8_0, q4_0, q4_K, q6_K).
+/// Quantizes M rows of X for weights of type `t` (bf16 or a quantized type).
 void quantize_acts(WType t, const float* X, int64_t M, int64_t cols, QuantActs& out);
 /// The floats `a` stands for (rows x cols into `out`): what the fused kernels
 /// multiply, for the paths that multiply in f32.

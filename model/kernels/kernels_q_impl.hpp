@@ -311,6 +311,281 @@ inline void rows_q6_K_block(const WMatrix& W, const QuantActs& A, float* Y, int6
   }
 }
 
+// ------------------------------------------------------------ the fallback and mix types
+
+// Byte j = 0xFF where bit j of x is set (j = 0..31), else 0.
+inline __m256i bits_to_bytes(uint32_t x) {
+  const __m256i spread = _mm256_shuffle_epi8(
+    _mm256_set1_epi32(static_cast<int>(x)),
+    _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i r = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_cmpeq_epi8(r, _mm256_set1_epi64x(-1));
+}
+
+// The 16 iq4_nl values in both 128-bit lanes, for byte shuffles.
+inline __m256i iq4_table() {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(iq4nl_values)));
+}
+
+// 16 bytes of nibbles as 32 values: value j (low nibble of byte j) in byte j,
+// value j + 16 (high nibble) in byte j + 16.
+inline __m256i nibbles32(const uint8_t* p) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
+}
+
+// The 32-value types beyond q8_0 / q4_0, against q8_0 activations (llama.cpp
+// pairs q4_1 / q5_1 with q8_1: the same values, and their sum times the scale
+// as f16, A.s). Per block: q4_1 / q5_1 d da sum(q a) + m s; q5_0
+// d da (sum(q a) - 16 sum(a)); iq4_nl d da sum(K[q] a). R rows side by side as
+// above; each (row, activation row) pair reduces in one order whatever R is.
+template <WType T, bool VNNI, int R>
+inline void rows_q32_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                           bool accumulate) {
+  constexpr std::size_t BB = T == WType::q4_1 ? 20 : T == WType::q5_0 ? 22 : T == WType::q5_1 ? 24 : 18;
+  constexpr bool MIN = T == WType::q4_1 || T == WType::q5_1;
+  constexpr std::size_t QS = T == WType::q4_1 ? 4 : T == WType::q5_0 ? 6 : T == WType::q5_1 ? 8 : 2;
+  const int64_t nb = W.cols / 32;
+  const std::size_t rb = W.row_bytes();
+  const uint8_t* row0 = W.row(r);
+  const bool ahead = r + 2 * R <= r_end;
+  const __m256i table = iq4_table(), bit5 = _mm256_set1_epi8(0x10);
+  for (int64_t m = 0; m < A.rows; ++m) {
+    const int8_t* a = A.q.data() + m * A.cols;
+    const float* da = A.d.data() + m * nb;
+    const int16_t* sa = A.sums32.data() + m * nb;
+    const float* s1 = A.s.data() + m * nb;
+    __m256 acc[R];
+    float mins[R] = {};
+    for (int i = 0; i < R; ++i)
+      acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * b));
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + b * BB;
+        if (m == 0 && ahead && (b & 1) == 0)
+          _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
+        __m256i q = nibbles32(blk + QS);
+        __m256i p;
+        if constexpr (T == WType::iq4_nl) {
+          p = block_dot<VNNI>(_mm256_shuffle_epi8(table, q), av);
+        } else {
+          if constexpr (T == WType::q5_0 || T == WType::q5_1) {
+            uint32_t qh;
+            std::memcpy(&qh, blk + QS - 4, 4);
+            q = _mm256_or_si256(q, _mm256_and_si256(bits_to_bytes(qh), bit5));
+          }
+          const __m256i init =
+            T == WType::q5_0 ? _mm256_setr_epi32(-16 * sa[b], 0, 0, 0, 0, 0, 0, 0) : _mm256_setzero_si256();
+          p = dot_u8s8<VNNI>(init, q, av);
+        }
+        acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk) * da[b]), _mm256_cvtepi32_ps(p), acc[i]);
+        if constexpr (MIN)
+          mins[i] += half_to_float(blk + 2) * s1[b];
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const float s = hsum8(acc[i]) + mins[i];
+      float& y = Y[m * ldy + r + i];
+      y = accumulate ? y + s : s;
+    }
+  }
+}
+
+// q5_K: q4_K with a 5th bit per value (bit g of qh[l] for value l of group g).
+template <bool VNNI, int R>
+inline void rows_q5_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                            bool accumulate) {
+  const int64_t nb = W.cols / 256;
+  const std::size_t rb = W.row_bytes();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  const uint8_t* row0 = W.row(r);
+  const bool ahead = r + 2 * R <= r_end;
+  for (int64_t m = 0; m < A.rows; ++m) {
+    const int8_t* a = A.q.data() + m * A.cols;
+    const float* da = A.d.data() + m * nb;
+    const int16_t* sums32 = A.sums32.data() + m * nb * 8;
+    float acc[R] = {};
+    __m256 accv[R];
+    for (int i = 0; i < R; ++i)
+      accv[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const int8_t* ab = a + 256 * b;
+      const __m128i asum = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sums32 + 8 * b));
+      __m256i av[8];
+      for (int j = 0; j < 8; ++j)
+        av[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 32 * j));
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + b * 176;
+        if (m == 0 && ahead)
+          for (int l = 0; l < 176; l += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
+        alignas(16) uint8_t sm[16];
+        scales_mins_k4(blk + 4, sm);
+        const __m256i sc16 =
+          _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm))));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+        const uint8_t* qs = blk + 48;
+        __m256i tot = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+          const __m256i h_lo = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
+          const __m256i h_hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
+          const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h_lo, 4));
+          const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_slli_epi16(h_hi, 4));
+          const __m256i s_lo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c) | ((4 * c + 1) << 8))));
+          const __m256i s_hi =
+            _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c + 2) | ((4 * c + 3) << 8))));
+          tot = dot_scaled<VNNI>(tot, lo, av[2 * c], s_lo);
+          tot = dot_scaled<VNNI>(tot, hi, av[2 * c + 1], s_hi);
+        }
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8)));
+        const __m128i mm = _mm_madd_epi16(mins, asum);
+        const __m128i m2 = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
+        const int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(m2, _mm_shuffle_epi32(m2, 0xb1)));
+        const float d = half_to_float(blk) * da[b], dmin = half_to_float(blk + 2) * da[b];
+        accv[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(tot), accv[i]);
+        acc[i] -= dmin * static_cast<float>(msum);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const float s = hsum8(accv[i]) + acc[i];
+      float& y = Y[m * ldy + r + i];
+      y = accumulate ? y + s : s;
+    }
+  }
+}
+
+// q2_K (2-bit values, 4-bit scale and min per 16) and q3_K (2 bits plus a 3rd
+// bit that is +4, 6-bit signed scale per 16, the -4 through the activation sums
+// of every 16). The 32 values of (h, j) are 128h + 32j + l: the low 16 take
+// group 8h + 2j, the high 16 group 8h + 2j + 1, as q6_K's halves.
+template <WType T, bool VNNI, int R>
+inline void rows_q23_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                             bool accumulate) {
+  constexpr std::size_t BB = T == WType::q2_K ? 84 : 110;
+  const int64_t nb = W.cols / 256;
+  const std::size_t rb = W.row_bytes();
+  const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+  const uint8_t* row0 = W.row(r);
+  const bool ahead = r + 2 * R <= r_end;
+  for (int64_t m = 0; m < A.rows; ++m) {
+    const int8_t* a = A.q.data() + m * A.cols;
+    const float* da = A.d.data() + m * nb;
+    const int32_t* sums = A.sums.data() + m * nb * 16;
+    float acc[R] = {};
+    __m256 accv[R];
+    for (int i = 0; i < R; ++i)
+      accv[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i av[8];
+      for (int j = 0; j < 8; ++j)
+        av[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 256 * b + 32 * j));
+      const __m256i s16a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 16 * b));
+      const __m256i s16b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 16 * b + 8));
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + b * BB;
+        if (m == 0 && ahead)
+          for (std::size_t l = 0; l < BB; l += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
+        alignas(16) int8_t sc[16];
+        const uint8_t* qs;
+        __m256i hm = _mm256_setzero_si256();
+        if constexpr (T == WType::q2_K) {
+          const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+          _mm_store_si128(reinterpret_cast<__m128i*>(sc), _mm_and_si128(raw, _mm_set1_epi8(0x0F)));
+          qs = blk + 16;
+        } else {
+          q3_K_scales(blk + 96, sc);
+          hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
+          qs = blk + 32;
+        }
+        __m256i tot = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) {
+          const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * h));
+          for (int j = 0; j < 4; ++j) {
+            __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * j), m2);
+            if constexpr (T == WType::q3_K) // the 3rd bit set: the value is q, clear: q - 4 (the -4 below)
+              q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one), 2));
+            const int g = 8 * h + 2 * j;
+            const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+            tot = dot_scaled<VNNI>(tot, q, av[4 * h + j], s);
+          }
+        }
+        if constexpr (T == WType::q2_K) {
+          // The mins (high nibbles) times the activation sums of every 16.
+          const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+          const __m128i mn = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F));
+          const __m256i mn_a = _mm256_cvtepu8_epi32(mn), mn_b = _mm256_cvtepu8_epi32(_mm_srli_si128(mn, 8));
+          const int32_t msum =
+            hsum8i(_mm256_add_epi32(_mm256_mullo_epi32(mn_a, s16a), _mm256_mullo_epi32(mn_b, s16b)));
+          accv[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk + 80) * da[b]), _mm256_cvtepi32_ps(tot), accv[i]);
+          acc[i] -= half_to_float(blk + 82) * da[b] * static_cast<float>(msum);
+        } else {
+          const __m256i sc_a = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
+          const __m256i sc_b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8)));
+          const __m256i corr = _mm256_add_epi32(_mm256_mullo_epi32(sc_a, s16a), _mm256_mullo_epi32(sc_b, s16b));
+          const __m256i v = _mm256_sub_epi32(tot, _mm256_slli_epi32(corr, 2));
+          accv[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk + 108) * da[b]), _mm256_cvtepi32_ps(v), accv[i]);
+        }
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const float s = hsum8(accv[i]) + acc[i];
+      float& y = Y[m * ldy + r + i];
+      y = accumulate ? y + s : s;
+    }
+  }
+}
+
+// iq4_xs: 8 groups of 32, each an iq4_nl block with a signed 6-bit scale; the
+// table values (|v| <= 127) pair with the activations as |v| . (a sign(v)),
+// then each group's int16 pair sums times its scale.
+template <bool VNNI, int R>
+inline void rows_iq4_xs_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                              bool accumulate) {
+  const int64_t nb = W.cols / 256;
+  const std::size_t rb = W.row_bytes();
+  const __m256i table = iq4_table();
+  const uint8_t* row0 = W.row(r);
+  const bool ahead = r + 2 * R <= r_end;
+  for (int64_t m = 0; m < A.rows; ++m) {
+    const int8_t* a = A.q.data() + m * A.cols;
+    const float* da = A.d.data() + m * nb;
+    __m256 accv[R];
+    for (int i = 0; i < R; ++i)
+      accv[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i av[8];
+      for (int j = 0; j < 8; ++j)
+        av[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 256 * b + 32 * j));
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + b * 136;
+        if (m == 0 && ahead)
+          for (int l = 0; l < 136; l += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
+        uint16_t sh;
+        std::memcpy(&sh, blk + 2, 2);
+        const uint8_t* sl = blk + 4;
+        __m256i tot = _mm256_setzero_si256();
+        for (int g = 0; g < 8; ++g) {
+          const int ls = ((sl[g / 2] >> (4 * (g % 2))) & 0xF) | (((sh >> (2 * g)) & 3) << 4);
+          const __m256i w = _mm256_shuffle_epi8(table, nibbles32(blk + 8 + 16 * g));
+          tot = dot_scaled<VNNI>(tot, _mm256_sign_epi8(w, w), _mm256_sign_epi8(av[g], w),
+                                 _mm256_set1_epi16(static_cast<short>(ls - 32)));
+        }
+        accv[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk) * da[b]), _mm256_cvtepi32_ps(tot), accv[i]);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const float s = hsum8(accv[i]);
+      float& y = Y[m * ldy + r + i];
+      y = accumulate ? y + s : s;
+    }
+  }
+}
+
 // Rows [r0, r1) four at a time, the rest one at a time: f(R, r) handles rows
 // r .. r+R-1 (R an integral_constant).
 template <class F>
@@ -333,8 +608,24 @@ void rows_impl(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int6
       return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q4_K_block<VNNI, R>(W, A, Y, ldy, r, r1, acc); });
     case WType::q6_K:
       return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q6_K_block<VNNI, R>(W, A, Y, ldy, r, r1, acc); });
-    default:
-      return;
+    case WType::q4_1:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q32_block<WType::q4_1, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::q5_0:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q32_block<WType::q5_0, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::q5_1:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q32_block<WType::q5_1, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::iq4_nl:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q32_block<WType::iq4_nl, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::q5_K:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q5_K_block<VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::q2_K:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q23_K_block<WType::q2_K, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::q3_K:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q23_K_block<WType::q3_K, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::iq4_xs:
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_iq4_xs_block<VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+    case WType::f32: case WType::f16: case WType::bf16:
+      return; // fused_available() is false for these: never called
   }
 }
 

@@ -168,8 +168,9 @@ TEST(Gguf, LyingAndUnsupportedFilesAreTypedErrors) {
   EXPECT_MODEL_ERROR(model::Shard::load(lied("odd", [](Lies& l) { l.offset_lie = 4; })), errc::corrupt, "not aligned");
   // A tensor of a type strata does not implement (q5_K), and an unknown id.
   EXPECT_MODEL_ERROR(model::Shard::load(lied("q5k", [](Lies& l) { l.wq_type = 13; })), errc::corrupt, "blk.1.attn_q.weight");
-  // iq4_nl: 32-value blocks of 18 bytes; our f32 bytes are more than enough.
-  EXPECT_MODEL_ERROR(model::Shard::load(lied("iq4", [](Lies& l) { l.wq_type = 20; })), errc::unsupported, "iq4_nl");
+  // q8_1 (llama.cpp's activation type, never a weight): 32-value blocks of 36
+  // bytes; our f32 bytes are more than enough.
+  EXPECT_MODEL_ERROR(model::Shard::load(lied("q81", [](Lies& l) { l.wq_type = 9; })), errc::unsupported, "q8_1");
   EXPECT_MODEL_ERROR(model::Shard::load(lied("t77", [](Lies& l) { l.wq_type = 77; })), errc::unsupported, "type 77");
   // A tensor whose shape does not fit the model; a missing one.
   EXPECT_MODEL_ERROR(model::Shard::load(lied("rows", [](Lies& l) { l.wrong_rows = 16; })), errc::corrupt, "blk.1.attn_k.weight");

@@ -12,9 +12,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 namespace strata::model {
@@ -32,6 +34,129 @@ TEST(Quant, BlockSizesAreGgufs) {
   EXPECT_EQ(row_bytes(WType::q4_K, 512), 288u);
   EXPECT_EQ(parse_wtype("q4_k"), WType::q4_K);
   EXPECT_EQ(parse_wtype("Q4_K"), std::nullopt);
+  // The types llama-quantize falls back to and the other mixes (ggml's block structs).
+  const std::vector<std::tuple<WType, int64_t, std::size_t>> more = {
+    {WType::q4_1, 32, 20},  {WType::q5_0, 32, 22},  {WType::q5_1, 32, 24},   {WType::q2_K, 256, 84},
+    {WType::q3_K, 256, 110}, {WType::q5_K, 256, 176}, {WType::iq4_nl, 32, 18}, {WType::iq4_xs, 256, 136}};
+  for (const auto& [t, values, bytes] : more) {
+    EXPECT_EQ(block_values(t), values) << to_string(t);
+    EXPECT_EQ(block_bytes(t), bytes) << to_string(t);
+    EXPECT_EQ(parse_wtype(to_string(t)), t);
+  }
+  EXPECT_EQ(parse_wtype("q5_k"), WType::q5_K);
+}
+
+// Hand-made blocks of the fallback types, every field exercised: value j and
+// j + 16 share a byte; the 5th bits are bit j of qh.
+TEST(Quant, Q5AndQ4_1HandMadeBlocks) {
+  std::vector<uint8_t> b(24);
+  put16(b, 0, f32_to_f16(0.25f));
+  const uint32_t qh = 0xA5F00F5Au;
+  std::memcpy(b.data() + 2, &qh, 4);
+  for (int i = 0; i < 16; ++i)
+    b[6 + i] = static_cast<uint8_t>(i | ((15 - i) << 4));
+  std::vector<float> y(32);
+  dequantize(WType::q5_0, b.data(), y.data(), 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], 0.25f * static_cast<float>(static_cast<int>(j | (((qh >> j) & 1) << 4)) - 16)) << j;
+    EXPECT_EQ(y[j + 16], 0.25f * static_cast<float>(static_cast<int>((15 - j) | (((qh >> (j + 16)) & 1) << 4)) - 16)) << j;
+  }
+  // q5_1: d, m, qh, nibbles.
+  put16(b, 0, f32_to_f16(0.5f));
+  put16(b, 2, f32_to_f16(-3.0f));
+  std::memcpy(b.data() + 4, &qh, 4);
+  for (int i = 0; i < 16; ++i)
+    b[8 + i] = static_cast<uint8_t>(i | ((15 - i) << 4));
+  dequantize(WType::q5_1, b.data(), y.data(), 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], 0.5f * static_cast<float>(static_cast<int>(j | (((qh >> j) & 1) << 4))) - 3.0f) << j;
+    EXPECT_EQ(y[j + 16], 0.5f * static_cast<float>(static_cast<int>((15 - j) | (((qh >> (j + 16)) & 1) << 4))) - 3.0f) << j;
+  }
+  // q4_1: d, m, nibbles.
+  put16(b, 0, f32_to_f16(2.0f));
+  put16(b, 2, f32_to_f16(1.0f));
+  for (int i = 0; i < 16; ++i)
+    b[4 + i] = static_cast<uint8_t>(i | ((15 - i) << 4));
+  dequantize(WType::q4_1, b.data(), y.data(), 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], 2.0f * static_cast<float>(j) + 1.0f);
+    EXPECT_EQ(y[j + 16], 2.0f * static_cast<float>(15 - j) + 1.0f);
+  }
+}
+
+TEST(Quant, Iq4HandMadeBlocks) {
+  std::vector<uint8_t> b(136, 0);
+  put16(b, 0, f32_to_f16(0.5f));
+  for (int i = 0; i < 16; ++i)
+    b[2 + i] = static_cast<uint8_t>(i | ((15 - i) << 4));
+  std::vector<float> y(256);
+  dequantize(WType::iq4_nl, b.data(), y.data(), 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], 0.5f * iq4nl_values[j]);
+    EXPECT_EQ(y[j + 16], 0.5f * iq4nl_values[15 - j]);
+  }
+  // iq4_xs: group g's scale is ls - 32, ls = 4 low bits from scales_l, 2 high from scales_h.
+  const int ls[8] = {0, 63, 32, 33, 17, 48, 5, 40};
+  uint16_t sh = 0;
+  std::fill(b.begin() + 2, b.end(), uint8_t{0});
+  for (int g = 0; g < 8; ++g) {
+    sh = static_cast<uint16_t>(sh | ((ls[g] >> 4) << (2 * g)));
+    b[4 + g / 2] = static_cast<uint8_t>(b[4 + g / 2] | ((ls[g] & 15) << (4 * (g % 2))));
+  }
+  put16(b, 2, sh);
+  for (int i = 0; i < 128; ++i)
+    b[8 + i] = static_cast<uint8_t>((i % 16) | ((i * 7 % 16) << 4));
+  dequantize(WType::iq4_xs, b.data(), y.data(), 256);
+  for (int g = 0; g < 8; ++g)
+    for (int j = 0; j < 16; ++j) {
+      const int byte = 16 * g + j;
+      EXPECT_EQ(y[32 * g + j], 0.5f * static_cast<float>(ls[g] - 32) * iq4nl_values[byte % 16]) << g << "," << j;
+      EXPECT_EQ(y[32 * g + 16 + j], 0.5f * static_cast<float>(ls[g] - 32) * iq4nl_values[byte * 7 % 16]);
+    }
+}
+
+// q2_K / q3_K: group g = 8h + 2j + p holds values 128h + 32j + 16p + l, 2 bits at
+// bit 2j of qs[32h + 16p + l]; q3_K's 3rd bit is bit 4h + j of hmask[16p + l].
+TEST(Quant, Q2_KAndQ3_KHandMadeBlocks) {
+  std::mt19937 rng(11);
+  std::vector<uint8_t> b(110);
+  for (auto& x : b)
+    x = static_cast<uint8_t>(rng());
+  put16(b, 80, f32_to_f16(0.5f));
+  put16(b, 82, f32_to_f16(0.25f));
+  std::vector<float> y(256);
+  dequantize(WType::q2_K, b.data(), y.data(), 256);
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < 4; ++j)
+      for (int p = 0; p < 2; ++p)
+        for (int l = 0; l < 16; ++l) {
+          const int g = 8 * h + 2 * j + p;
+          const int q = (b[16 + 32 * h + 16 * p + l] >> (2 * j)) & 3;
+          ASSERT_EQ(y[128 * h + 32 * j + 16 * p + l], 0.5f * (b[g] & 15) * q - 0.25f * (b[g] >> 4));
+        }
+  for (auto& x : b)
+    x = static_cast<uint8_t>(rng());
+  put16(b, 108, f32_to_f16(0.125f));
+  // 6-bit scales: low 4 bits of byte g (g < 8) or high 4 of byte g - 8; high 2
+  // bits from byte 8 + g % 4 at bits 2 (g / 4).
+  int8_t sc[16];
+  q3_K_scales(b.data() + 96, sc);
+  for (int g = 0; g < 16; ++g) {
+    const int lo = g < 8 ? b[96 + g] & 15 : b[96 + g - 8] >> 4;
+    const int hi = (b[96 + 8 + g % 4] >> (2 * (g / 4))) & 3;
+    EXPECT_EQ(sc[g], (lo | (hi << 4)) - 32) << g;
+  }
+  dequantize(WType::q3_K, b.data(), y.data(), 256);
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < 4; ++j)
+      for (int p = 0; p < 2; ++p)
+        for (int l = 0; l < 16; ++l) {
+          const int g = 8 * h + 2 * j + p;
+          int q = (b[32 + 32 * h + 16 * p + l] >> (2 * j)) & 3;
+          if (!(b[16 * p + l] & (1 << (4 * h + j))))
+            q -= 4;
+          ASSERT_EQ(y[128 * h + 32 * j + 16 * p + l], 0.125f * sc[g] * q);
+        }
 }
 
 TEST(Quant, Q8_0HandMadeBlock) {
@@ -172,13 +297,20 @@ std::vector<uint8_t> random_blocks(WType t, int64_t rows, int64_t cols, uint32_t
   std::uniform_real_distribution<float> sc(0.001f, 0.02f);
   const std::size_t bb = block_bytes(t);
   for (std::size_t at = 0; at < b.size(); at += bb) {
-    if (t == WType::q8_0 || t == WType::q4_0)
-      put16(b, at, f32_to_f16(sc(rng)));
-    else if (t == WType::q4_K) {
-      put16(b, at, f32_to_f16(sc(rng)));
-      put16(b, at + 2, f32_to_f16(sc(rng)));
-    } else
-      put16(b, at + 208, f32_to_f16(sc(rng) / 8));
+    switch (t) {
+      case WType::q4_K: case WType::q5_K: case WType::q4_1: case WType::q5_1: // d and a min (dmin)
+        put16(b, at, f32_to_f16(sc(rng)));
+        put16(b, at + 2, f32_to_f16(sc(rng)));
+        break;
+      case WType::q6_K: put16(b, at + 208, f32_to_f16(sc(rng) / 8)); break;
+      case WType::q2_K:
+        put16(b, at + 80, f32_to_f16(sc(rng)));
+        put16(b, at + 82, f32_to_f16(sc(rng)));
+        break;
+      case WType::q3_K: put16(b, at + 108, f32_to_f16(sc(rng) / 8)); break;
+      case WType::iq4_nl: case WType::iq4_xs: put16(b, at, f32_to_f16(sc(rng) / 16)); break;
+      default: put16(b, at, f32_to_f16(sc(rng))); break; // q8_0, q4_0, q5_0
+    }
   }
   return b;
 }
@@ -207,7 +339,11 @@ TEST_P(TypedKernels, MatchTheScalarPath) {
     {WType::f32, {37, 100, 896}, 1e-5},      {WType::f16, {37, 100, 896}, 2e-3},
     {WType::bf16, {37, 100, 896}, 1e-2},     {WType::q8_0, {32, 96, 160}, 1e-2},
     {WType::q4_0, {32, 96, 160}, 1e-2},      {WType::q4_K, {256, 768}, 1e-2},
-    {WType::q6_K, {256, 768}, 1e-2},
+    {WType::q6_K, {256, 768}, 1e-2},        {WType::q4_1, {32, 96, 160}, 1e-2},
+    {WType::q5_0, {32, 96, 160}, 1e-2},      {WType::q5_1, {32, 96, 160}, 1e-2},
+    {WType::iq4_nl, {32, 96, 160}, 1e-2},    {WType::q2_K, {256, 768}, 1e-2},
+    {WType::q3_K, {256, 768}, 1e-2},         {WType::q5_K, {256, 768}, 1e-2},
+    {WType::iq4_xs, {256, 768}, 1e-2},
   };
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.f, 1.f);
