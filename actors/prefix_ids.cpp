@@ -78,7 +78,7 @@ PrefixIds::PrefixIds(const msg::cache_recipe& recipe)
 }
 
 PrefixIds::PrefixIds(const msg::cache_recipe& recipe, uint64_t k0, uint64_t k1) : k0_(k0), k1_(k1) {
-  std::string r = recipe.architecture + '\n' + recipe.model + '\n' + recipe.dtype + '\n' +
+  std::string r = recipe.architecture + '\n' + recipe.model + '\n' + recipe.dtype + '\n' + recipe.kv_dtype + '\n' +
                   std::to_string(recipe.n_layers) + '\n' + std::to_string(recipe.n_kv_heads) + '\n' +
                   std::to_string(recipe.head_dim);
   seed_ = siphash24(k0_, k1_, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(r.data()), r.size()));

@@ -37,6 +37,9 @@ msg::shard_stats shard_state::stats() const {
   s.pool_blocks = static_cast<uint64_t>(pool->capacity());
   s.pool_used = static_cast<uint64_t>(pool->in_use());
   s.block_bytes = pool->block_bytes();
+  s.kv_dtype = model::to_string(pool->shape().kv_type);
+  s.kv_bytes_per_token = model::BlockPool::kv_bytes_per_token(pool->shape());
+  s.kept_bytes_per_token = model::BlockPool::out_bytes_per_token(pool->shape());
   s.queued = scheduler->queued();
   s.rounds = rounds;
   s.batched_rows = batched_rows;

@@ -164,10 +164,12 @@ supervisor_impl_actor::behavior_type supervisor(self_ptr self, SupervisorOptions
                                "shard for layers " + std::to_string(first) + "-" + std::to_string(last) + " serves '" +
                                  recipe.model + "' (" + recipe.architecture + ", " + std::to_string(recipe.n_layers) +
                                  " layers, " + std::to_string(recipe.n_kv_heads) + "x" + std::to_string(recipe.head_dim) +
-                                 " KV, weights " + recipe.dtype + ") but the cluster serves '" + st.recipe->model + "' (" +
+                                 " KV in " + recipe.kv_dtype + ", weights " + recipe.dtype + ") but the cluster serves '" +
+                                 st.recipe->model + "' (" +
                                  st.recipe->architecture + ", " + std::to_string(st.recipe->n_layers) + " layers, " +
                                  std::to_string(st.recipe->n_kv_heads) + "x" + std::to_string(st.recipe->head_dim) +
-                                 " KV, weights " + st.recipe->dtype + ")");
+                                 " KV in " + st.recipe->kv_dtype + ", weights " + st.recipe->dtype +
+                                 "): nodes of a cluster must agree on model, --dtype and --kv-dtype");
       if (first < 0 || last < first || last >= recipe.n_layers)
         return caf::make_error(ec::bad_request, "layer range " + std::to_string(first) + "-" + std::to_string(last) +
                                                   " is outside the model's " + std::to_string(recipe.n_layers) + " layers");

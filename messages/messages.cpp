@@ -88,6 +88,7 @@ cache_recipe cache_recipe::of(const model::ModelConfig& cfg) {
   r.architecture = cfg.architecture;
   r.model = cfg.identity;
   r.dtype = cfg.dtype;
+  r.kv_dtype = cfg.kv_dtype;
   r.n_layers = cfg.n_layers;
   r.n_kv_heads = cfg.n_kv_heads;
   r.head_dim = cfg.head_dim;

@@ -286,6 +286,7 @@ struct cache_recipe {
   std::string architecture;
   std::string model; // identity: checkpoint path or builtin:NAME
   std::string dtype = "f32";
+  std::string kv_dtype = "f32"; // how the KV cache keeps keys and values
   int64_t n_layers = 0;
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
@@ -296,8 +297,8 @@ struct cache_recipe {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cache_recipe& x) {
-  return f(caf::meta::type_name("cache_recipe"), x.architecture, x.model, x.dtype, x.n_layers, x.n_kv_heads,
-           x.head_dim);
+  return f(caf::meta::type_name("cache_recipe"), x.architecture, x.model, x.dtype, x.kv_dtype, x.n_layers,
+           x.n_kv_heads, x.head_dim);
 }
 
 /// What a client needs to know of the cluster's model, without its files: the
@@ -522,6 +523,9 @@ struct shard_stats {
   uint64_t prefix_cached = 0;      ///< ... of them that nobody uses now (reclaimable)
   uint64_t window_used = 0;        ///< blocks of the sliding-window layers' pool in use (the windows' keys and values)
   uint64_t window_block_bytes = 0; ///< bytes of one of them (0: the shard has no sliding-window layer)
+  std::string kv_dtype = "f32";     ///< how the pool keeps keys and values
+  uint64_t kv_bytes_per_token = 0;  ///< keys and values of one position over the shard's layers
+  uint64_t kept_bytes_per_token = 0; ///< the output row kept per position for recovery (0: the tail)
 };
 
 template <class Inspector>
@@ -529,7 +533,8 @@ typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
   return f(caf::meta::type_name("shard_stats"), x.first, x.last, x.cache_bytes, x.sessions, x.hits,
            guard(x.misses), x.evictions, x.steps, x.duplicates, x.conflicts, x.orphans, x.pool_blocks, x.pool_used,
            x.block_bytes, x.queued, x.rounds, x.batched_rows, x.max_batch, x.overloaded, x.computed, x.recomputed,
-           x.prefix_hit_tokens, x.prefix_blocks, x.prefix_cached, x.window_used, x.window_block_bytes);
+           x.prefix_hit_tokens, x.prefix_blocks, x.prefix_cached, x.window_used, x.window_block_bytes, x.kv_dtype,
+           x.kv_bytes_per_token, x.kept_bytes_per_token);
 }
 
 /// Streamed to a generation's client for every token, in order.

@@ -51,6 +51,7 @@ int cmd_generate(int argc, char** argv) {
     .option("seed", "S", "random seed for sampling (default 0)")
     .option("threads", "N", "threads for tensor math (default: all cores)")
     .option("dtype", "auto|f32|bf16|q8_0|q4_0|q4_K", "how weights are kept in memory (default auto: GGUF types as stored, others f32)")
+    .option("kv-dtype", "f32|bf16|f16|q8_0", "how the KV cache keeps keys and values (default f32)")
     .option("output", "text|ids", "print text (default) or the generated ids")
     .option("shards", "A-B,C-D,...", "run through in-process shard actors with these layer ranges")
     .option("inject", "SPEC[,SPEC]", "failures at decode steps: evict:I@S kill:I@S epoch@S desync:I@S dup:I@S"

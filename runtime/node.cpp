@@ -292,6 +292,7 @@ bool prefix_cache_from(const Args& a) {
 model::LoadOptions load_options_from(const Args& a) {
   model::LoadOptions o;
   o.dtype = a.has("dtype") ? a.str("dtype") : "auto";
+  o.kv_dtype = a.has("kv-dtype") ? a.str("kv-dtype") : o.kv_dtype;
   o.progress = true; // drawn only when stderr is a terminal
   return o;
 }
@@ -319,6 +320,7 @@ int run_node(int argc, char** argv) {
     .option("route-wait-ms", "MS", "coordinator: how long a session waits for a complete route (default 10000, at most 60000)")
     .option("threads", "N", "threads for tensor math (default: all cores)")
     .option("dtype", "auto|f32|bf16|q8_0|q4_0|q4_K", "how weights are kept in memory (default auto: GGUF types as stored, others f32); nodes of a cluster must agree")
+    .option("kv-dtype", "f32|bf16|f16|q8_0", "how the KV cache keeps keys and values (default f32); nodes of a cluster must agree")
     .option("insecure", "", "allow a non-loopback address without TLS (traffic is not authenticated)")
     .option("advertise", "HOST:PORT", "the address other processes reach this node at (default: --listen)");
   add_network_options(a);

@@ -160,6 +160,12 @@ std::string Metrics::render(const ClusterSnapshot& c) const {
   };
   per_shard("strata_shard_cache_bytes", "gauge", "KV cache bytes held by the shard.",
             [](const msg::shard_stats& s) { return s.cache_bytes; });
+  per_shard("strata_shard_kv_bytes_per_token", "gauge",
+            "Bytes of keys and values one token position takes on the shard (all its layers, in its --kv-dtype).",
+            [](const msg::shard_stats& s) { return s.kv_bytes_per_token; });
+  per_shard("strata_shard_kept_bytes_per_token", "gauge",
+            "Bytes of the output row the shard keeps per position to rebuild the next shard (0 on the tail).",
+            [](const msg::shard_stats& s) { return s.kept_bytes_per_token; });
   per_shard("strata_shard_sessions", "gauge", "Sessions cached by the shard.",
             [](const msg::shard_stats& s) { return s.sessions; });
   per_shard("strata_shard_cache_hits_total", "counter", "Steps served from the shard's cache.",

@@ -116,6 +116,7 @@ void ModelConfig::validate() const {
           "n_kv_heads must divide n_heads (n_heads " + std::to_string(n_heads) + ", n_kv_heads " +
             std::to_string(n_kv_heads) + ")");
   require(head_dim > 0 && head_dim % 2 == 0, "head_dim must be even and > 0 (got " + std::to_string(head_dim) + ")");
+  require(head_dim <= 512, "head_dim must be at most 512 (got " + std::to_string(head_dim) + ")");
   require(vocab_size > 0 && vocab_size < (int64_t{1} << 31), "vocab_size out of range (got " + std::to_string(vocab_size) + ")");
   require(max_seq_len > 0 && max_seq_len <= (int64_t{1} << 24), "max_seq_len out of range (got " + std::to_string(max_seq_len) + ")");
   require(rope_theta > 0, "rope_theta must be > 0");

@@ -63,6 +63,9 @@ struct ModelConfig {
   /// How the weights are kept in memory: "f32", "bf16", "q8_0", "q4_0", or
   /// "gguf:" + the GGUF file's type (e.g. "gguf:q4_K_M"). Part of the cache recipe.
   std::string dtype = "f32";
+  /// How a shard's KV cache keeps keys and values ("f32", "bf16", "f16",
+  /// "q8_0": LoadOptions::kv_dtype). Part of the cache recipe.
+  std::string kv_dtype = "f32";
 
   // What the families beyond Llama add (all off for llama and qwen2).
   bool qk_norm = false;           ///< per-head RMS norm of q and k before RoPE (qwen3, gemma3)
@@ -125,6 +128,9 @@ struct LoadOptions {
   /// are q8_0; under q4_0 / q4_K the classifier is q8_0 (llama.cpp's quantizer
   /// makes similar choices). q4_K uses a simple min/max quantizer.
   std::string dtype = "auto";
+  /// How the KV cache keeps keys and values: "f32", "bf16", "f16" or "q8_0"
+  /// (blocks of 32 values with an f16 scale; needs head_dim a multiple of 32).
+  std::string kv_dtype = "f32";
   /// A progress line (bytes, MB/s, ETA) on stderr while loading.
   bool progress = false;
 };

@@ -314,12 +314,79 @@ void matmul_gemm(const Linear& w, const float* X, float* Y, int64_t M, bool accu
 
 namespace {
 
+// Cached rows in their stored type, read as f32: E::row(p, n, tmp) gives the n
+// values at p as floats (p itself for f32, else converted into tmp); E::get16(p,
+// c) the 16 values from c (c a multiple of 16).
+struct KvF32 {
+  static const float* row(const uint8_t* p, int64_t, float*) { return reinterpret_cast<const float*>(p); }
+  static inline __attribute__((always_inline)) v16 get16(const uint8_t* p, int64_t c) {
+    return load16(reinterpret_cast<const float*>(p) + c);
+  }
+};
+struct KvBf16 {
+  static const float* row(const uint8_t* p, int64_t n, float* tmp) {
+    const auto* h = reinterpret_cast<const uint16_t*>(p);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i)
+      tmp[i] = __builtin_bit_cast(float, static_cast<uint32_t>(h[i]) << 16);
+    return tmp;
+  }
+  static inline __attribute__((always_inline)) v16 get16(const uint8_t* p, int64_t c) {
+    typedef uint16_t h16 __attribute__((vector_size(32), aligned(2)));
+    typedef uint32_t u16v __attribute__((vector_size(64)));
+    h16 h;
+    __builtin_memcpy(&h, p + 2 * c, sizeof h);
+    return reinterpret_cast<v16>(__builtin_convertvector(h, u16v) << 16);
+  }
+};
+struct KvF16 {
+  static const float* row(const uint8_t* p, int64_t n, float* tmp) {
+    const auto* h = reinterpret_cast<const _Float16*>(p);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i)
+      tmp[i] = static_cast<float>(h[i]);
+    return tmp;
+  }
+  static inline __attribute__((always_inline)) v16 get16(const uint8_t* p, int64_t c) {
+    typedef _Float16 f16v __attribute__((vector_size(32), aligned(2)));
+    f16v h;
+    __builtin_memcpy(&h, p + 2 * c, sizeof h);
+    return __builtin_convertvector(h, v16);
+  }
+};
+struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
+  static inline __attribute__((always_inline)) float scale(const uint8_t* blk) {
+    _Float16 d;
+    __builtin_memcpy(&d, blk, 2);
+    return static_cast<float>(d);
+  }
+  static const float* row(const uint8_t* p, int64_t n, float* tmp) {
+    for (int64_t b = 0; b < n / 32; ++b) {
+      const uint8_t* blk = p + 34 * b;
+      const float d = scale(blk);
+      const auto* q = reinterpret_cast<const int8_t*>(blk + 2);
+#pragma omp simd
+      for (int i = 0; i < 32; ++i)
+        tmp[32 * b + i] = d * static_cast<float>(q[i]);
+    }
+    return tmp;
+  }
+  static inline __attribute__((always_inline)) v16 get16(const uint8_t* p, int64_t c) {
+    typedef int8_t i16v __attribute__((vector_size(16), aligned(1)));
+    const uint8_t* blk = p + 34 * (c / 32);
+    i16v q;
+    __builtin_memcpy(&q, blk + 2 + c % 32, sizeof q);
+    return __builtin_convertvector(q, v16) * scale(blk);
+  }
+};
+
 // HD > 0: head_dim known at compile time (loops fully unrolled); HD == 0: runtime `hd`.
-template <int HD>
+template <class E, int HD>
 __attribute__((always_inline)) inline void attend_impl(const float* q, const CacheRows& rows, int64_t n, int64_t hd_rt,
                                                        float scale, float* scores, float* out) {
   const int64_t hd = HD > 0 ? HD : hd_rt;
   const int64_t bt = rows.block_tokens;
+  float tmp[HD > 0 ? HD : 512];
   // The first key the query sees (a sliding window starts later), and the
   // block it lies in: blocks before it are not read.
   const int64_t lo = rows.window > 0 ? std::max<int64_t>(0, n - rows.window) : 0;
@@ -329,9 +396,10 @@ __attribute__((always_inline)) inline void attend_impl(const float* q, const Cac
   float mx = -INFINITY;
   for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
     const int64_t first = std::max<int64_t>(lo - j0, 0);
-    const float* k = rows.blocks[b] + rows.k_offset + first * rows.row_stride;
+    const uint8_t* kp = rows.blocks[b] + rows.k_offset + static_cast<std::size_t>(first) * rows.row_stride;
     const int64_t m = std::min(bt, n - j0);
-    for (int64_t j = first; j < m; ++j, k += rows.row_stride) {
+    for (int64_t j = first; j < m; ++j, kp += rows.row_stride) {
+      const float* k = E::row(kp, hd, tmp);
       float s = 0.f;
 #pragma omp simd reduction(+ : s)
       for (int64_t i = 0; i < hd; ++i)
@@ -353,9 +421,10 @@ __attribute__((always_inline)) inline void attend_impl(const float* q, const Cac
     out[i] = 0.f;
   for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
     const int64_t first = std::max<int64_t>(lo - j0, 0);
-    const float* v = rows.blocks[b] + rows.v_offset + first * rows.row_stride;
+    const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rows.row_stride;
     const int64_t m = std::min(bt, n - j0);
-    for (int64_t j = first; j < m; ++j, v += rows.row_stride) {
+    for (int64_t j = first; j < m; ++j, vp += rows.row_stride) {
+      const float* v = E::row(vp, hd, tmp);
       const float a = scores[j0 + j] * inv;
 #pragma omp simd
       for (int64_t i = 0; i < hd; ++i)
@@ -364,30 +433,42 @@ __attribute__((always_inline)) inline void attend_impl(const float* q, const Cac
   }
 }
 
+template <class E>
+inline __attribute__((always_inline)) void attend_typed(const float* q, const CacheRows& rows, int64_t n, int64_t hd,
+                                                        float scale, float* scores, float* out) {
+  switch (hd) {
+    case 8: return attend_impl<E, 8>(q, rows, n, hd, scale, scores, out);
+    case 16: return attend_impl<E, 16>(q, rows, n, hd, scale, scores, out);
+    case 32: return attend_impl<E, 32>(q, rows, n, hd, scale, scores, out);
+    case 64: return attend_impl<E, 64>(q, rows, n, hd, scale, scores, out);
+    case 128: return attend_impl<E, 128>(q, rows, n, hd, scale, scores, out);
+    default: return attend_impl<E, 0>(q, rows, n, hd, scale, scores, out);
+  }
+}
+
 } // namespace
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void attend(const float* q, const CacheRows& rows, int64_t n,
-                                                                          int64_t hd, float scale, float* scores,
-                                                                          float* out) {
-  switch (hd) {
-    case 8: return attend_impl<8>(q, rows, n, hd, scale, scores, out);
-    case 16: return attend_impl<16>(q, rows, n, hd, scale, scores, out);
-    case 32: return attend_impl<32>(q, rows, n, hd, scale, scores, out);
-    case 64: return attend_impl<64>(q, rows, n, hd, scale, scores, out);
-    case 128: return attend_impl<128>(q, rows, n, hd, scale, scores, out);
-    default: return attend_impl<0>(q, rows, n, hd, scale, scores, out);
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void attend(const float* q, const CacheRows& rows,
+                                                                                     int64_t n, int64_t hd, float scale,
+                                                                                     float* scores, float* out) {
+  switch (rows.type) {
+    case WType::bf16: return attend_typed<KvBf16>(q, rows, n, hd, scale, scores, out);
+    case WType::f16: return attend_typed<KvF16>(q, rows, n, hd, scale, scores, out);
+    case WType::q8_0: return attend_typed<KvQ8>(q, rows, n, hd, scale, scores, out);
+    default: return attend_typed<KvF32>(q, rows, n, hd, scale, scores, out);
   }
 }
 
 namespace {
 
-template <int HD>
+template <class E, int HD>
 inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int64_t q_stride, int64_t m,
                                                             const CacheRows& rows, int64_t n0, int64_t hd_rt,
                                                             float scale, float* scores_raw, float* out,
                                                             int64_t out_stride) {
   const int64_t hd = HD > 0 ? HD : hd_rt;
   constexpr int64_t L = attend_group;
+  float tmp[HD > 0 ? HD : 512];
   // Queries transposed: qt[i] holds element i of every row's query, one row a lane.
   v16 qt[HD > 0 ? HD : 256];
   for (int64_t i = 0; i < hd; ++i) {
@@ -411,9 +492,10 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
   v16 mx = v16{} - INFINITY;
   for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
     const int64_t first = std::max<int64_t>(lo - j0, 0);
-    const float* k = rows.blocks[b] + rows.k_offset + first * rows.row_stride;
+    const uint8_t* kp = rows.blocks[b] + rows.k_offset + static_cast<std::size_t>(first) * rows.row_stride;
     const int64_t cnt = std::min(bt, n - j0);
-    for (int64_t j = first; j < cnt; ++j, k += rows.row_stride) {
+    for (int64_t j = first; j < cnt; ++j, kp += rows.row_stride) {
+      const float* k = E::row(kp, hd, tmp);
       v16 acc = v16{};
       for (int64_t i = 0; i < hd; ++i)
         acc += qt[i] * k[i];
@@ -454,10 +536,10 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
         acc[t] = v16{};
       for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
         const int64_t first = std::max<int64_t>(lo - j0, 0);
-        const float* v = rows.blocks[b] + rows.v_offset + c + first * rows.row_stride;
+        const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rows.row_stride;
         const int64_t cnt = std::min(bt, n - j0);
-        for (int64_t j = first; j < cnt; ++j, v += rows.row_stride) {
-          const v16 vj = load16(v);
+        for (int64_t j = first; j < cnt; ++j, vp += rows.row_stride) {
+          const v16 vj = E::get16(vp, c);
           const v16 p = S[j0 + j];
 #pragma GCC unroll 16
           for (int t = 0; t < L; ++t)
@@ -476,9 +558,10 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
     const int64_t nt = n0 + t + 1;
     for (int64_t j0 = b0 * bt, b = b0; j0 < nt; j0 += bt, ++b) {
       const int64_t first = std::max<int64_t>(lo - j0, 0);
-      const float* v = rows.blocks[b] + rows.v_offset + first * rows.row_stride;
+      const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rows.row_stride;
       const int64_t cnt = std::min(bt, nt - j0);
-      for (int64_t j = first; j < cnt; ++j, v += rows.row_stride) {
+      for (int64_t j = first; j < cnt; ++j, vp += rows.row_stride) {
+        const float* v = E::row(vp, hd, tmp);
         const float a = S[j0 + j][t];
 #pragma omp simd
         for (int64_t i = 0; i < hd; ++i)
@@ -488,20 +571,32 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
   }
 }
 
+template <class E>
+inline __attribute__((always_inline)) void attend_rows_typed(const float* q, int64_t q_stride, int64_t m,
+                                                             const CacheRows& rows, int64_t n0, int64_t hd, float scale,
+                                                             float* scores, float* out, int64_t out_stride) {
+  switch (hd) {
+    case 64: return attend_rows_impl<E, 64>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case 128: return attend_rows_impl<E, 128>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case 8: return attend_rows_impl<E, 8>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case 16: return attend_rows_impl<E, 16>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case 32: return attend_rows_impl<E, 32>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    default: return attend_rows_impl<E, 0>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+  }
+}
+
 } // namespace
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void attend_rows(const float* q, int64_t q_stride,
-                                                                               int64_t m, const CacheRows& rows,
-                                                                               int64_t n0, int64_t hd, float scale,
-                                                                               float* scores, float* out,
-                                                                               int64_t out_stride) {
-  switch (hd) {
-    case 64: return attend_rows_impl<64>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
-    case 128: return attend_rows_impl<128>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
-    case 8: return attend_rows_impl<8>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
-    case 16: return attend_rows_impl<16>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
-    case 32: return attend_rows_impl<32>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
-    default: return attend_rows_impl<0>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void attend_rows(const float* q, int64_t q_stride,
+                                                                                          int64_t m, const CacheRows& rows,
+                                                                                          int64_t n0, int64_t hd,
+                                                                                          float scale, float* scores,
+                                                                                          float* out, int64_t out_stride) {
+  switch (rows.type) {
+    case WType::bf16: return attend_rows_typed<KvBf16>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case WType::f16: return attend_rows_typed<KvF16>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    case WType::q8_0: return attend_rows_typed<KvQ8>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+    default: return attend_rows_typed<KvF32>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include "model/formats/wmatrix.hpp"
 
+#include <cstddef>
 #include <cstdint>
 
 namespace strata::model::detail {
@@ -43,19 +44,22 @@ void apply_threads();
 /// Rows up to which matmul_rows is used for a group of rows.
 constexpr int64_t small_rows = 16;
 
-/// Where one attention head finds cached rows: row j of K lives at
-/// blocks[j / block_tokens] + k_offset + (j % block_tokens) * row_stride, V likewise.
+/// Where one attention head finds cached rows: row j of K starts at byte
+/// blocks[j / block_tokens] + k_offset + (j % block_tokens) * row_stride, V
+/// likewise; its head_dim values are of `type` (f32, bf16, f16, or q8_0 blocks
+/// of 32: head_dim a multiple of 32).
 struct CacheRows {
-  const float* const* blocks;
+  const uint8_t* const* blocks;
   int64_t block_tokens;
-  int64_t row_stride;
-  int64_t k_offset;
-  int64_t v_offset;
+  std::size_t row_stride;
+  std::size_t k_offset;
+  std::size_t v_offset;
   /// Sliding window: the query at position p sees keys p' with p - p' < window
   /// (0: every earlier key). Blocks wholly before the window are never read.
   int64_t window = 0;
   /// Scores become softcap * tanh(score / softcap) before the softmax (0: off).
   float softcap = 0.f;
+  WType type = WType::f32;
 };
 
 /// One query head against cached rows 0..n-1 (the query is at position n-1;

@@ -191,7 +191,9 @@ struct Pass {
     float* att = s.ws.att.data();
     const int64_t max_ctx = plan.max_ctx;
     const BlockPool* pool = plan.seqs.front().view.pool;
-    const int64_t k0 = pool->k_offset(l, 0), v0 = pool->v_offset(l, 0);
+    const std::size_t k0 = pool->k_offset(l, 0), v0 = pool->v_offset(l, 0);
+    const WType kv_type = pool->shape().kv_type;
+    const std::size_t row_stride = pool->shape().kv_row_bytes();
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, max_ctx * hd));
     at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> scores;
@@ -202,8 +204,9 @@ struct Pass {
         const Item& w = items[static_cast<std::size_t>(it)];
         const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
         const int64_t g = w.head / group;
-        const detail::CacheRows rows{q.view.blocks_of(l).data(), BlockPool::block_tokens, c.kv_dim(), k0 + g * hd,
-                                     v0 + g * hd, window, softcap};
+        const std::size_t head_at = row_bytes(kv_type, g * hd);
+        const detail::CacheRows rows{q.view.blocks_of(l).data(), BlockPool::block_tokens, row_stride, k0 + head_at,
+                                     v0 + head_at, window, softcap, kv_type};
         const int64_t r = q.row0 + w.t0;
         const float* qp = qkv + r * qkv_stride + w.head * hd;
         float* op = att + r * c.q_dim() + w.head * hd;
@@ -397,6 +400,7 @@ struct Pass {
     float* hb = c.moe() ? nullptr : grow(ws.hb, R * H);
     float* tmp = c.sandwich_norms || c.moe() ? grow(ws.tmp, R * D) : nullptr;
     plan_attention();
+    const WType kv_type = plan.seqs.front().view.pool->shape().kv_type;
     for (int64_t l = 0; l < s.range.count(); ++l) {
       const LayerWeights& lw = s.w.layers[static_cast<std::size_t>(l)];
       const bool local = c.is_local(s.range.first + l);
@@ -424,8 +428,8 @@ struct Pass {
           }
           rope(row, c.n_heads, pos, local);
           rope(row + Q, c.n_kv_heads, pos, local);
-          std::memcpy(q.view.k(l, pos), row + Q, static_cast<std::size_t>(KV) * sizeof(float));
-          std::memcpy(q.view.v(l, pos), row + Q + KV, static_cast<std::size_t>(KV) * sizeof(float));
+          quantize(kv_type, row + Q, q.view.k(l, pos), KV); // f32: a copy
+          quantize(kv_type, row + Q + KV, q.view.v(l, pos), KV);
         }
       });
       attention(l);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -14,13 +15,23 @@ BlockPool::BlockPool(CacheShape shape, int64_t capacity, uint64_t owner)
   if (shape.n_layers <= 0 || shape.kv_dim <= 0)
     throw Error(errc::bad_argument, "a block pool needs layers and a kv width (got " + std::to_string(shape.n_layers) +
                                       " layers, kv_dim " + std::to_string(shape.kv_dim) + ")");
+  const WType t = shape.kv_type;
+  if (t != WType::f32 && t != WType::bf16 && t != WType::f16 && t != WType::q8_0)
+    throw Error(errc::bad_argument, std::string("a KV cache cannot be kept as ") + to_string(t) +
+                                      " (f32, bf16, f16 or q8_0)");
+  if (shape.kv_dim % block_values(t) != 0)
+    throw Error(errc::bad_argument, "a " + std::string(to_string(t)) + " KV cache needs a kv width that is a multiple of " +
+                                      std::to_string(block_values(t)) + " (got " + std::to_string(shape.kv_dim) + ")");
   // Each layer's place in its pool's blocks: global layers in order in this
   // pool, local ones in order in the local pool.
   int64_t global = 0;
   for (int64_t l = 0; l < shape.n_layers; ++l)
     layer_index_.push_back(shape.is_local(l) ? n_local_++ : global++);
+  row_bytes_ = shape.kv_row_bytes();
+  own_block_bytes_ = static_cast<std::size_t>((shape.n_layers - n_local_) * 2 * block_tokens) * row_bytes_ +
+                     static_cast<std::size_t>(block_tokens * shape.out_dim) * sizeof(float);
   if (n_local_ > 0) {
-    CacheShape ls{n_local_, shape.kv_dim, 0, {}, 0};
+    CacheShape ls{n_local_, shape.kv_dim, 0, {}, 0, shape.kv_type};
     local_ = std::make_unique<BlockPool>(std::move(ls), capacity_, owner);
   }
 }
@@ -29,8 +40,12 @@ std::size_t BlockPool::bytes_in_use() const {
   return static_cast<std::size_t>(in_use_) * block_bytes() + (local_ ? local_->bytes_in_use() : 0);
 }
 
+void BlockPool::FreeBytes::operator()(uint8_t* p) const {
+  ::operator delete[](p, std::align_val_t{64});
+}
+
 int64_t BlockPool::blocks_for_budget(CacheShape shape, std::size_t bytes) {
-  const auto per = static_cast<std::size_t>(block_floats(shape)) * sizeof(float);
+  const auto per = block_bytes(shape);
   if (per == 0)
     return 1;
   return std::clamp<int64_t>(static_cast<int64_t>(bytes / per), 1, std::numeric_limits<int32_t>::max());
@@ -51,7 +66,8 @@ int32_t BlockPool::allocate() {
     free_.pop_back();
   } else if (static_cast<int64_t>(storage_.size()) < capacity_) {
     id = static_cast<int32_t>(storage_.size());
-    storage_.emplace_back(new float[static_cast<std::size_t>(std::max<int64_t>(1, block_floats()))]);
+    storage_.emplace_back(static_cast<uint8_t*>(::operator new[](std::max<std::size_t>(64, own_block_bytes_),
+                                                                 std::align_val_t{64})));
     refs_.push_back(0);
     ids_.emplace_back();
     has_id_.push_back(0);

@@ -4,8 +4,10 @@
 //
 // * BlockPool: one per shard, sized by the node's cache budget. A block holds the
 //   keys and values of `block_tokens` positions for every layer of the shard:
-//   (n_layers, 2 = k|v, block_tokens, kv_dim) floats, then, on every shard but
-//   the tail, the shard's output rows for those positions (block_tokens, out_dim):
+//   (n_layers, 2 = k|v, block_tokens) rows of kv_dim values in the pool's KV type
+//   (f32, bf16, f16 or q8_0 blocks: CacheShape::kv_type), then, on every shard
+//   but the tail, the shard's output rows for those positions (block_tokens,
+//   out_dim) in f32:
 //   what it sent the next shard, kept so that a next shard that lost its cache
 //   can be rebuilt without recomputing anything upstream.
 //   Blocks carry reference counts. Storage is allocated on a block's first use and
@@ -33,6 +35,8 @@
 // outside this file knows how a block is laid out beyond what the view says.
 // Torch-free. Not thread-safe: one shard actor owns a pool.
 
+#include "model/formats/quant.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -51,6 +55,11 @@ struct CacheShape {
   /// the shard that attends only to the last `window` positions. Empty: none.
   std::vector<uint8_t> local;
   int64_t window = 0;
+  /// How keys and values are stored: f32, bf16, f16 or q8_0 (kv_dim and every
+  /// head's offset a multiple of 32 for q8_0).
+  WType kv_type = WType::f32;
+  /// Bytes of one key (or value) row.
+  std::size_t kv_row_bytes() const { return row_bytes(kv_type, kv_dim); }
   bool is_local(int64_t layer) const {
     return window > 0 && static_cast<std::size_t>(layer) < local.size() && local[static_cast<std::size_t>(layer)] != 0;
   }
@@ -61,7 +70,8 @@ struct CacheShape {
     return n;
   }
   bool operator==(const CacheShape& o) const {
-    if (n_layers != o.n_layers || kv_dim != o.kv_dim || out_dim != o.out_dim || window != o.window)
+    if (n_layers != o.n_layers || kv_dim != o.kv_dim || out_dim != o.out_dim || window != o.window ||
+        kv_type != o.kv_type)
       return false;
     for (int64_t l = 0; l < n_layers; ++l)
       if (is_local(l) != o.is_local(l))
@@ -91,7 +101,7 @@ public:
   BlockPool& operator=(const BlockPool&) = delete;
 
   /// Bytes of one block (of this pool; the local pool's blocks are counted by it).
-  std::size_t block_bytes() const { return static_cast<std::size_t>(block_floats()) * sizeof(float); }
+  std::size_t block_bytes() const { return own_block_bytes_; }
   /// The pool of the shard's sliding-window layers, or null when it has none.
   BlockPool* local() const { return local_.get(); }
   /// Whether shard layer `layer` lives in local() (the layer map of the shape).
@@ -138,28 +148,43 @@ public:
   /// Cached blocks reclaimed for new contents so far.
   uint64_t reclaimed() const { return reclaimed_; }
 
-  float* data(int32_t block) { return storage_[static_cast<std::size_t>(block)].get(); }
-  const float* data(int32_t block) const { return storage_[static_cast<std::size_t>(block)].get(); }
+  uint8_t* data(int32_t block) { return storage_[static_cast<std::size_t>(block)].get(); }
+  const uint8_t* data(int32_t block) const { return storage_[static_cast<std::size_t>(block)].get(); }
 
-  /// Where position `slot` (0 .. block_tokens-1) of shard layer `layer` starts
-  /// inside its block: a block of local() for a local layer, of this pool otherwise.
-  int64_t k_offset(int64_t layer, int64_t slot) const {
-    return ((index_of(layer) * 2) * block_tokens + slot) * shape_.kv_dim;
+  /// The byte offset where position `slot` (0 .. block_tokens-1) of shard layer
+  /// `layer` starts inside its block: a block of local() for a local layer, of
+  /// this pool otherwise.
+  std::size_t k_offset(int64_t layer, int64_t slot) const {
+    return static_cast<std::size_t>((index_of(layer) * 2) * block_tokens + slot) * row_bytes_;
   }
-  int64_t v_offset(int64_t layer, int64_t slot) const {
-    return ((index_of(layer) * 2 + 1) * block_tokens + slot) * shape_.kv_dim;
+  std::size_t v_offset(int64_t layer, int64_t slot) const {
+    return static_cast<std::size_t>((index_of(layer) * 2 + 1) * block_tokens + slot) * row_bytes_;
   }
-  /// Where the output row of position `slot` starts (shape().out_dim > 0).
-  int64_t out_offset(int64_t slot) const {
-    return (shape_.n_layers - n_local_) * 2 * block_tokens * shape_.kv_dim + slot * shape_.out_dim;
+  /// The byte offset of the (f32) output row of position `slot` (shape().out_dim > 0).
+  std::size_t out_offset(int64_t slot) const {
+    return static_cast<std::size_t>((shape_.n_layers - n_local_) * 2 * block_tokens) * row_bytes_ +
+           static_cast<std::size_t>(slot * shape_.out_dim) * sizeof(float);
   }
-  /// Floats of one block of the main pool and of its local block together.
-  static int64_t block_floats(const CacheShape& s) {
-    return s.n_layers * 2 * block_tokens * s.kv_dim + block_tokens * s.out_dim;
+  /// Bytes of one block of the main pool and of its local block together.
+  static std::size_t block_bytes(const CacheShape& s) {
+    return static_cast<std::size_t>(s.n_layers * 2 * block_tokens) * s.kv_row_bytes() +
+           static_cast<std::size_t>(block_tokens * s.out_dim) * sizeof(float);
+  }
+  /// Bytes per token position: keys and values of every layer (a local layer's
+  /// count as long as the position is in its window), and the kept output row.
+  static std::size_t kv_bytes_per_token(const CacheShape& s) {
+    return static_cast<std::size_t>(s.n_layers * 2) * s.kv_row_bytes();
+  }
+  static std::size_t out_bytes_per_token(const CacheShape& s) {
+    return static_cast<std::size_t>(s.out_dim) * sizeof(float);
   }
 
 private:
-  int64_t block_floats() const { return (shape_.n_layers - n_local_) * 2 * block_tokens * shape_.kv_dim + block_tokens * shape_.out_dim; }
+  struct FreeBytes {
+    void operator()(uint8_t* p) const;
+  };
+  std::size_t row_bytes_ = 0;       // one key or value row
+  std::size_t own_block_bytes_ = 0; // one block of this pool
   int64_t index_of(int64_t layer) const { return layer_index_[static_cast<std::size_t>(layer)]; }
   int64_t n_local_ = 0;
   std::vector<int64_t> layer_index_;  // shard layer -> its place in its pool's blocks
@@ -169,7 +194,7 @@ private:
   int64_t capacity_;
   uint64_t owner_;
   int64_t in_use_ = 0;
-  std::vector<std::unique_ptr<float[]>> storage_; // by block id; null until first use
+  std::vector<std::unique_ptr<uint8_t, FreeBytes>> storage_; // by block id (64-byte aligned); null until first use
   std::vector<int32_t> refs_;
   std::vector<int32_t> free_; // ids with storage, no references, not published
   // Prefix cache: published blocks by id; per block its id (if any) and, when
@@ -186,23 +211,24 @@ private:
 /// What attention needs to read one sequence's cache: block pointers in order.
 struct KVView {
   const BlockPool* pool = nullptr;
-  std::vector<float*> blocks;       ///< data of table[i]
-  std::vector<float*> local_blocks; ///< data of the local table (null: before the window, given back)
+  std::vector<uint8_t*> blocks;       ///< data of table[i]
+  std::vector<uint8_t*> local_blocks; ///< data of the local table (null: before the window, given back)
   int64_t seq_len = 0;
   /// The blocks that hold `layer`'s keys and values.
-  const std::vector<float*>& blocks_of(int64_t layer) const { return pool->is_local(layer) ? local_blocks : blocks; }
-  float* k(int64_t layer, int64_t pos) const {
+  const std::vector<uint8_t*>& blocks_of(int64_t layer) const { return pool->is_local(layer) ? local_blocks : blocks; }
+  /// Where the key (value) row of `layer` at `pos` starts, in the pool's kv_type.
+  uint8_t* k(int64_t layer, int64_t pos) const {
     return blocks_of(layer)[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
            pool->k_offset(layer, pos % BlockPool::block_tokens);
   }
-  float* v(int64_t layer, int64_t pos) const {
+  uint8_t* v(int64_t layer, int64_t pos) const {
     return blocks_of(layer)[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
            pool->v_offset(layer, pos % BlockPool::block_tokens);
   }
   /// The shard's output row of `pos` (pools with an out_dim only).
   float* out(int64_t pos) const {
-    return blocks[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
-           pool->out_offset(pos % BlockPool::block_tokens);
+    return reinterpret_cast<float*>(blocks[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
+                                    pool->out_offset(pos % BlockPool::block_tokens));
   }
 };
 

@@ -66,6 +66,16 @@ namespace {
 std::atomic<uint64_t> next_shard_uid{1};
 } // namespace
 
+WType parse_kv_dtype(const std::string& name, const ModelConfig& cfg) {
+  const auto t = parse_wtype(name);
+  if (!t || (*t != WType::f32 && *t != WType::bf16 && *t != WType::f16 && *t != WType::q8_0))
+    throw Error(errc::bad_argument, "unknown KV cache type '" + name + "' (f32, bf16, f16 or q8_0)");
+  if (*t == WType::q8_0 && cfg.head_dim % 32 != 0)
+    throw Error(errc::bad_argument, "a q8_0 KV cache needs a head_dim that is a multiple of 32; this model's is " +
+                                      std::to_string(cfg.head_dim) + " (use f16 or bf16)");
+  return *t;
+}
+
 Shard::Shard(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
 }
 Shard::~Shard() = default;
@@ -77,6 +87,8 @@ std::unique_ptr<Shard> Shard::load(const std::string& model, LayerRange range, c
   impl->uid = next_shard_uid++;
   impl->cfg = src->config();
   impl->cfg.dtype = detail::resolve_dtype(*src, options.dtype);
+  impl->kv_type = parse_kv_dtype(options.kv_dtype, impl->cfg);
+  impl->cfg.kv_dtype = to_string(impl->kv_type);
   impl->range = range;
   impl->w = detail::load_weights(*src, range, options);
   impl->build_rope();
@@ -96,6 +108,10 @@ const ModelConfig& Shard::config() const {
 
 LayerRange Shard::range() const {
   return impl_->range;
+}
+
+WType Shard::kv_type() const {
+  return impl_->kv_type;
 }
 
 std::size_t Shard::weight_bytes() const {

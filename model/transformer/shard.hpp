@@ -85,6 +85,8 @@ public:
 
   /// The geometry of this shard's cache blocks.
   CacheShape cache_shape() const;
+  /// How this shard's KV cache keeps keys and values (LoadOptions::kv_dtype).
+  WType kv_type() const;
   /// A block pool for this shard holding at most `budget_bytes` of cache.
   std::shared_ptr<BlockPool> new_pool(std::size_t budget_bytes) const;
   /// An empty cache in this shard's own unbounded pool (tools and tests; the
@@ -123,6 +125,10 @@ ModelConfig read_config(const std::string& model);
 
 /// Positions start, start+1, ..., start+n-1.
 std::vector<int64_t> consecutive_positions(int64_t start, int64_t n);
+
+/// The KV cache type named `name` ("f32", "bf16", "f16", "q8_0") for a model of
+/// `cfg`; Error(bad_argument) naming what is wrong otherwise.
+WType parse_kv_dtype(const std::string& name, const ModelConfig& cfg);
 
 /// Names accepted after `builtin:`.
 std::vector<std::string> builtin_model_names();

@@ -34,6 +34,7 @@ struct Shard::Impl {
   LayerRange range;
   detail::ShardWeights w;
   uint64_t uid = 0;
+  WType kv_type = WType::f32; // LoadOptions::kv_dtype
   std::vector<float> rope_cos, rope_sin; // (max_seq_len, head_dim / 2)
   std::vector<float> rope_cos_local, rope_sin_local; // local layers' own base (gemma3), else empty
   Workspace ws;
@@ -41,7 +42,7 @@ struct Shard::Impl {
 
   // Every shard but the tail keeps its output rows beside its keys and values.
   CacheShape cache_shape() const {
-    CacheShape s{range.count(), cfg.kv_dim(), range.last == cfg.n_layers - 1 ? 0 : cfg.dim, {}, 0};
+    CacheShape s{range.count(), cfg.kv_dim(), range.last == cfg.n_layers - 1 ? 0 : cfg.dim, {}, 0, kv_type};
     if (cfg.sliding_window > 0 && cfg.sliding_window < cfg.max_seq_len) {
       s.window = cfg.sliding_window;
       for (int64_t l = range.first; l <= range.last; ++l)

@@ -31,7 +31,7 @@ struct Messages : ::testing::Test {
 };
 
 msg::cache_recipe recipe() {
-  return {"llama", "builtin:tiny", "f32", 5, 2, 8};
+  return {"llama", "builtin:tiny", "f32", "f32", 5, 2, 8};
 }
 
 TEST_F(Messages, TensorBlobCopiesOnceEachWay) {

@@ -128,7 +128,7 @@ TEST(PrefixIds, SipHashMatchesTheReferenceVectors) {
 // Block ids: the same tokens under the same key give the same chain; another
 // key (another head), another recipe or one token changed give other ids.
 TEST(PrefixIds, ChainsDependOnEveryTokenBeforeAndTheKey) {
-  msg::cache_recipe r{"llama", "builtin:tiny", "f32", 5, 2, 8};
+  msg::cache_recipe r{"llama", "builtin:tiny", "f32", "f32", 5, 2, 8};
   actors::PrefixIds a(r, 1, 2), b(r, 3, 4);
   std::vector<int32_t> t(100);
   for (int i = 0; i < 100; ++i)

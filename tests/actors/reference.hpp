@@ -13,8 +13,9 @@ namespace strata::test {
 /// Greedy ids of `model` for `prompt`, n tokens, by single-process stateless
 /// recomputation (no cache, no actors): the reference every cached,
 /// distributed or batched run must equal.
-inline std::vector<int32_t> stateless_ids(const std::string& model, const std::vector<int32_t>& prompt, int64_t n) {
-  runtime::LocalPipeline pipe(model);
+inline std::vector<int32_t> stateless_ids(const std::string& model, const std::vector<int32_t>& prompt, int64_t n,
+                                          const model::LoadOptions& load = {}) {
+  runtime::LocalPipeline pipe(model, load);
   runtime::GenerateRequest req;
   req.prompt_ids = prompt;
   req.max_tokens = n;

@@ -32,7 +32,7 @@ struct Log {
 
 struct SessionPhases : ::testing::Test, test::Deterministic {
   std::shared_ptr<Log> log = std::make_shared<Log>();
-  msg::cache_recipe recipe{"llama", "builtin:tiny", "f32", 5, 2, 8};
+  msg::cache_recipe recipe{"llama", "builtin:tiny", "f32", "f32", 5, 2, 8};
   caf::actor sup_raw, client_raw;
   std::vector<caf::actor> shards_raw;
   msg::session_actor session;

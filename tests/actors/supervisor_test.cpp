@@ -20,7 +20,7 @@ struct SupervisorTest : ::testing::Test, test::Deterministic {
   std::shared_ptr<Log> log = std::make_shared<Log>();
   actors::SupervisorOptions opts{std::chrono::milliseconds(500)};
   msg::supervisor_actor sup = actors::spawn_supervisor(sys, opts);
-  msg::cache_recipe recipe{"llama", "builtin:tiny", "f32", 5, 2, 8};
+  msg::cache_recipe recipe{"llama", "builtin:tiny", "f32", "f32", 5, 2, 8};
   msg::model_facts facts{"llama", "builtin:tiny", 5, 259, 512, 1, {2}, "builtin:bytes"};
   std::vector<msg::shard_actor> none; // route requests avoid no shard
 

@@ -15,6 +15,11 @@
 namespace strata {
 namespace {
 
+// A row of an f32 KV cache.
+const float* f32(const uint8_t* p) {
+  return reinterpret_cast<const float*>(p);
+}
+
 using model::KVCache;
 using model::SeqStep;
 using model::Shard;
@@ -255,8 +260,8 @@ TEST(Batch, ChunkedPrefillEqualsOnePrefill) {
     for (int64_t l = 0; l < s->range().count(); ++l)
       for (int64_t pos = 0; pos < 100; ++pos)
         for (int64_t i = 0; i < kv; ++i) {
-          d = std::max(d, std::abs(a.k(l, pos)[i] - w.k(l, pos)[i]));
-          d = std::max(d, std::abs(a.v(l, pos)[i] - w.v(l, pos)[i]));
+          d = std::max(d, std::abs(f32(a.k(l, pos))[i] - f32(w.k(l, pos))[i]));
+          d = std::max(d, std::abs(f32(a.v(l, pos))[i] - f32(w.v(l, pos))[i]));
         }
     EXPECT_LE(d, 1e-4f) << "cache after chunks of " << chunk;
     // And the next decode step agrees.

@@ -3,11 +3,14 @@
 // grouped attention kernel against the one-row kernel, for the head sizes of
 // the models we run.
 
+#include "model/formats/quant.hpp"
 #include "model/kernels/kernels.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -50,33 +53,71 @@ TEST(Kernels, FewRowProductEqualsPlainLoopsAndIgnoresOtherRows) {
   }
 }
 
-TEST(Kernels, GroupedAttentionEqualsOneRowAttention) {
+// Attention over rows stored in every KV cache type: the grouped kernel equals
+// the one-row kernel, and both equal plain loops over the values the cache
+// stores (each row dequantized: the rounding is the cache's, the math exact).
+TEST(Kernels, GroupedAttentionEqualsOneRowAttentionForEveryKvType) {
   const int64_t bt = 32, blocks = 4;
-  for (int64_t hd : {8, 64, 128}) {
-    const int64_t stride = 2 * hd; // two kv heads side by side
-    std::vector<std::vector<float>> store;
-    std::vector<const float*> ptrs;
-    for (int64_t b = 0; b < blocks; ++b) {
-      store.push_back(random(static_cast<std::size_t>(2 * bt * stride), static_cast<uint32_t>(10 + b)));
-      ptrs.push_back(store.back().data());
-    }
-    const CacheRows rows{ptrs.data(), bt, stride, hd, bt * stride + hd}; // the second kv head
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    for (int64_t m : {2, 7, 16})
-      for (int64_t n0 : {0, 5, 40, 100}) {
-        const int64_t qs = 3 * hd;
-        auto q = random(static_cast<std::size_t>(m * qs), 99);
-        std::vector<float> out(static_cast<std::size_t>(m * qs)), ref(static_cast<std::size_t>(hd));
-        std::vector<float> scores(static_cast<std::size_t>(16 * (n0 + m + 1)));
-        attend_rows(q.data(), qs, m, rows, n0, hd, scale, scores.data(), out.data(), qs);
-        for (int64_t t = 0; t < m; ++t) {
-          attend(q.data() + t * qs, rows, n0 + t + 1, hd, scale, scores.data(), ref.data());
-          for (int64_t i = 0; i < hd; ++i)
-            ASSERT_NEAR(out[static_cast<std::size_t>(t * qs + i)], ref[static_cast<std::size_t>(i)], 1e-5)
-              << "hd " << hd << " m " << m << " n0 " << n0 << " row " << t;
-        }
+  for (WType type : {WType::f32, WType::bf16, WType::f16, WType::q8_0})
+    for (int64_t hd : {8, 64, 128}) {
+      if (type == WType::q8_0 && hd % 32 != 0)
+        continue;
+      SCOPED_TRACE(std::string(to_string(type)) + " hd " + std::to_string(hd));
+      const int64_t kv = 2 * hd; // two kv heads side by side
+      const std::size_t stride = row_bytes(type, kv);
+      std::vector<std::vector<uint8_t>> store;
+      std::vector<const uint8_t*> ptrs;
+      std::vector<float> stored; // what the cache holds, row by row (block, k|v, slot)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const auto x = random(static_cast<std::size_t>(2 * bt * kv), static_cast<uint32_t>(10 + b));
+        store.emplace_back(2 * bt * stride);
+        quantize(type, x.data(), store.back().data(), 2 * bt * kv);
+        std::vector<float> back(x.size());
+        dequantize(type, store.back().data(), back.data(), 2 * bt * kv);
+        stored.insert(stored.end(), back.begin(), back.end());
+        ptrs.push_back(store.back().data());
       }
-  }
+      // The second kv head: keys at slot 0 + hd values in, values after the keys.
+      const std::size_t head_at = row_bytes(type, hd);
+      const CacheRows rows{ptrs.data(), bt, stride, head_at, bt * stride + head_at, 0, 0.f, type};
+      auto key = [&](int64_t j, int64_t i) { return stored[static_cast<std::size_t>(((j / bt) * 2 * bt + j % bt) * kv + hd + i)]; };
+      auto val = [&](int64_t j, int64_t i) {
+        return stored[static_cast<std::size_t>(((j / bt) * 2 * bt + bt + j % bt) * kv + hd + i)];
+      };
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      for (int64_t m : {2, 7, 16})
+        for (int64_t n0 : {0, 5, 40, 100}) {
+          const int64_t qs = 3 * hd;
+          auto q = random(static_cast<std::size_t>(m * qs), 99);
+          std::vector<float> out(static_cast<std::size_t>(m * qs)), ref(static_cast<std::size_t>(hd));
+          std::vector<float> scores(static_cast<std::size_t>(16 * (n0 + m + 1)));
+          attend_rows(q.data(), qs, m, rows, n0, hd, scale, scores.data(), out.data(), qs);
+          for (int64_t t = 0; t < m; ++t) {
+            attend(q.data() + t * qs, rows, n0 + t + 1, hd, scale, scores.data(), ref.data());
+            // Plain loops in double over the stored values.
+            const int64_t n = n0 + t + 1;
+            std::vector<double> p(static_cast<std::size_t>(n));
+            double mx = -1e300, sum = 0;
+            for (int64_t j = 0; j < n; ++j) {
+              double d = 0;
+              for (int64_t i = 0; i < hd; ++i)
+                d += static_cast<double>(q[static_cast<std::size_t>(t * qs + i)]) * key(j, i);
+              p[static_cast<std::size_t>(j)] = d * scale;
+              mx = std::max(mx, d * scale);
+            }
+            for (auto& x : p)
+              sum += (x = std::exp(x - mx));
+            for (int64_t i = 0; i < hd; ++i) {
+              double o = 0;
+              for (int64_t j = 0; j < n; ++j)
+                o += p[static_cast<std::size_t>(j)] / sum * val(j, i);
+              ASSERT_NEAR(ref[static_cast<std::size_t>(i)], o, 1e-4) << "one row, m " << m << " n0 " << n0 << " row " << t;
+              ASSERT_NEAR(out[static_cast<std::size_t>(t * qs + i)], ref[static_cast<std::size_t>(i)], 1e-5)
+                << "grouped, m " << m << " n0 " << n0 << " row " << t;
+            }
+          }
+        }
+    }
 }
 
 } // namespace
