@@ -214,13 +214,7 @@ void dequant_q2_K(const uint8_t* __restrict src, float* __restrict y, int64_t bl
 
 void q3_K_scales(const uint8_t* packed, int8_t out[16]) {
   uint32_t aux[4];
-  std::memcpy(aux, packed, 12);
-  constexpr uint32_t m1 = 0x03030303u, m4 = 0x0f0f0f0fu;
-  const uint32_t tmp = aux[2];
-  aux[2] = ((aux[0] >> 4) & m4) | (((tmp >> 4) & m1) << 4);
-  aux[3] = ((aux[1] >> 4) & m4) | (((tmp >> 6) & m1) << 4);
-  aux[0] = (aux[0] & m4) | (((tmp >> 0) & m1) << 4);
-  aux[1] = (aux[1] & m4) | (((tmp >> 2) & m1) << 4);
+  q3_K_scale_words(packed, aux);
   std::memcpy(out, aux, 16);
   for (int g = 0; g < 16; ++g)
     out[g] = static_cast<int8_t>(out[g] - 32);

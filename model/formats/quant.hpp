@@ -54,6 +54,17 @@ void dequantize(WType t, const uint8_t* src, float* dst, int64_t n);
 /// others (they are read from GGUF files, never produced).
 void quantize(WType t, const float* src, uint8_t* dst, int64_t n);
 
+/// The 16 6-bit scales packed in a q3_K block's 12 scale bytes, one a byte (not
+/// yet minus 32), as four little-endian words.
+inline void q3_K_scale_words(const uint8_t* packed, uint32_t aux[4]) {
+  uint32_t a[3];
+  __builtin_memcpy(a, packed, 12);
+  constexpr uint32_t m1 = 0x03030303u, m4 = 0x0f0f0f0fu;
+  aux[0] = (a[0] & m4) | (((a[2] >> 0) & m1) << 4);
+  aux[1] = (a[1] & m4) | (((a[2] >> 2) & m1) << 4);
+  aux[2] = ((a[0] >> 4) & m4) | (((a[2] >> 4) & m1) << 4);
+  aux[3] = ((a[1] >> 4) & m4) | (((a[2] >> 6) & m1) << 4);
+}
 /// The 16 signed 6-bit scales (minus 32) packed in a q3_K block's 12 scale bytes.
 void q3_K_scales(const uint8_t* packed, int8_t out[16]);
 

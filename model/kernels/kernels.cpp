@@ -314,6 +314,35 @@ void matmul_gemm(const Linear& w, const float* X, float* Y, int64_t M, bool accu
 
 namespace {
 
+// e^x for 16 lanes at once (Cephes' expf: x = k ln2 + r, |r| <= ln2 / 2, a
+// degree-7 polynomial in r, times 2^k), within 2 ulp of expf; 0 below -87.3
+// (so -inf, a masked score, gives exactly 0; so does NaN). Lane by lane a pure function of
+// its input, so a score gets the same weight whichever kernel, lane or batch it
+// is computed in.
+inline __attribute__((always_inline)) v16 exp16(v16 x) {
+  typedef int32_t vi16 __attribute__((vector_size(64)));
+  const v16 lo = v16{} - 87.33654f, hi = v16{} + 88.72283f;
+  const vi16 under = ~(x >= lo); // NaN too (an unused lane's -inf - -inf)
+  x = x >= lo ? x : lo;
+  x = x > hi ? hi : x;
+  // k = round(x / ln2) by the 1.5 * 2^23 trick (|x / ln2| < 2^22).
+  const v16 shifter = v16{} + 12582912.0f;
+  const v16 kf = (x * 1.44269504088896341f + shifter) - shifter;
+  const v16 r = x - kf * 0.693359375f - kf * -2.12194440e-4f;
+  const v16 r2 = r * r;
+  v16 p = v16{} + 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  p = p * r2 + r + 1.0f;
+  const vi16 k = __builtin_convertvector(kf, vi16);
+  const v16 two_k = reinterpret_cast<v16>((k + 127) << 23);
+  const v16 e = p * two_k;
+  return under ? v16{} : e;
+}
+
 // Cached rows in their stored type, read as f32: E::row(p, n, tmp) gives the n
 // values at p as floats (p itself for f32, else converted into tmp); E::get16(p,
 // c) the 16 values from c (c a multiple of 16).
@@ -411,11 +440,25 @@ __attribute__((always_inline)) inline void attend_impl(const float* q, const Cac
       mx = std::max(mx, s);
     }
   }
-  float sum = 0.f;
-  for (int64_t j = lo; j < n; ++j) {
-    scores[j] = std::exp(scores[j] - mx);
-    sum += scores[j];
+  // Softmax weights 16 at a time (a tail padded with -inf: weight 0), summed
+  // in lanes, then across them in a fixed order.
+  v16 sum16 = v16{};
+  int64_t j = lo;
+  for (; j + 16 <= n; j += 16) {
+    const v16 e = exp16(load16(scores + j) - mx);
+    __builtin_memcpy(scores + j, &e, sizeof e);
+    sum16 += e;
   }
+  if (j < n) {
+    float tail[16];
+    for (int t = 0; t < 16; ++t)
+      tail[t] = j + t < n ? scores[j + t] - mx : -INFINITY;
+    const v16 e = exp16(load16(tail));
+    for (int t = 0; j + t < n; ++t)
+      scores[j + t] = e[t];
+    sum16 += e;
+  }
+  const float sum = hsum(sum16);
   const float inv = 1.0f / sum;
   for (int64_t i = 0; i < hd; ++i)
     out[i] = 0.f;
@@ -518,9 +561,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
   }
   v16 sum = v16{};
   for (int64_t j = lo; j < n; ++j) {
-    v16 e;
-    for (int t = 0; t < L; ++t)
-      e[t] = std::exp(S[j][t] - mx[t]);
+    const v16 e = exp16(S[j] - mx);
     S[j] = e;
     sum += e;
   }

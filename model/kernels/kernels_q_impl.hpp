@@ -155,17 +155,16 @@ inline void rows_q8_block(const WMatrix& W, const QuantActs& A, float* Y, int64_
 
 // q4_K: 8 sub-blocks of 32 with 6-bit scales and mins.
 // The twelve packed bytes as eight 6-bit scales (bytes 0-7 of the result) and
-// eight 6-bit mins (bytes 8-15), with 32-bit word operations.
-inline void scales_mins_k4(const uint8_t* q, uint8_t out[16]) {
-  uint32_t u[4];
+// eight 6-bit mins (bytes 8-15), with 32-bit word operations; the words go to
+// the vector from registers (through memory they would stall store forwarding).
+inline __m128i scales_mins_k4(const uint8_t* q) {
+  uint32_t u[3];
   std::memcpy(u, q, 12);
   constexpr uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
-  u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4); // mins 4-7
-  const uint32_t mins03 = u[1] & m6;
-  u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4); // scales 4-7
-  u[2] = mins03;
-  u[0] &= m6; // scales 0-3
-  std::memcpy(out, u, 16);
+  const uint32_t mins47 = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+  const uint32_t scales47 = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
+  return _mm_set_epi32(static_cast<int>(mins47), static_cast<int>(u[1] & m6), static_cast<int>(scales47),
+                       static_cast<int>(u[0] & m6));
 }
 
 // u8 x s8 pairs summed to int16 (maddubs), then int16 pairs times an int16
@@ -208,12 +207,10 @@ inline void rows_q4_K_block(const WMatrix& W, const QuantActs& A, float* Y, int6
         if (m == 0 && ahead)
           for (int l = 0; l < 144; l += 64)
             _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
-        alignas(16) uint8_t sm[16];
-        scales_mins_k4(blk + 4, sm);
+        const __m128i sm = scales_mins_k4(blk + 4);
         // 8 scales as int16, the same in both 128-bit halves; sub-block j's scale
         // is broadcast from it with one byte shuffle.
-        const __m256i sc16 =
-          _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm))));
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
         const uint8_t* qs = blk + 16;
         __m256i tot = _mm256_setzero_si256();
         for (int c = 0; c < 4; ++c) {
@@ -226,7 +223,7 @@ inline void rows_q4_K_block(const WMatrix& W, const QuantActs& A, float* Y, int6
           tot = dot_scaled<VNNI>(tot, hi, av[2 * c + 1], s_hi);
         }
         // Mins times the activation sums of each sub-block of 32.
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8)));
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
         const __m128i mm = _mm_madd_epi16(mins, asum);
         const __m128i m2 = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
         const int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(m2, _mm_shuffle_epi32(m2, 0xb1)));
@@ -351,6 +348,7 @@ inline void rows_q32_block(const WMatrix& W, const QuantActs& A, float* Y, int64
   const uint8_t* row0 = W.row(r);
   const bool ahead = r + 2 * R <= r_end;
   const __m256i table = iq4_table(), bit5 = _mm256_set1_epi8(0x10);
+  const __m256i table_u = _mm256_xor_si256(table, _mm256_set1_epi8(static_cast<char>(0x80))); // K + 128
   for (int64_t m = 0; m < A.rows; ++m) {
     const int8_t* a = A.q.data() + m * A.cols;
     const float* da = A.d.data() + m * nb;
@@ -368,7 +366,9 @@ inline void rows_q32_block(const WMatrix& W, const QuantActs& A, float* Y, int64
           _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
         __m256i q = nibbles32(blk + QS);
         __m256i p;
-        if constexpr (T == WType::iq4_nl) {
+        if constexpr (T == WType::iq4_nl && VNNI) { // K + 128 unsigned: sum K a = sum (K + 128) a - 128 sum a
+          p = _mm256_dpbusd_epi32(_mm256_setr_epi32(-128 * sa[b], 0, 0, 0, 0, 0, 0, 0), _mm256_shuffle_epi8(table_u, q), av);
+        } else if constexpr (T == WType::iq4_nl) {
           p = block_dot<VNNI>(_mm256_shuffle_epi8(table, q), av);
         } else {
           if constexpr (T == WType::q5_0 || T == WType::q5_1) {
@@ -421,10 +421,8 @@ inline void rows_q5_K_block(const WMatrix& W, const QuantActs& A, float* Y, int6
         if (m == 0 && ahead)
           for (int l = 0; l < 176; l += 64)
             _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
-        alignas(16) uint8_t sm[16];
-        scales_mins_k4(blk + 4, sm);
-        const __m256i sc16 =
-          _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm))));
+        const __m128i sm = scales_mins_k4(blk + 4);
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
         const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
         const uint8_t* qs = blk + 48;
         __m256i tot = _mm256_setzero_si256();
@@ -440,7 +438,7 @@ inline void rows_q5_K_block(const WMatrix& W, const QuantActs& A, float* Y, int6
           tot = dot_scaled<VNNI>(tot, lo, av[2 * c], s_lo);
           tot = dot_scaled<VNNI>(tot, hi, av[2 * c + 1], s_hi);
         }
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8)));
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
         const __m128i mm = _mm_madd_epi16(mins, asum);
         const __m128i m2 = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
         const int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(m2, _mm_shuffle_epi32(m2, 0xb1)));
@@ -460,7 +458,9 @@ inline void rows_q5_K_block(const WMatrix& W, const QuantActs& A, float* Y, int6
 // q2_K (2-bit values, 4-bit scale and min per 16) and q3_K (2 bits plus a 3rd
 // bit that is +4, 6-bit signed scale per 16, the -4 through the activation sums
 // of every 16). The 32 values of (h, j) are 128h + 32j + l: the low 16 take
-// group 8h + 2j, the high 16 group 8h + 2j + 1, as q6_K's halves.
+// group 8h + 2j, the high 16 group 8h + 2j + 1, as q6_K's halves. The 16 scales
+// are one vector of int16; each (h, j) pair of them is spread over its halves by
+// one byte shuffle, and the scales (mins) meet the activation sums in one madd.
 template <WType T, bool VNNI, int R>
 inline void rows_q23_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
                              bool accumulate) {
@@ -468,6 +468,11 @@ inline void rows_q23_K_block(const WMatrix& W, const QuantActs& A, float* Y, int
   const int64_t nb = W.cols / 256;
   const std::size_t rb = W.row_bytes();
   const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+  // pick[j]: int16 word 2j in the low half, 2j + 1 in the high half.
+  __m256i pick[4];
+  for (int j = 0; j < 4; ++j)
+    pick[j] = _mm256_set_m128i(_mm_set1_epi16(static_cast<short>((4 * j + 2) | ((4 * j + 3) << 8))),
+                               _mm_set1_epi16(static_cast<short>((4 * j) | ((4 * j + 1) << 8))));
   const uint8_t* row0 = W.row(r);
   const bool ahead = r + 2 * R <= r_end;
   for (int64_t m = 0; m < A.rows; ++m) {
@@ -482,50 +487,55 @@ inline void rows_q23_K_block(const WMatrix& W, const QuantActs& A, float* Y, int
       __m256i av[8];
       for (int j = 0; j < 8; ++j)
         av[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 256 * b + 32 * j));
-      const __m256i s16a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 16 * b));
-      const __m256i s16b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 16 * b + 8));
+      // The 16 activation sums of this block as int16, in order (|sum| <= 2032).
+      const __m256i s16 = _mm256_permute4x64_epi64(
+        _mm256_packs_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 16 * b)),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 16 * b + 8))),
+        0xD8);
       for (int i = 0; i < R; ++i) {
         const uint8_t* blk = row0 + i * rb + b * BB;
         if (m == 0 && ahead)
           for (std::size_t l = 0; l < BB; l += 64)
             _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
-        alignas(16) int8_t sc[16];
         const uint8_t* qs;
-        __m256i hm = _mm256_setzero_si256();
+        __m256i sc16, hm = _mm256_setzero_si256();
+        __m128i raw = _mm_setzero_si128();
         if constexpr (T == WType::q2_K) {
-          const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
-          _mm_store_si128(reinterpret_cast<__m128i*>(sc), _mm_and_si128(raw, _mm_set1_epi8(0x0F)));
+          raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+          sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0F)));
           qs = blk + 16;
         } else {
-          q3_K_scales(blk + 96, sc);
+          uint32_t w[4];
+          q3_K_scale_words(blk + 96, w);
+          const __m128i sc8 =
+            _mm_sub_epi8(_mm_set_epi32(static_cast<int>(w[3]), static_cast<int>(w[2]), static_cast<int>(w[1]),
+                                       static_cast<int>(w[0])),
+                         _mm_set1_epi8(32));
+          sc16 = _mm256_cvtepi8_epi16(sc8);
           hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
           qs = blk + 32;
         }
         __m256i tot = _mm256_setzero_si256();
+        const __m256i halves[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
+                                   _mm256_permute2x128_si256(sc16, sc16, 0x11)};
         for (int h = 0; h < 2; ++h) {
           const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * h));
+          const __m256i half = halves[h];
           for (int j = 0; j < 4; ++j) {
             __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * j), m2);
             if constexpr (T == WType::q3_K) // the 3rd bit set: the value is q, clear: q - 4 (the -4 below)
               q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one), 2));
-            const int g = 8 * h + 2 * j;
-            const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
-            tot = dot_scaled<VNNI>(tot, q, av[4 * h + j], s);
+            tot = dot_scaled<VNNI>(tot, q, av[4 * h + j], _mm256_shuffle_epi8(half, pick[j]));
           }
         }
         if constexpr (T == WType::q2_K) {
           // The mins (high nibbles) times the activation sums of every 16.
-          const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
-          const __m128i mn = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F));
-          const __m256i mn_a = _mm256_cvtepu8_epi32(mn), mn_b = _mm256_cvtepu8_epi32(_mm_srli_si128(mn, 8));
-          const int32_t msum =
-            hsum8i(_mm256_add_epi32(_mm256_mullo_epi32(mn_a, s16a), _mm256_mullo_epi32(mn_b, s16b)));
+          const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
+          const int32_t msum = hsum8i(_mm256_madd_epi16(mn16, s16));
           accv[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk + 80) * da[b]), _mm256_cvtepi32_ps(tot), accv[i]);
           acc[i] -= half_to_float(blk + 82) * da[b] * static_cast<float>(msum);
         } else {
-          const __m256i sc_a = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
-          const __m256i sc_b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8)));
-          const __m256i corr = _mm256_add_epi32(_mm256_mullo_epi32(sc_a, s16a), _mm256_mullo_epi32(sc_b, s16b));
+          const __m256i corr = _mm256_madd_epi16(sc16, s16);
           const __m256i v = _mm256_sub_epi32(tot, _mm256_slli_epi32(corr, 2));
           accv[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk + 108) * da[b]), _mm256_cvtepi32_ps(v), accv[i]);
         }

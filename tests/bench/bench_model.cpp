@@ -318,6 +318,7 @@ double bench_bandwidth(int threads) { // for bench_arch.cpp
 
 int arch_bench_main(int argc, char** argv);    // bench_arch.cpp
 int types_bench_main(int argc, char** argv);   // bench_types.cpp
+int kv_bench_main(int argc, char** argv);      // bench_kv.cpp
 int cluster_bench_main(int argc, char** argv); // bench_cluster.cpp
 int batch_bench_main(int argc, char** argv);   // bench_batch.cpp
 int prefix_bench_main(int argc, char** argv);  // bench_prefix.cpp
@@ -329,6 +330,8 @@ int main(int argc, char** argv) {
     return arch_bench_main(argc, argv);
   if (what == "types")
     return types_bench_main(argc, argv);
+  if (what == "kv")
+    return kv_bench_main(argc, argv);
   if (what == "batch")
     return batch_bench_main(argc, argv);
   if (what == "prefix")

@@ -35,9 +35,9 @@ namespace {
 // FFN 3072), 12 layers, a 32k vocabulary; output tied.
 const Shape dense_shape{"qwen3", "qwen3-types-bench", 1024, 12, 8, 4, 128, 3072, 32768, 4096};
 // Qwen2.5-0.5B: dim 896, 24 layers, 14/2 heads x 64, FFN 4864, q/k/v biases,
-// output tied; the vocabulary cut to 32k (151,936 in the real model) to keep the
-// files small.
-const Shape w896_shape{"qwen2", "qwen2-w896-bench", 896, 24, 14, 2, 64, 4864, 32768, 4096,
+// output tied, a context of 32k; the vocabulary cut to 32k (151,936 in the real
+// model) to keep the files small.
+const Shape w896_shape{"qwen2", "qwen2-w896-bench", 896, 24, 14, 2, 64, 4864, 32768, 32768,
                        0, 0, 0, 0, 0, false, true, false};
 
 // The tensor types a file holds, as "q5_0 x 96, q8_0 x 2, ...".
@@ -54,6 +54,10 @@ std::string type_mix(const std::string& file) {
 }
 
 } // namespace
+
+const Shape& w896_bench_shape() { // for bench_kv.cpp
+  return w896_shape;
+}
 
 int types_bench_main(int argc, char** argv) {
   const fs::path dir = argc > 2 ? argv[2] : "build/bench-models";
