@@ -504,7 +504,9 @@ __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void atte
 
 namespace {
 
-template <class E, int HD>
+// SAME: the m rows are query heads of one position n0 (attend_heads): every lane
+// sees keys 0..n0 (within the window), no causal staircase.
+template <class E, int HD, bool SAME = false>
 inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int64_t q_stride, int64_t m,
                                                             const CacheRows& rows, int64_t n0, int64_t hd_rt,
                                                             float scale, float* scores_raw, float* out,
@@ -520,7 +522,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
       lane[t] = q[t * q_stride + i];
     qt[i] = load16(lane);
   }
-  const int64_t n = n0 + m;
+  const int64_t n = SAME ? n0 + 1 : n0 + m;
   const int64_t bt = rows.block_tokens;
   // Row t (at position n0 + t) sees keys [n0 + t + 1 - window, n0 + t]: the
   // earliest any row sees is row 0's first, and blocks before it are not read.
@@ -547,11 +549,11 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
         for (int t = 0; t < L; ++t)
           acc[t] = cap * std::tanh(acc[t] * inv_cap);
       const int64_t jj = j0 + j;
-      if (jj > n0) { // causal: lane t sees key jj only when jj <= n0 + t
+      if (!SAME && jj > n0) { // causal: lane t sees key jj only when jj <= n0 + t
         const v16 from = v16{} + static_cast<float>(jj - n0);
         acc = lanes >= from ? acc : v16{} - INFINITY;
       }
-      if (w > 0 && jj + w <= n0 + L - 1) { // window: lane t sees key jj only when n0 + t - jj < w
+      if (!SAME && w > 0 && jj + w <= n0 + L - 1) { // window: lane t sees key jj only when n0 + t - jj < w
         const v16 until = v16{} + static_cast<float>(jj - n0 + w - 1);
         acc = lanes <= until ? acc : v16{} - INFINITY;
       }
@@ -596,7 +598,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
     float* o = out + t * out_stride;
     for (int64_t i = 0; i < hd; ++i)
       o[i] = 0.f;
-    const int64_t nt = n0 + t + 1;
+    const int64_t nt = SAME ? n : n0 + t + 1;
     for (int64_t j0 = b0 * bt, b = b0; j0 < nt; j0 += bt, ++b) {
       const int64_t first = std::max<int64_t>(lo - j0, 0);
       const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rows.row_stride;
@@ -638,6 +640,33 @@ __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void atte
     case WType::f16: return attend_rows_typed<KvF16>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
     case WType::q8_0: return attend_rows_typed<KvQ8>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
     default: return attend_rows_typed<KvF32>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+  }
+}
+
+namespace {
+
+template <class E>
+inline __attribute__((always_inline)) void attend_heads_typed(const float* q, int64_t m, const CacheRows& rows, int64_t n,
+                                                              int64_t hd, float scale, float* scores, float* out) {
+  switch (hd) {
+    case 64: return attend_rows_impl<E, 64, true>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
+    case 128: return attend_rows_impl<E, 128, true>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
+    case 32: return attend_rows_impl<E, 32, true>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
+    default: return attend_rows_impl<E, 0, true>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
+  }
+}
+
+} // namespace
+
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void attend_heads(const float* q, int64_t m,
+                                                                                           const CacheRows& rows, int64_t n,
+                                                                                           int64_t hd, float scale,
+                                                                                           float* scores, float* out) {
+  switch (rows.type) {
+    case WType::bf16: return attend_heads_typed<KvBf16>(q, m, rows, n, hd, scale, scores, out);
+    case WType::f16: return attend_heads_typed<KvF16>(q, m, rows, n, hd, scale, scores, out);
+    case WType::q8_0: return attend_heads_typed<KvQ8>(q, m, rows, n, hd, scale, scores, out);
+    default: return attend_heads_typed<KvF32>(q, m, rows, n, hd, scale, scores, out);
   }
 }
 

@@ -77,6 +77,14 @@ void attend_rows(const float* q, int64_t q_stride, int64_t m, const CacheRows& r
                  float scale, float* scores, float* out, int64_t out_stride);
 constexpr int64_t attend_group = 16;
 
+/// Up to 16 query heads of one position that share a kv head (grouped-query
+/// attention at decode), query head t at q + t * head_dim, its output at
+/// out + t * head_dim, against cached rows 0..n-1: each key and value row is
+/// read once for all of them, not once per head. A head's result does not
+/// depend on m. `scores` has room for 16 * n floats.
+void attend_heads(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t head_dim, float scale,
+                  float* scores, float* out);
+
 /// A theoretical-peak probe: multiply-adds per second one thread sustains in
 /// registers (the widest vector unit this CPU has), for benchmarks.
 double fma_rate_per_thread(double seconds);

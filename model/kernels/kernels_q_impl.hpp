@@ -64,92 +64,129 @@ inline __m256i block_dot(__m256i w, __m256i a) {
   return dot_u8s8<VNNI>(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
 }
 
-// R weight rows (r .. r+R-1) against every activation row: the R rows stream
-// from memory side by side (R independent streams keep enough loads in
-// flight), each activation block is loaded once for all R, and the next R rows
-// are prefetched while these compute. Each (row, activation row) pair is
-// reduced in the same order whatever R and M are.
-template <WType T, bool VNNI, int R>
-inline void rows_q8_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                          bool accumulate) {
+// R weight rows (r .. r+R-1) against a tile of MT activation rows (m0 ..
+// m0+MT-1): the R rows stream from memory side by side (R independent streams
+// keep enough loads in flight; the next R rows are prefetched while the first
+// tile computes), and each weight block is loaded, its signs taken and its
+// scales converted once for all MT activation rows; each activation block is
+// loaded once for all R. Each (row, activation row) pair is reduced in the same
+// order whatever R, MT and M are: a row's result does not depend on its batch.
+template <WType T, bool VNNI, int R, int MT>
+inline void rows_q8_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                         int64_t m0, bool accumulate) {
   constexpr std::size_t BB = T == WType::q8_0 ? 34 : 18;
   const int64_t nb = W.cols / 32;
   const std::size_t rb = W.row_bytes();
   const uint8_t* row0 = W.row(r);
-  const bool ahead = r + 2 * R <= r_end;
-  for (int64_t m = 0; m < A.rows; ++m) {
-    const int8_t* a = A.q.data() + m * A.cols;
-    const float* da = A.d.data() + m * nb;
-    const int16_t* sa = A.sums32.data() + m * nb;
-    __m256 acc[R];
-    for (int i = 0; i < R; ++i)
-      acc[i] = _mm256_setzero_ps();
-    // Blocks in groups of 8: the 8 block scales of a row are converted and
-    // multiplied by the activation scales in one vector operation, then read
-    // back one by one as broadcasts from memory (load ports, not ALU ports).
-    // The products and their order are those of the one-block loop below.
-    int64_t b = 0;
-    alignas(32) float sc[R][8];
-    __m256 corr[R]; // q4_0: the -8 sum(a) terms, 8 blocks per vector operation
-    for (int i = 0; i < R; ++i)
-      corr[i] = _mm256_setzero_ps();
-    for (; b + 8 <= nb; b += 8) {
-      const __m256 dav = _mm256_loadu_ps(da + b);
-      __m256 minus8sa = _mm256_setzero_ps();
-      if constexpr (T == WType::q4_0)
-        minus8sa = _mm256_mul_ps(_mm256_set1_ps(-8.f), _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(
-                                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(sa + b)))));
-      for (int i = 0; i < R; ++i) {
-        const uint8_t* blk = row0 + i * rb + b * BB;
-        __m128i h = _mm_setzero_si128();
-        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk), 0);
-        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + BB), 1);
-        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 2 * BB), 2);
-        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 3 * BB), 3);
-        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 4 * BB), 4);
-        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 5 * BB), 5);
-        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 6 * BB), 6);
-        h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 7 * BB), 7);
-        const __m256 s = _mm256_mul_ps(_mm256_cvtph_ps(h), dav);
-        _mm256_store_ps(sc[i], s);
-        if constexpr (T == WType::q4_0)
-          corr[i] = _mm256_fmadd_ps(s, minus8sa, corr[i]);
-      }
-      for (int k = 0; k < 8; ++k) {
-        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * (b + k)));
-        for (int i = 0; i < R; ++i) {
-          const uint8_t* blk = row0 + i * rb + (b + k) * BB;
-          if (m == 0 && ahead && (k & 1) == 0)
-            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
-          __m256i p;
-          if constexpr (T == WType::q8_0)
-            p = block_dot<VNNI>(block_weights<T>(blk), av);
-          else // unsigned nibbles; the -8 sum(a) went into corr above
-            p = dot_u8s8<VNNI>(_mm256_setzero_si256(), block_weights<T>(blk), av);
-          acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[i][k]), _mm256_cvtepi32_ps(p), acc[i]);
+  const bool ahead = m0 == 0 && r + 2 * R <= r_end;
+  const int8_t* a[MT];
+  const float* da[MT];
+  const int16_t* sa[MT];
+  for (int t = 0; t < MT; ++t) {
+    a[t] = A.q.data() + (m0 + t) * A.cols;
+    da[t] = A.d.data() + (m0 + t) * nb;
+    sa[t] = A.sums32.data() + (m0 + t) * nb;
+  }
+  __m256 acc[R][MT];
+  __m256 corr[R][MT]; // q4_0: the -8 sum(a) terms, 8 blocks per vector operation
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < MT; ++t)
+      acc[i][t] = corr[i][t] = _mm256_setzero_ps();
+  // Blocks in groups of 8: the 8 block scales of a row are converted once,
+  // multiplied by each activation row's scales in one vector operation, then
+  // read back one by one as broadcasts from memory (load ports, not ALU ports).
+  // The products and their order are those of the one-block loop below.
+  int64_t b = 0;
+  alignas(32) float sc[R][MT][8];
+  for (; b + 8 <= nb; b += 8) {
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* blk = row0 + i * rb + b * BB;
+      __m128i h = _mm_setzero_si128();
+      h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk), 0);
+      h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + BB), 1);
+      h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 2 * BB), 2);
+      h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 3 * BB), 3);
+      h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 4 * BB), 4);
+      h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 5 * BB), 5);
+      h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 6 * BB), 6);
+      h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(blk + 7 * BB), 7);
+      const __m256 ws = _mm256_cvtph_ps(h);
+      for (int t = 0; t < MT; ++t) {
+        const __m256 s = _mm256_mul_ps(ws, _mm256_loadu_ps(da[t] + b));
+        _mm256_store_ps(sc[i][t], s);
+        if constexpr (T == WType::q4_0) {
+          const __m256 minus8sa = _mm256_mul_ps(
+            _mm256_set1_ps(-8.f),
+            _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sa[t] + b)))));
+          corr[i][t] = _mm256_fmadd_ps(s, minus8sa, corr[i][t]);
         }
       }
     }
-    for (; b < nb; ++b) {
-      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * b));
+    for (int k = 0; k < 8; ++k) {
+      __m256i av[MT];
+      for (int t = 0; t < MT; ++t)
+        av[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t] + 32 * (b + k)));
       for (int i = 0; i < R; ++i) {
-        const uint8_t* blk = row0 + i * rb + b * BB;
-        if (m == 0 && ahead && (b & 1) == 0)
+        const uint8_t* blk = row0 + i * rb + (b + k) * BB;
+        if (ahead && (k & 1) == 0)
           _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
+        const __m256i w = block_weights<T>(blk);
+        if constexpr (T == WType::q8_0) {
+          const __m256i wabs = _mm256_sign_epi8(w, w);
+          for (int t = 0; t < MT; ++t) {
+            const __m256i p = dot_u8s8<VNNI>(_mm256_setzero_si256(), wabs, _mm256_sign_epi8(av[t], w));
+            acc[i][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[i][t][k]), _mm256_cvtepi32_ps(p), acc[i][t]);
+          }
+        } else { // unsigned nibbles; the -8 sum(a) went into corr above
+          for (int t = 0; t < MT; ++t) {
+            const __m256i p = dot_u8s8<VNNI>(_mm256_setzero_si256(), w, av[t]);
+            acc[i][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[i][t][k]), _mm256_cvtepi32_ps(p), acc[i][t]);
+          }
+        }
+      }
+    }
+  }
+  for (; b < nb; ++b) {
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* blk = row0 + i * rb + b * BB;
+      if (ahead && (b & 1) == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
+      const __m256i w = block_weights<T>(blk);
+      const float wd = half_to_float(blk);
+      for (int t = 0; t < MT; ++t) {
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t] + 32 * b));
         __m256i p;
         if constexpr (T == WType::q8_0) {
-          p = block_dot<VNNI>(block_weights<T>(blk), av);
+          p = block_dot<VNNI>(w, av);
         } else { // sum (q - 8) a = sum q a - 8 sum a: unsigned q needs no sign trick
-          p = dot_u8s8<VNNI>(_mm256_setr_epi32(-8 * sa[b], 0, 0, 0, 0, 0, 0, 0), block_weights<T>(blk), av);
+          p = dot_u8s8<VNNI>(_mm256_setr_epi32(-8 * sa[t][b], 0, 0, 0, 0, 0, 0, 0), w, av);
         }
-        acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk) * da[b]), _mm256_cvtepi32_ps(p), acc[i]);
+        acc[i][t] = _mm256_fmadd_ps(_mm256_set1_ps(wd * da[t][b]), _mm256_cvtepi32_ps(p), acc[i][t]);
       }
     }
-    for (int i = 0; i < R; ++i) {
-      const float s = hsum8(_mm256_add_ps(acc[i], corr[i]));
-      float& y = Y[m * ldy + r + i];
+  }
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < MT; ++t) {
+      const float s = hsum8(_mm256_add_ps(acc[i][t], corr[i][t]));
+      float& y = Y[(m0 + t) * ldy + r + i];
       y = accumulate ? y + s : s;
     }
+}
+
+// Every activation row in tiles of up to 4 (VNNI: AVX-512's 32 vector
+// registers hold the 4 x 4 accumulators) or 2 (AVX2).
+template <WType T, bool VNNI, int R>
+inline void rows_q8_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                          bool accumulate) {
+  constexpr int MTMAX = VNNI ? 4 : 2;
+  int64_t m0 = 0;
+  for (; m0 + MTMAX <= A.rows; m0 += MTMAX)
+    rows_q8_tile<T, VNNI, R, MTMAX>(W, A, Y, ldy, r, r_end, m0, accumulate);
+  switch (A.rows - m0) {
+    case 3: return rows_q8_tile<T, VNNI, R, 3>(W, A, Y, ldy, r, r_end, m0, accumulate);
+    case 2: return rows_q8_tile<T, VNNI, R, 2>(W, A, Y, ldy, r, r_end, m0, accumulate);
+    case 1: return rows_q8_tile<T, VNNI, R, 1>(W, A, Y, ldy, r, r_end, m0, accumulate);
+    default: return;
   }
 }
 

@@ -158,12 +158,16 @@ struct Pass {
   }
 
   // Causal grouped-query attention of every row against its own sequence's
-  // cache. A one-row piece (a decode step) is one item per head; a longer piece
-  // is cut into groups of up to 16 rows per head (attend_rows), counted from the
-  // piece's first row, so a row's arithmetic depends only on its own piece.
+  // cache. A one-row piece (a decode step) is one item per kv head: the query
+  // heads that share it, up to 16 at a time (attend_heads: each cached row is
+  // read once for all of them), or one item per head without sharing; a longer
+  // piece is cut into groups of up to 16 rows per head (attend_rows), counted
+  // from the piece's first row, so a row's arithmetic depends only on its own
+  // piece.
   struct Item {
     int32_t seq, head;
     int64_t t0, m;
+    bool heads = false; // m query heads from `head` at one position (a decode step)
   };
   std::vector<Item> items;
 
@@ -173,6 +177,14 @@ struct Pass {
     items.clear();
     for (std::size_t k = 0; k < plan.seqs.size(); ++k) {
       const auto& q = plan.seqs[k];
+      const int64_t share = nh / cfg().n_kv_heads;
+      if (q.rows == 1 && grouped && share > 1) {
+        for (int64_t h0 = 0; h0 < nh; h0 += share)
+          for (int64_t h = h0; h < h0 + share; h += detail::attend_group)
+            items.push_back(Item{static_cast<int32_t>(k), static_cast<int32_t>(h), 0,
+                                 std::min(detail::attend_group, h0 + share - h), true});
+        continue;
+      }
       const int64_t g = q.rows == 1 || !grouped ? 1 : detail::attend_group;
       for (int64_t t0 = 0; t0 < q.rows; t0 += g)
         for (int64_t h = 0; h < nh; ++h)
@@ -211,7 +223,9 @@ struct Pass {
         const float* qp = qkv + r * qkv_stride + w.head * hd;
         float* op = att + r * c.q_dim() + w.head * hd;
         // causal: row t of the piece sees positions 0 .. past + t
-        if (w.m == 1 && q.rows == 1)
+        if (w.heads)
+          detail::attend_heads(qp, w.m, rows, q.past + 1, hd, scale, scores.data(), op);
+        else if (w.m == 1 && q.rows == 1)
           detail::attend(qp, rows, q.past + w.t0 + 1, hd, scale, scores.data(), op);
         else
           detail::attend_rows(qp, qkv_stride, w.m, rows, q.past + w.t0, hd, scale, scores.data(), op, c.q_dim());

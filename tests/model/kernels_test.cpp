@@ -116,6 +116,24 @@ TEST(Kernels, GroupedAttentionEqualsOneRowAttentionForEveryKvType) {
                 << "grouped, m " << m << " n0 " << n0 << " row " << t;
             }
           }
+          // m query heads of one position sharing the kv head (a decode step of
+          // grouped-query attention): each equals the one-row kernel, alone or not.
+          const int64_t n = n0 + 1;
+          std::vector<float> heads(static_cast<std::size_t>(m * hd)), one(static_cast<std::size_t>(hd));
+          std::vector<float> qh(static_cast<std::size_t>(m * hd));
+          for (int64_t t = 0; t < m; ++t)
+            std::copy(q.begin() + t * qs, q.begin() + t * qs + hd, qh.begin() + t * hd);
+          attend_heads(qh.data(), m, rows, n, hd, scale, scores.data(), heads.data());
+          for (int64_t t = 0; t < m; ++t) {
+            attend(qh.data() + t * hd, rows, n, hd, scale, scores.data(), ref.data());
+            attend_heads(qh.data() + t * hd, 1, rows, n, hd, scale, scores.data(), one.data());
+            for (int64_t i = 0; i < hd; ++i) {
+              ASSERT_NEAR(heads[static_cast<std::size_t>(t * hd + i)], ref[static_cast<std::size_t>(i)], 1e-5)
+                << "heads, m " << m << " n " << n << " head " << t;
+              ASSERT_EQ(heads[static_cast<std::size_t>(t * hd + i)], one[static_cast<std::size_t>(i)])
+                << "a head's result depends on the others";
+            }
+          }
         }
     }
 }
