@@ -505,8 +505,9 @@ __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void atte
 namespace {
 
 // SAME: the m rows are query heads of one position n0 (attend_heads): every lane
-// sees keys 0..n0 (within the window), no causal staircase.
-template <class E, int HD, bool SAME = false>
+// sees keys 0..n0 (within the window), no causal staircase. LM: the lanes the
+// value pass computes (m <= LM; the others hold no row).
+template <class E, int HD, bool SAME = false, int LM = attend_group>
 inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int64_t q_stride, int64_t m,
                                                             const CacheRows& rows, int64_t n0, int64_t hd_rt,
                                                             float scale, float* scores_raw, float* out,
@@ -585,7 +586,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
           const v16 vj = E::get16(vp, c);
           const v16 p = S[j0 + j];
 #pragma GCC unroll 16
-          for (int t = 0; t < L; ++t)
+          for (int t = 0; t < LM; ++t)
             acc[t] += p[t] * vj;
         }
       }
@@ -645,15 +646,25 @@ __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void atte
 
 namespace {
 
+// The value pass over as few lanes as hold heads (groups of 2-4, 5-8, 9-16).
+template <class E, int LM>
+inline __attribute__((always_inline)) void attend_heads_lanes(const float* q, int64_t m, const CacheRows& rows, int64_t n,
+                                                              int64_t hd, float scale, float* scores, float* out) {
+  switch (hd) {
+    case 64: return attend_rows_impl<E, 64, true, LM>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
+    case 128: return attend_rows_impl<E, 128, true, LM>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
+    default: return attend_rows_impl<E, 0, true, LM>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
+  }
+}
+
 template <class E>
 inline __attribute__((always_inline)) void attend_heads_typed(const float* q, int64_t m, const CacheRows& rows, int64_t n,
                                                               int64_t hd, float scale, float* scores, float* out) {
-  switch (hd) {
-    case 64: return attend_rows_impl<E, 64, true>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
-    case 128: return attend_rows_impl<E, 128, true>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
-    case 32: return attend_rows_impl<E, 32, true>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
-    default: return attend_rows_impl<E, 0, true>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
-  }
+  if (m <= 4)
+    return attend_heads_lanes<E, 4>(q, m, rows, n, hd, scale, scores, out);
+  if (m <= 8)
+    return attend_heads_lanes<E, 8>(q, m, rows, n, hd, scale, scores, out);
+  return attend_heads_lanes<E, 16>(q, m, rows, n, hd, scale, scores, out);
 }
 
 } // namespace

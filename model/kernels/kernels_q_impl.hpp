@@ -215,65 +215,85 @@ inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i s, __m256i scale16) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scale16));
 }
 
-// R q4_K rows side by side: each activation block of 32 is loaded once for all
-// R; the scale of each sub-block multiplies inside the int16 pair sums.
-template <bool VNNI, int R>
-inline void rows_q4_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                            bool accumulate) {
+// R q4_K rows against a tile of MT activation rows: each weight block's scales
+// are decoded, and each 32 of its nibbles unpacked, once for all MT rows; the
+// scale of each sub-block multiplies inside the int16 pair sums. Per (row,
+// activation row) the integer totals and the float steps are those of a tile
+// of one, so a row's result does not depend on its batch.
+template <bool VNNI, int R, int MT>
+inline void rows_q4_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                           int64_t m0, bool accumulate) {
   const int64_t nb = W.cols / 256;
   const std::size_t rb = W.row_bytes();
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const uint8_t* row0 = W.row(r);
-  const bool ahead = r + 2 * R <= r_end;
-  for (int64_t m = 0; m < A.rows; ++m) {
-    const int8_t* a = A.q.data() + m * A.cols;
-    const float* da = A.d.data() + m * nb;
-    const int16_t* sums32 = A.sums32.data() + m * nb * 8;
-    float acc[R] = {};
-    __m256 accv[R]; // the scaled products, kept in lanes until the row ends
-    for (int i = 0; i < R; ++i)
-      accv[i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const int8_t* ab = a + 256 * b;
-      const __m128i asum = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sums32 + 8 * b));
-      __m256i av[8];
-      for (int j = 0; j < 8; ++j)
-        av[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 32 * j));
-      for (int i = 0; i < R; ++i) {
-        const uint8_t* blk = row0 + i * rb + b * 144;
-        if (m == 0 && ahead)
-          for (int l = 0; l < 144; l += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
-        const __m128i sm = scales_mins_k4(blk + 4);
-        // 8 scales as int16, the same in both 128-bit halves; sub-block j's scale
-        // is broadcast from it with one byte shuffle.
-        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-        const uint8_t* qs = blk + 16;
-        __m256i tot = _mm256_setzero_si256();
-        for (int c = 0; c < 4; ++c) {
-          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
-          const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-          const __m256i s_lo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c) | ((4 * c + 1) << 8))));
-          const __m256i s_hi =
-            _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c + 2) | ((4 * c + 3) << 8))));
-          tot = dot_scaled<VNNI>(tot, lo, av[2 * c], s_lo);
-          tot = dot_scaled<VNNI>(tot, hi, av[2 * c + 1], s_hi);
+  const bool ahead = m0 == 0 && r + 2 * R <= r_end;
+  float acc[R][MT] = {};
+  __m256 accv[R][MT]; // the scaled products, kept in lanes until the row ends
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < MT; ++t)
+      accv[i][t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* blk = row0 + i * rb + b * 144;
+      if (ahead)
+        for (int l = 0; l < 144; l += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
+      const __m128i sm = scales_mins_k4(blk + 4);
+      // 8 scales as int16, the same in both 128-bit halves; sub-block j's scale
+      // is broadcast from it with one byte shuffle.
+      const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+      const uint8_t* qs = blk + 16;
+      __m256i tot[MT];
+      for (int t = 0; t < MT; ++t)
+        tot[t] = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+        const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        const __m256i s_lo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c) | ((4 * c + 1) << 8))));
+        const __m256i s_hi =
+          _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c + 2) | ((4 * c + 3) << 8))));
+        for (int t = 0; t < MT; ++t) {
+          const int8_t* ab = A.q.data() + (m0 + t) * A.cols + 256 * b + 64 * c;
+          tot[t] = dot_scaled<VNNI>(tot[t], lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab)), s_lo);
+          tot[t] = dot_scaled<VNNI>(tot[t], hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 32)), s_hi);
         }
-        // Mins times the activation sums of each sub-block of 32.
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
-        const __m128i mm = _mm_madd_epi16(mins, asum);
+      }
+      // Mins times the activation sums of each sub-block of 32.
+      const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+      const float wd = half_to_float(blk), wdmin = half_to_float(blk + 2);
+      for (int t = 0; t < MT; ++t) {
+        const int16_t* sums32 = A.sums32.data() + (m0 + t) * nb * 8;
+        const __m128i mm = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sums32 + 8 * b)));
         const __m128i m2 = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
         const int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(m2, _mm_shuffle_epi32(m2, 0xb1)));
-        const float d = half_to_float(blk) * da[b], dmin = half_to_float(blk + 2) * da[b];
-        accv[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(tot), accv[i]);
-        acc[i] -= dmin * static_cast<float>(msum);
+        const float da = A.d[static_cast<std::size_t>((m0 + t) * nb + b)];
+        const float d = wd * da, dmin = wdmin * da;
+        accv[i][t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(tot[t]), accv[i][t]);
+        acc[i][t] -= dmin * static_cast<float>(msum);
       }
     }
-    for (int i = 0; i < R; ++i) {
-      const float s = hsum8(accv[i]) + acc[i];
-      float& y = Y[m * ldy + r + i];
+  }
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < MT; ++t) {
+      const float s = hsum8(accv[i][t]) + acc[i][t];
+      float& y = Y[(m0 + t) * ldy + r + i];
       y = accumulate ? y + s : s;
     }
+}
+
+template <bool VNNI, int R>
+inline void rows_q4_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                            bool accumulate) {
+  constexpr int MTMAX = VNNI ? 4 : 2;
+  int64_t m0 = 0;
+  for (; m0 + MTMAX <= A.rows; m0 += MTMAX)
+    rows_q4_K_tile<VNNI, R, MTMAX>(W, A, Y, ldy, r, r_end, m0, accumulate);
+  switch (A.rows - m0) {
+    case 3: return rows_q4_K_tile<VNNI, R, 3>(W, A, Y, ldy, r, r_end, m0, accumulate);
+    case 2: return rows_q4_K_tile<VNNI, R, 2>(W, A, Y, ldy, r, r_end, m0, accumulate);
+    case 1: return rows_q4_K_tile<VNNI, R, 1>(W, A, Y, ldy, r, r_end, m0, accumulate);
+    default: return;
   }
 }
 

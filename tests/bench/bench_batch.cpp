@@ -4,7 +4,9 @@
 // p50/p99 inter-token latency, in one process (one shard actor, --shards 0-23)
 // and across 3 node processes, and through `strata serve` (1 and 8 requests);
 // the time to first token of a 512-token prompt that arrives while 8 sessions
-// decode; and prefill GFLOP/s against this machine's peak.
+// decode; and prefill GFLOP/s against this machine's peak. `batch file PATH`:
+// 1/4/8/16 sessions through one shard over a GGUF file (how its weight types
+// batch).
 
 #include "actors/cluster.hpp"
 #include "messages/session_id.hpp"
@@ -30,6 +32,7 @@ namespace {
 
 const std::string kModel = "builtin:qwen2-0.5b";
 constexpr int64_t kTokens = 32;
+int64_t g_vocab = 150000; // prompts draw ids below this (the file's vocabulary in `batch file`)
 
 using bench::ms_between;
 using bench::pct;
@@ -37,7 +40,7 @@ using bench::pct;
 std::vector<int32_t> prompt_of(int i, int64_t len = 8) {
   std::vector<int32_t> p;
   for (int64_t j = 0; j < len; ++j)
-    p.push_back(static_cast<int32_t>((1000 + 7919 * i + 104729 * j) % 150000));
+    p.push_back(static_cast<int32_t>((1000 + 7919 * i + 104729 * j) % g_vocab));
   return p;
 }
 
@@ -273,6 +276,30 @@ int batch_bench_main(int argc, char** argv) {
     std::printf("## through strata serve (3 node processes)\n\n| requests | total tok/s | vs 1 |\n|---|---|---|\n"
                 "| 1 | %.2f | 1.00x |\n| 8 | %.2f | %.2fx |\n\n",
                 s1, s8, s8 / s1);
+  }
+  if (part == "file") { // one shard over a GGUF file (argv[3]): how its weight types batch
+    if (argc < 4) {
+      std::fprintf(stderr, "usage: strata_bench batch file PATH.gguf\n");
+      return 2;
+    }
+    const std::string file = argv[3];
+    actors::actor_config cfg;
+    caf::actor_system sys{cfg};
+    actors::LocalCluster c(sys, file, {model::LayerRange{0, model::read_config(file).n_layers - 1}});
+    g_vocab = c.config().vocab_size;
+    generate_fn gen = [&](msg::generation_request r, const std::function<void(const msg::token_event&)>& on) {
+      return c.generate(std::move(r), on).ok();
+    };
+    gen(request(prompt_of(0), 4), {}); // warm-up
+    Table t{file.substr(file.find_last_of('/') + 1), {}};
+    stats_fn stats = [&] { return c.stats(); };
+    for (int n : {1, 4, 8, 16})
+      t.rows.emplace_back(n, concurrent(n, gen, stats));
+    std::printf("## one shard over %s (%s)\n\n| where | sessions | total tok/s | vs 1 session | p50 inter-token ms | p99 "
+                "inter-token ms | p50 vs 1 session | rows per round | failed |\n|---|---|---|---|---|---|---|---|---|\n",
+                file.c_str(), c.config().summary().c_str());
+    print(t);
+    return 0;
   }
   if (!tables.empty()) {
     std::printf("## concurrent sessions\n\n| where | sessions | total tok/s | vs 1 session | p50 inter-token ms | p99 "
