@@ -94,13 +94,18 @@ __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void dequ
   }
 }
 
-__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void dequant_q4_K(const uint8_t* __restrict src, float* __restrict y,
-                                                                                int64_t blocks) {
-  for (int64_t b = 0; b < blocks; ++b, src += 144) {
+// q4_K (Q5 false) and q5_K: 8 groups of 32 with 6-bit scale / min pairs; q5_K
+// adds a 5th bit (value l of group g adds 16 when bit g of qh[l] is set).
+template <bool Q5>
+inline __attribute__((always_inline)) void dequant_k45(const uint8_t* __restrict src, float* __restrict y,
+                                                       int64_t blocks) {
+  constexpr std::size_t BB = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
+  for (int64_t b = 0; b < blocks; ++b, src += BB) {
     const float d = half(src);
     const float dmin = half(src + 2);
     const uint8_t* scales = src + 4;
-    const uint8_t* q = src + 16;
+    const uint8_t* qh = src + 16;
+    const uint8_t* q = src + QS;
     for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
       int sc, mn;
       scale_min_k4(j, scales, sc, mn);
@@ -108,11 +113,21 @@ __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void dequ
       scale_min_k4(j + 1, scales, sc, mn);
       const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(mn);
       for (int l = 0; l < 32; ++l)
-        y[l] = d1 * static_cast<float>(q[l] & 0xF) - m1;
+        y[l] = d1 * static_cast<float>((q[l] & 0xF) | (Q5 ? ((qh[l] >> j) & 1) << 4 : 0)) - m1;
       for (int l = 0; l < 32; ++l)
-        y[l + 32] = d2 * static_cast<float>(q[l] >> 4) - m2;
+        y[l + 32] = d2 * static_cast<float>((q[l] >> 4) | (Q5 ? ((qh[l] >> (j + 1)) & 1) << 4 : 0)) - m2;
     }
   }
+}
+
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void dequant_q4_K(const uint8_t* __restrict src, float* __restrict y,
+                                                                                int64_t blocks) {
+  dequant_k45<false>(src, y, blocks);
+}
+
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void dequant_q5_K(const uint8_t* __restrict src, float* __restrict y,
+                                                                                int64_t blocks) {
+  dequant_k45<true>(src, y, blocks);
 }
 
 __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) void dequant_q6_K(const uint8_t* __restrict src, float* __restrict y,
@@ -240,27 +255,6 @@ void dequant_q3_K(const uint8_t* __restrict src, float* __restrict y, int64_t bl
           for (int l = 0; l < 16; ++l)
             y[l] = dl * static_cast<float>(((q[l] >> (2 * j)) & 3) - ((hm[16 * p + l] & bit) ? 0 : 4));
         }
-  }
-}
-
-// q5_K: q4_K plus a 5th bit: value l of group g adds 16 when bit g of qh[l] is set.
-void dequant_q5_K(const uint8_t* __restrict src, float* __restrict y, int64_t blocks) {
-  for (int64_t b = 0; b < blocks; ++b, src += 176) {
-    const float d = half(src), dmin = half(src + 2);
-    const uint8_t* scales = src + 4;
-    const uint8_t* qh = src + 16;
-    const uint8_t* q = src + 48;
-    for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
-      int sc, mn;
-      scale_min_k4(j, scales, sc, mn);
-      const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(mn);
-      scale_min_k4(j + 1, scales, sc, mn);
-      const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(mn);
-      for (int l = 0; l < 32; ++l)
-        y[l] = d1 * static_cast<float>((q[l] & 0xF) | (((qh[l] >> j) & 1) << 4)) - m1;
-      for (int l = 0; l < 32; ++l)
-        y[l + 32] = d2 * static_cast<float>((q[l] >> 4) | (((qh[l] >> (j + 1)) & 1) << 4)) - m2;
-    }
   }
 }
 

@@ -584,7 +584,9 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
         const int64_t cnt = std::min(bt, n - j0);
         for (int64_t j = first; j < cnt; ++j, vp += rows.row_stride) {
           const v16 vj = E::get16(vp, c);
-          const v16 p = S[j0 + j];
+          // Each lane's weight broadcast from memory (a load, folded into the
+          // multiply-add), not extracted from a register (a shuffle each).
+          const float* p = scores_raw + (j0 + j) * L;
 #pragma GCC unroll 16
           for (int t = 0; t < LM; ++t)
             acc[t] += p[t] * vj;

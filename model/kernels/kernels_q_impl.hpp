@@ -220,12 +220,15 @@ inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i s, __m256i scale16) {
 // scale of each sub-block multiplies inside the int16 pair sums. Per (row,
 // activation row) the integer totals and the float steps are those of a tile
 // of one, so a row's result does not depend on its batch.
-template <bool VNNI, int R, int MT>
-inline void rows_q4_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                           int64_t m0, bool accumulate) {
+// Q5 (q5_K): the same with a 5th bit per value (bit g of qh[l] for value l of
+// group g), spread to bit 4 of each unpacked byte.
+template <bool Q5, bool VNNI, int R, int MT>
+inline void rows_q45_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                            int64_t m0, bool accumulate) {
+  constexpr int BB = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
   const int64_t nb = W.cols / 256;
   const std::size_t rb = W.row_bytes();
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   const uint8_t* row0 = W.row(r);
   const bool ahead = m0 == 0 && r + 2 * R <= r_end;
   float acc[R][MT] = {};
@@ -235,21 +238,28 @@ inline void rows_q4_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int64
       accv[i][t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     for (int i = 0; i < R; ++i) {
-      const uint8_t* blk = row0 + i * rb + b * 144;
+      const uint8_t* blk = row0 + i * rb + b * BB;
       if (ahead)
-        for (int l = 0; l < 144; l += 64)
+        for (int l = 0; l < BB; l += 64)
           _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
       const __m128i sm = scales_mins_k4(blk + 4);
       // 8 scales as int16, the same in both 128-bit halves; sub-block j's scale
       // is broadcast from it with one byte shuffle.
       const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-      const uint8_t* qs = blk + 16;
+      const uint8_t* qs = blk + QS;
+      __m256i qh = _mm256_setzero_si256();
+      if constexpr (Q5)
+        qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
       __m256i tot[MT];
       for (int t = 0; t < MT; ++t)
         tot[t] = _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
-        const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if constexpr (Q5) {
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+        }
         const __m256i s_lo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c) | ((4 * c + 1) << 8))));
         const __m256i s_hi =
           _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c + 2) | ((4 * c + 3) << 8))));
@@ -282,17 +292,17 @@ inline void rows_q4_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int64
     }
 }
 
-template <bool VNNI, int R>
-inline void rows_q4_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                            bool accumulate) {
+template <bool Q5, bool VNNI, int R>
+inline void rows_q45_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                             bool accumulate) {
   constexpr int MTMAX = VNNI ? 4 : 2;
   int64_t m0 = 0;
   for (; m0 + MTMAX <= A.rows; m0 += MTMAX)
-    rows_q4_K_tile<VNNI, R, MTMAX>(W, A, Y, ldy, r, r_end, m0, accumulate);
+    rows_q45_K_tile<Q5, VNNI, R, MTMAX>(W, A, Y, ldy, r, r_end, m0, accumulate);
   switch (A.rows - m0) {
-    case 3: return rows_q4_K_tile<VNNI, R, 3>(W, A, Y, ldy, r, r_end, m0, accumulate);
-    case 2: return rows_q4_K_tile<VNNI, R, 2>(W, A, Y, ldy, r, r_end, m0, accumulate);
-    case 1: return rows_q4_K_tile<VNNI, R, 1>(W, A, Y, ldy, r, r_end, m0, accumulate);
+    case 3: return rows_q45_K_tile<Q5, VNNI, R, 3>(W, A, Y, ldy, r, r_end, m0, accumulate);
+    case 2: return rows_q45_K_tile<Q5, VNNI, R, 2>(W, A, Y, ldy, r, r_end, m0, accumulate);
+    case 1: return rows_q45_K_tile<Q5, VNNI, R, 1>(W, A, Y, ldy, r, r_end, m0, accumulate);
     default: return;
   }
 }
@@ -444,68 +454,6 @@ inline void rows_q32_block(const WMatrix& W, const QuantActs& A, float* Y, int64
     }
     for (int i = 0; i < R; ++i) {
       const float s = hsum8(acc[i]) + mins[i];
-      float& y = Y[m * ldy + r + i];
-      y = accumulate ? y + s : s;
-    }
-  }
-}
-
-// q5_K: q4_K with a 5th bit per value (bit g of qh[l] for value l of group g).
-template <bool VNNI, int R>
-inline void rows_q5_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                            bool accumulate) {
-  const int64_t nb = W.cols / 256;
-  const std::size_t rb = W.row_bytes();
-  const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  const uint8_t* row0 = W.row(r);
-  const bool ahead = r + 2 * R <= r_end;
-  for (int64_t m = 0; m < A.rows; ++m) {
-    const int8_t* a = A.q.data() + m * A.cols;
-    const float* da = A.d.data() + m * nb;
-    const int16_t* sums32 = A.sums32.data() + m * nb * 8;
-    float acc[R] = {};
-    __m256 accv[R];
-    for (int i = 0; i < R; ++i)
-      accv[i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const int8_t* ab = a + 256 * b;
-      const __m128i asum = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sums32 + 8 * b));
-      __m256i av[8];
-      for (int j = 0; j < 8; ++j)
-        av[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 32 * j));
-      for (int i = 0; i < R; ++i) {
-        const uint8_t* blk = row0 + i * rb + b * 176;
-        if (m == 0 && ahead)
-          for (int l = 0; l < 176; l += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
-        const __m128i sm = scales_mins_k4(blk + 4);
-        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
-        const uint8_t* qs = blk + 48;
-        __m256i tot = _mm256_setzero_si256();
-        for (int c = 0; c < 4; ++c) {
-          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
-          const __m256i h_lo = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
-          const __m256i h_hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
-          const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h_lo, 4));
-          const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_slli_epi16(h_hi, 4));
-          const __m256i s_lo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c) | ((4 * c + 1) << 8))));
-          const __m256i s_hi =
-            _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<short>((4 * c + 2) | ((4 * c + 3) << 8))));
-          tot = dot_scaled<VNNI>(tot, lo, av[2 * c], s_lo);
-          tot = dot_scaled<VNNI>(tot, hi, av[2 * c + 1], s_hi);
-        }
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
-        const __m128i mm = _mm_madd_epi16(mins, asum);
-        const __m128i m2 = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
-        const int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(m2, _mm_shuffle_epi32(m2, 0xb1)));
-        const float d = half_to_float(blk) * da[b], dmin = half_to_float(blk + 2) * da[b];
-        accv[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(tot), accv[i]);
-        acc[i] -= dmin * static_cast<float>(msum);
-      }
-    }
-    for (int i = 0; i < R; ++i) {
-      const float s = hsum8(accv[i]) + acc[i];
       float& y = Y[m * ldy + r + i];
       y = accumulate ? y + s : s;
     }
@@ -672,7 +620,7 @@ void rows_impl(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int6
     case WType::q4_0:
       return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q8_block<WType::q4_0, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
     case WType::q4_K:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q4_K_block<VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q45_K_block<false, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
     case WType::q6_K:
       return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q6_K_block<VNNI, R>(W, A, Y, ldy, r, r1, acc); });
     case WType::q4_1:
@@ -684,7 +632,7 @@ void rows_impl(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int6
     case WType::iq4_nl:
       return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q32_block<WType::iq4_nl, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
     case WType::q5_K:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q5_K_block<VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q45_K_block<true, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
     case WType::q2_K:
       return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q23_K_block<WType::q2_K, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
     case WType::q3_K:

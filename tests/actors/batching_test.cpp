@@ -52,32 +52,9 @@ void staggered(caf::actor_system& sys, const std::string& model, const std::stri
   std::vector<std::vector<int32_t>> expected(n);
   for (int i = 0; i < n; ++i)
     expected[static_cast<std::size_t>(i)] = stateless_ids(model, prompt_of(i, vocab), len);
-  std::mutex m;
-  std::condition_variable cv;
-  int first_tokens = 0;
-  std::vector<actors::Outcome> outs(n);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i)
-    threads.emplace_back([&, i] {
-      {
-        std::unique_lock lock(m);
-        cv.wait(lock, [&] { return first_tokens >= i; });
-      }
-      outs[static_cast<std::size_t>(i)] = c.generate(request(prompt_of(i, vocab), len, c.config()), [&, i](auto&) {
-        if (i != 0)
-          return;
-        std::lock_guard lock(m);
-        ++first_tokens;
-        cv.notify_all();
-      });
-      if (i == 0) { // whatever happens, nobody waits for more
-        std::lock_guard lock(m);
-        first_tokens = n;
-        cv.notify_all();
-      }
-    });
-  for (auto& t : threads)
-    t.join();
+  const auto outs = test::run_staggered<actors::Outcome>(n, [&](int i, const auto& on_token) {
+    return c.generate(request(prompt_of(i, vocab), len, c.config()), on_token);
+  });
   for (int i = 0; i < n; ++i) {
     auto& o = outs[static_cast<std::size_t>(i)];
     ASSERT_TRUE(o.ok()) << i << ": " << sys.render(o.error);

@@ -3,9 +3,15 @@
 
 #include "runtime/generator.hpp"
 
+#include "messages/messages.hpp"
+
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace strata::test {
@@ -20,6 +26,42 @@ inline std::vector<int32_t> stateless_ids(const std::string& model, const std::v
   req.prompt_ids = prompt;
   req.max_tokens = n;
   return runtime::generate_stateless(pipe, req).ids;
+}
+
+/// Runs n generations on their own threads, generation i starting once
+/// generation 0 has streamed i tokens (a crowd that grows while it decodes);
+/// whatever becomes of generation 0, nobody waits past its end. `run(i,
+/// on_token)` runs generation i, passing on_token every token it streams.
+template <class Outcome>
+std::vector<Outcome> run_staggered(
+  int n, const std::function<Outcome(int, const std::function<void(const msg::token_event&)>&)>& run) {
+  std::mutex m;
+  std::condition_variable cv;
+  int first_tokens = 0;
+  std::vector<Outcome> outs(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      {
+        std::unique_lock lock(m);
+        cv.wait(lock, [&] { return first_tokens >= i; });
+      }
+      outs[static_cast<std::size_t>(i)] = run(i, [&, i](const msg::token_event&) {
+        if (i != 0)
+          return;
+        std::lock_guard lock(m);
+        ++first_tokens;
+        cv.notify_all();
+      });
+      if (i == 0) {
+        std::lock_guard lock(m);
+        first_tokens = n;
+        cv.notify_all();
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  return outs;
 }
 
 /// Every generation ended well and gave its expected ids (index i: outs[i] vs expected[i]).

@@ -14,10 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
-#include <mutex>
-#include <thread>
 
 namespace strata {
 namespace {
@@ -63,41 +60,18 @@ TEST_P(KvDtypes, StaggeredSessionsThroughThreeShardsWithFaultsEqualAlone) {
   opts.load = kv(type);
   opts.scheduler.prefill_chunk = 8;
   LocalCluster c(sys, model, model::parse_layer_ranges("0,1,2"), opts);
-  std::mutex m;
-  std::condition_variable cv;
-  int first_tokens = 0;
-  std::vector<actors::Outcome> outs(n);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i)
-    threads.emplace_back([&, i] {
-      {
-        std::unique_lock lock(m);
-        cv.wait(lock, [&] { return first_tokens >= i; });
-      }
-      std::vector<Injection> faults;
-      if (i == 2)
-        faults.push_back(Injection{Injection::evict, 2, 10, msg::miss_reason::evicted_lru});
-      if (i == 5)
-        faults.push_back(Injection{Injection::kill, 1, 12, {}});
-      msg::generation_request r;
-      r.session = msg::mint_session_id("kv");
-      r.prompt = prompts[static_cast<std::size_t>(i)];
-      r.max_tokens = len;
-      outs[static_cast<std::size_t>(i)] = c.generate(r, faults, [&, i](auto&) {
-        if (i != 0)
-          return;
-        std::lock_guard lock(m);
-        ++first_tokens;
-        cv.notify_all();
-      });
-      if (i == 0) {
-        std::lock_guard lock(m);
-        first_tokens = n;
-        cv.notify_all();
-      }
-    });
-  for (auto& t : threads)
-    t.join();
+  const auto outs = test::run_staggered<actors::Outcome>(n, [&](int i, const auto& on_token) {
+    std::vector<Injection> faults;
+    if (i == 2)
+      faults.push_back(Injection{Injection::evict, 2, 10, msg::miss_reason::evicted_lru});
+    if (i == 5)
+      faults.push_back(Injection{Injection::kill, 1, 12, {}});
+    msg::generation_request r;
+    r.session = msg::mint_session_id("kv");
+    r.prompt = prompts[static_cast<std::size_t>(i)];
+    r.max_tokens = len;
+    return c.generate(r, faults, on_token);
+  });
   test::expect_outcomes(sys, outs, expected);
   EXPECT_GE(outs[2].result.misses[static_cast<std::size_t>(msg::miss_reason::evicted_lru)], 1u)
     << "the eviction reached its session";
