@@ -368,19 +368,40 @@ struct KvBf16 {
     return reinterpret_cast<v16>(__builtin_convertvector(h, u16v) << 16);
   }
 };
+// f16 bits to f32 with integer and float vector operations only (every target
+// clone has them; a _Float16 conversion would be a library call per value on
+// CPUs without AVX-512 FP16): exponent and mantissa shifted into place and
+// rebiased by one exact multiplication (normals and subnormals alike), inf and
+// NaN kept, the sign put back.
+inline __attribute__((always_inline)) v16 f16_to_f32_16(const uint8_t* p) {
+  typedef uint16_t h16 __attribute__((vector_size(32), aligned(2)));
+  typedef uint32_t u16v __attribute__((vector_size(64)));
+  h16 h;
+  __builtin_memcpy(&h, p, sizeof h);
+  const u16v x = __builtin_convertvector(h, u16v);
+  const u16v em = x & 0x7fffu;
+  const v16 scaled = reinterpret_cast<v16>(em << 13) * 0x1p112f;
+  const u16v special = reinterpret_cast<u16v>(em >= 0x7c00u); // inf / NaN: all ones where so
+  const u16v bits = (reinterpret_cast<u16v>(scaled) & ~special) | ((0x7f800000u | ((em & 0x3ffu) << 13)) & special);
+  return reinterpret_cast<v16>(bits | ((x & 0x8000u) << 16));
+}
+
 struct KvF16 {
   static const float* row(const uint8_t* p, int64_t n, float* tmp) {
-    const auto* h = reinterpret_cast<const _Float16*>(p);
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i)
-      tmp[i] = static_cast<float>(h[i]);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const v16 v = f16_to_f32_16(p + 2 * i);
+      __builtin_memcpy(tmp + i, &v, sizeof v);
+    }
+    for (; i < n; ++i) {
+      uint16_t h;
+      __builtin_memcpy(&h, p + 2 * i, 2);
+      tmp[i] = f16_to_f32(h);
+    }
     return tmp;
   }
   static inline __attribute__((always_inline)) v16 get16(const uint8_t* p, int64_t c) {
-    typedef _Float16 f16v __attribute__((vector_size(32), aligned(2)));
-    f16v h;
-    __builtin_memcpy(&h, p + 2 * c, sizeof h);
-    return __builtin_convertvector(h, v16);
+    return f16_to_f32_16(p + 2 * c);
   }
 };
 struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q

@@ -173,22 +173,6 @@ inline void rows_q8_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t
     }
 }
 
-// Every activation row in tiles of up to 4 (VNNI: AVX-512's 32 vector
-// registers hold the 4 x 4 accumulators) or 2 (AVX2).
-template <WType T, bool VNNI, int R>
-inline void rows_q8_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                          bool accumulate) {
-  constexpr int MTMAX = VNNI ? 4 : 2;
-  int64_t m0 = 0;
-  for (; m0 + MTMAX <= A.rows; m0 += MTMAX)
-    rows_q8_tile<T, VNNI, R, MTMAX>(W, A, Y, ldy, r, r_end, m0, accumulate);
-  switch (A.rows - m0) {
-    case 3: return rows_q8_tile<T, VNNI, R, 3>(W, A, Y, ldy, r, r_end, m0, accumulate);
-    case 2: return rows_q8_tile<T, VNNI, R, 2>(W, A, Y, ldy, r, r_end, m0, accumulate);
-    case 1: return rows_q8_tile<T, VNNI, R, 1>(W, A, Y, ldy, r, r_end, m0, accumulate);
-    default: return;
-  }
-}
 
 // q4_K: 8 sub-blocks of 32 with 6-bit scales and mins.
 // The twelve packed bytes as eight 6-bit scales (bytes 0-7 of the result) and
@@ -292,87 +276,85 @@ inline void rows_q45_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int6
     }
 }
 
-template <bool Q5, bool VNNI, int R>
-inline void rows_q45_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                             bool accumulate) {
-  constexpr int MTMAX = VNNI ? 4 : 2;
-  int64_t m0 = 0;
-  for (; m0 + MTMAX <= A.rows; m0 += MTMAX)
-    rows_q45_K_tile<Q5, VNNI, R, MTMAX>(W, A, Y, ldy, r, r_end, m0, accumulate);
-  switch (A.rows - m0) {
-    case 3: return rows_q45_K_tile<Q5, VNNI, R, 3>(W, A, Y, ldy, r, r_end, m0, accumulate);
-    case 2: return rows_q45_K_tile<Q5, VNNI, R, 2>(W, A, Y, ldy, r, r_end, m0, accumulate);
-    case 1: return rows_q45_K_tile<Q5, VNNI, R, 1>(W, A, Y, ldy, r, r_end, m0, accumulate);
-    default: return;
-  }
-}
 
-// q6_K: values (6-bit) - 32 with an int8 scale per 16. R rows side by side as
+// q6_K: values (6-bit) - 32 with an int8 scale per 16. R rows against a tile as
 // q4_K; u8 x s8 pair sums (maddubs: 63 x 127 x 2 fits int16), then each half of
 // 16 times its scale in the int16 pair sums (vpdpwssd); the -32 offset through
 // the activation sums of every 16.
-template <bool VNNI, int R>
-inline void rows_q6_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                            bool accumulate) {
+template <bool VNNI, int R, int MT>
+inline void rows_q6_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                           int64_t m0, bool accumulate) {
   const int64_t nb = W.cols / 256;
   const std::size_t rb = W.row_bytes();
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+  // pick[k]: int16 word 2k in the low half, 2k + 1 in the high half.
+  __m256i pick[4];
+  for (int k = 0; k < 4; ++k)
+    pick[k] = _mm256_set_m128i(_mm_set1_epi16(static_cast<short>((4 * k + 2) | ((4 * k + 3) << 8))),
+                               _mm_set1_epi16(static_cast<short>((4 * k) | ((4 * k + 1) << 8))));
   const uint8_t* row0 = W.row(r);
-  const bool ahead = r + 2 * R <= r_end;
-  for (int64_t m = 0; m < A.rows; ++m) {
-    const int8_t* a = A.q.data() + m * A.cols;
-    const float* da = A.d.data() + m * nb;
-    const int32_t* sums = A.sums.data() + m * nb * 16;
-    __m256 accv[R]; // the scaled products, kept in lanes until the row ends
-    for (int i = 0; i < R; ++i)
-      accv[i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      __m256i av[8];
-      for (int j = 0; j < 8; ++j)
-        av[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 256 * b + 32 * j));
-      const __m256i s16a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 16 * b));
-      const __m256i s16b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 16 * b + 8));
-      for (int i = 0; i < R; ++i) {
-        const uint8_t* blk = row0 + i * rb + b * 210;
-        if (m == 0 && ahead)
-          for (int l = 0; l < 210; l += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
-        const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
-        __m256i tot = _mm256_setzero_si256();
-        for (int n = 0; n < 2; ++n) {
-          const uint8_t* ql = blk + 64 * n;
-          const uint8_t* qh = blk + 128 + 32 * n;
-          const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-          const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-          const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
-          const __m256i q[4] = {
-            _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)),
-            _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4)),
-          };
-          for (int k = 0; k < 4; ++k) {
-            const int g = 8 * n + 2 * k; // values 0-15 of this group: scale g, 16-31: g + 1
-            const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
-            tot = dot_scaled<VNNI>(tot, q[k], av[4 * n + k], s);
+  const bool ahead = m0 == 0 && r + 2 * R <= r_end;
+  __m256 accv[R][MT]; // the scaled products, kept in lanes until the row ends
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < MT; ++t)
+      accv[i][t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* blk = row0 + i * rb + b * 210;
+      if (ahead)
+        for (int l = 0; l < 210; l += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
+      const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+      const __m256i halves[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
+                                 _mm256_permute2x128_si256(sc16, sc16, 0x11)};
+      __m256i tot[MT];
+      for (int t = 0; t < MT; ++t)
+        tot[t] = _mm256_setzero_si256();
+      for (int n = 0; n < 2; ++n) {
+        const uint8_t* ql = blk + 64 * n;
+        const uint8_t* qh = blk + 128 + 32 * n;
+        const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+        const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+        const __m256i q[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)),
+          _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4)),
+        };
+        for (int k = 0; k < 4; ++k) {
+          // values 0-15 of group 8n + 2k: its scale; 16-31: the next one's
+          const __m256i s = _mm256_shuffle_epi8(halves[n], pick[k]);
+          for (int t = 0; t < MT; ++t) {
+            const int8_t* a = A.q.data() + (m0 + t) * A.cols + 256 * b + 32 * (4 * n + k);
+            tot[t] = dot_scaled<VNNI>(tot[t], q[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)), s);
           }
         }
-        // The -32 offset: 32 * sum over groups of 16 of scale x activation sum.
-        const __m256i sc_a = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
-        const __m256i sc_b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8)));
-        const __m256i corr = _mm256_add_epi32(_mm256_mullo_epi32(sc_a, s16a), _mm256_mullo_epi32(sc_b, s16b));
-        const __m256i v = _mm256_sub_epi32(tot, _mm256_slli_epi32(corr, 5));
-        accv[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk + 208) * da[b]), _mm256_cvtepi32_ps(v), accv[i]);
+      }
+      // The -32 offset: 32 * sum over groups of 16 of scale x activation sum.
+      const __m256i sc_a = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
+      const __m256i sc_b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8)));
+      const float wd = half_to_float(blk + 208);
+      for (int t = 0; t < MT; ++t) {
+        const int32_t* sums = A.sums.data() + (m0 + t) * nb * 16 + 16 * b;
+        const __m256i corr =
+          _mm256_add_epi32(_mm256_mullo_epi32(sc_a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums))),
+                           _mm256_mullo_epi32(sc_b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 8))));
+        const __m256i v = _mm256_sub_epi32(tot[t], _mm256_slli_epi32(corr, 5));
+        const float da = A.d[static_cast<std::size_t>((m0 + t) * nb + b)];
+        accv[i][t] = _mm256_fmadd_ps(_mm256_set1_ps(wd * da), _mm256_cvtepi32_ps(v), accv[i][t]);
       }
     }
-    for (int i = 0; i < R; ++i) {
-      const float s = hsum8(accv[i]);
-      float& y = Y[m * ldy + r + i];
+  }
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < MT; ++t) {
+      const float s = hsum8(accv[i][t]);
+      float& y = Y[(m0 + t) * ldy + r + i];
       y = accumulate ? y + s : s;
     }
-  }
 }
 
 // ------------------------------------------------------------ the fallback and mix types
@@ -402,62 +384,75 @@ inline __m256i nibbles32(const uint8_t* p) {
 // The 32-value types beyond q8_0 / q4_0, against q8_0 activations (llama.cpp
 // pairs q4_1 / q5_1 with q8_1: the same values, and their sum times the scale
 // as f16, A.s). Per block: q4_1 / q5_1 d da sum(q a) + m s; q5_0
-// d da (sum(q a) - 16 sum(a)); iq4_nl d da sum(K[q] a). R rows side by side as
-// above; each (row, activation row) pair reduces in one order whatever R is.
-template <WType T, bool VNNI, int R>
-inline void rows_q32_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                           bool accumulate) {
+// d da (sum(q a) - 16 sum(a)); iq4_nl d da sum(K[q] a). R rows side by side
+// against a tile of MT activation rows as above; each (row, activation row) pair
+// reduces in one order whatever R, MT and M are.
+template <WType T, bool VNNI, int R, int MT>
+inline void rows_q32_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
+                          int64_t m0, bool accumulate) {
   constexpr std::size_t BB = T == WType::q4_1 ? 20 : T == WType::q5_0 ? 22 : T == WType::q5_1 ? 24 : 18;
   constexpr bool MIN = T == WType::q4_1 || T == WType::q5_1;
   constexpr std::size_t QS = T == WType::q4_1 ? 4 : T == WType::q5_0 ? 6 : T == WType::q5_1 ? 8 : 2;
   const int64_t nb = W.cols / 32;
   const std::size_t rb = W.row_bytes();
   const uint8_t* row0 = W.row(r);
-  const bool ahead = r + 2 * R <= r_end;
+  const bool ahead = m0 == 0 && r + 2 * R <= r_end;
   const __m256i table = iq4_table(), bit5 = _mm256_set1_epi8(0x10);
   const __m256i table_u = _mm256_xor_si256(table, _mm256_set1_epi8(static_cast<char>(0x80))); // K + 128
-  for (int64_t m = 0; m < A.rows; ++m) {
-    const int8_t* a = A.q.data() + m * A.cols;
-    const float* da = A.d.data() + m * nb;
-    const int16_t* sa = A.sums32.data() + m * nb;
-    const float* s1 = A.s.data() + m * nb;
-    __m256 acc[R];
-    float mins[R] = {};
-    for (int i = 0; i < R; ++i)
-      acc[i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * b));
-      for (int i = 0; i < R; ++i) {
-        const uint8_t* blk = row0 + i * rb + b * BB;
-        if (m == 0 && ahead && (b & 1) == 0)
-          _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
-        __m256i q = nibbles32(blk + QS);
+  __m256 acc[R][MT];
+  float mins[R][MT] = {};
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < MT; ++t)
+      acc[i][t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i av[MT];
+    for (int t = 0; t < MT; ++t)
+      av[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.q.data() + (m0 + t) * A.cols + 32 * b));
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* blk = row0 + i * rb + b * BB;
+      if (ahead && (b & 1) == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
+      // The weights once for the tile: unsigned bytes (the 5th bit in place),
+      // or the table's values (iq4_nl: K + 128 with VNNI, K and |K| without).
+      __m256i q = nibbles32(blk + QS);
+      if constexpr (T == WType::q5_0 || T == WType::q5_1) {
+        uint32_t qh;
+        std::memcpy(&qh, blk + QS - 4, 4);
+        q = _mm256_or_si256(q, _mm256_and_si256(bits_to_bytes(qh), bit5));
+      }
+      __m256i w = q, wabs = q;
+      if constexpr (T == WType::iq4_nl && VNNI) {
+        w = _mm256_shuffle_epi8(table_u, q);
+      } else if constexpr (T == WType::iq4_nl) {
+        w = _mm256_shuffle_epi8(table, q);
+        wabs = _mm256_sign_epi8(w, w);
+      }
+      const float wd = half_to_float(blk);
+      const float wm = MIN ? half_to_float(blk + 2) : 0.f;
+      for (int t = 0; t < MT; ++t) {
+        const int64_t at = (m0 + t) * nb + b;
+        const int16_t sa = A.sums32[static_cast<std::size_t>(at)];
         __m256i p;
-        if constexpr (T == WType::iq4_nl && VNNI) { // K + 128 unsigned: sum K a = sum (K + 128) a - 128 sum a
-          p = _mm256_dpbusd_epi32(_mm256_setr_epi32(-128 * sa[b], 0, 0, 0, 0, 0, 0, 0), _mm256_shuffle_epi8(table_u, q), av);
-        } else if constexpr (T == WType::iq4_nl) {
-          p = block_dot<VNNI>(_mm256_shuffle_epi8(table, q), av);
-        } else {
-          if constexpr (T == WType::q5_0 || T == WType::q5_1) {
-            uint32_t qh;
-            std::memcpy(&qh, blk + QS - 4, 4);
-            q = _mm256_or_si256(q, _mm256_and_si256(bits_to_bytes(qh), bit5));
-          }
-          const __m256i init =
-            T == WType::q5_0 ? _mm256_setr_epi32(-16 * sa[b], 0, 0, 0, 0, 0, 0, 0) : _mm256_setzero_si256();
-          p = dot_u8s8<VNNI>(init, q, av);
-        }
-        acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blk) * da[b]), _mm256_cvtepi32_ps(p), acc[i]);
+        if constexpr (T == WType::iq4_nl && VNNI) // sum K a = sum (K + 128) a - 128 sum a
+          p = _mm256_dpbusd_epi32(_mm256_setr_epi32(-128 * sa, 0, 0, 0, 0, 0, 0, 0), w, av[t]);
+        else if constexpr (T == WType::iq4_nl)
+          p = dot_u8s8<VNNI>(_mm256_setzero_si256(), wabs, _mm256_sign_epi8(av[t], w));
+        else
+          p = dot_u8s8<VNNI>(T == WType::q5_0 ? _mm256_setr_epi32(-16 * sa, 0, 0, 0, 0, 0, 0, 0) : _mm256_setzero_si256(),
+                             q, av[t]);
+        acc[i][t] = _mm256_fmadd_ps(_mm256_set1_ps(wd * A.d[static_cast<std::size_t>(at)]), _mm256_cvtepi32_ps(p),
+                                    acc[i][t]);
         if constexpr (MIN)
-          mins[i] += half_to_float(blk + 2) * s1[b];
+          mins[i][t] += wm * A.s[static_cast<std::size_t>(at)];
       }
     }
-    for (int i = 0; i < R; ++i) {
-      const float s = hsum8(acc[i]) + mins[i];
-      float& y = Y[m * ldy + r + i];
+  }
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < MT; ++t) {
+      const float s = hsum8(acc[i][t]) + mins[i][t];
+      float& y = Y[(m0 + t) * ldy + r + i];
       y = accumulate ? y + s : s;
     }
-  }
 }
 
 // q2_K (2-bit values, 4-bit scale and min per 16) and q3_K (2 bits plus a 3rd
@@ -601,6 +596,23 @@ inline void rows_iq4_xs_block(const WMatrix& W, const QuantActs& A, float* Y, in
   }
 }
 
+// Every activation row in tiles of up to 4 (VNNI: AVX-512's 32 vector
+// registers hold the 4 x 4 accumulators) or 2 (AVX2): f(MT, m0) handles rows
+// m0 .. m0+MT-1 (MT an integral_constant).
+template <bool VNNI, class F>
+inline void by_tiles(int64_t M, F&& f) {
+  constexpr int MTMAX = VNNI ? 4 : 2;
+  int64_t m0 = 0;
+  for (; m0 + MTMAX <= M; m0 += MTMAX)
+    f(std::integral_constant<int, MTMAX>{}, m0);
+  switch (M - m0) {
+    case 3: return f(std::integral_constant<int, 3>{}, m0);
+    case 2: return f(std::integral_constant<int, 2>{}, m0);
+    case 1: return f(std::integral_constant<int, 1>{}, m0);
+    default: return;
+  }
+}
+
 // Rows [r0, r1) four at a time, the rest one at a time: f(R, r) handles rows
 // r .. r+R-1 (R an integral_constant).
 template <class F>
@@ -614,25 +626,47 @@ inline void by_fours(int64_t r0, int64_t r1, F&& f) {
 
 template <bool VNNI>
 void rows_impl(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
+  // Weight rows four at a time, each group against the activation rows in tiles.
+  auto tiled = [&](auto kernel) {
+    by_fours(r0, r1, [&](auto R, int64_t r) {
+      by_tiles<VNNI>(A.rows, [&](auto MT, int64_t m0) { kernel(R, MT, r, m0); });
+    });
+  };
   switch (W.type) {
     case WType::q8_0:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q8_block<WType::q8_0, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
+        rows_q8_tile<WType::q8_0, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
+      });
     case WType::q4_0:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q8_block<WType::q4_0, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
+        rows_q8_tile<WType::q4_0, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
+      });
     case WType::q4_K:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q45_K_block<false, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
-    case WType::q6_K:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q6_K_block<VNNI, R>(W, A, Y, ldy, r, r1, acc); });
-    case WType::q4_1:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q32_block<WType::q4_1, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
-    case WType::q5_0:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q32_block<WType::q5_0, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
-    case WType::q5_1:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q32_block<WType::q5_1, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
-    case WType::iq4_nl:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q32_block<WType::iq4_nl, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
+        rows_q45_K_tile<false, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
+      });
     case WType::q5_K:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q45_K_block<true, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
+        rows_q45_K_tile<true, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
+      });
+    case WType::q6_K:
+      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) { rows_q6_K_tile<VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc); });
+    case WType::q4_1:
+      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
+        rows_q32_tile<WType::q4_1, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
+      });
+    case WType::q5_0:
+      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
+        rows_q32_tile<WType::q5_0, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
+      });
+    case WType::q5_1:
+      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
+        rows_q32_tile<WType::q5_1, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
+      });
+    case WType::iq4_nl:
+      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
+        rows_q32_tile<WType::iq4_nl, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
+      });
     case WType::q2_K:
       return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q23_K_block<WType::q2_K, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
     case WType::q3_K:

@@ -242,21 +242,24 @@ void bench_dtypes(double bw1, double bw2) {
 
 // The product kernel alone, per type, on one ffn_down-shaped matrix of the
 // Qwen2.5-0.5B shape (896 x 4864: its 4864 columns are a multiple of the K
-// types' 256, unlike the 896-column matrices), one activation row. Random
-// blocks with tame scales; reps interleaved across types.
+// types' 256, unlike the 896-column matrices), 1 and 8 activation rows (a
+// decode step alone and in a batch of 8). Random blocks with tame scales;
+// reps interleaved across types.
 void bench_kernels() {
   const int64_t rows = 896, cols = 4864;
+  const int64_t Ms[] = {1, 8};
   struct K {
     model::WType t;
     std::vector<uint8_t> bytes;
     model::detail::WMatrix w;
-    std::vector<double> s[2];
+    std::vector<double> s[2][2]; // [threads - 1][M index]
   };
   std::vector<K> ks;
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.f, 0.05f);
-  for (auto t : {model::WType::f32, model::WType::bf16, model::WType::q8_0, model::WType::q4_0, model::WType::q4_K,
-                 model::WType::q6_K}) {
+  for (auto t : model::all_wtypes) {
+    if (t == model::WType::f16)
+      continue;
     K k;
     k.t = t;
     k.bytes.resize(model::row_bytes(t, cols) * rows);
@@ -265,19 +268,22 @@ void bench_kernels() {
       for (auto& x : v)
         x = nd(rng);
       model::quantize(t, v.data(), k.bytes.data(), rows * cols);
-    } else { // random quants, f16 scales of a sensible size
+    } else { // random quants, every f16 scale field of a sensible size
       for (auto& b : k.bytes)
         b = static_cast<uint8_t>(rng());
       const std::size_t bb = model::block_bytes(t);
-      for (std::size_t at = 0; at < k.bytes.size(); at += bb) {
-        const uint16_t d = model::f32_to_f16(0.001f);
-        if (t == model::WType::q4_K) {
-          std::memcpy(&k.bytes[at], &d, 2);
-          std::memcpy(&k.bytes[at + 2], &d, 2);
-        } else {
-          std::memcpy(&k.bytes[at + 208], &d, 2);
-        }
+      const uint16_t d = model::f32_to_f16(0.001f);
+      std::vector<std::size_t> at; // the block's f16 fields
+      switch (t) {
+        case model::WType::q6_K: at = {208}; break;
+        case model::WType::q2_K: at = {80, 82}; break;
+        case model::WType::q3_K: at = {108}; break;
+        case model::WType::q4_K: case model::WType::q5_K: case model::WType::q4_1: case model::WType::q5_1: at = {0, 2}; break;
+        default: at = {0}; break;
       }
+      for (std::size_t b = 0; b < k.bytes.size(); b += bb)
+        for (auto o : at)
+          std::memcpy(&k.bytes[b + o], &d, 2);
     }
     k.w.type = t;
     k.w.rows = rows;
@@ -285,27 +291,30 @@ void bench_kernels() {
     k.w.data = k.bytes.data();
     ks.push_back(std::move(k));
   }
-  std::vector<float> x(static_cast<std::size_t>(cols)), y(static_cast<std::size_t>(rows));
+  std::vector<float> x(static_cast<std::size_t>(8 * cols)), y(static_cast<std::size_t>(8 * rows));
   for (auto& v : x)
     v = nd(rng) * 20;
   for (int ti = 0; ti < 2; ++ti) {
     model::set_num_threads(ti + 1);
-    for (int rep = 0; rep < 60; ++rep)
-      for (auto& k : ks) {
-        auto t0 = clk::now();
-        model::detail::matmul_rows(k.w, x.data(), y.data(), rows, 1, false);
-        if (rep >= 10)
-          k.s[ti].push_back(seconds_since(t0));
-      }
+    for (int rep = 0; rep < 40; ++rep)
+      for (auto& k : ks)
+        for (int mi = 0; mi < 2; ++mi) {
+          auto t0 = clk::now();
+          model::detail::matmul_rows(k.w, x.data(), y.data(), rows, Ms[mi], false);
+          if (rep >= 5)
+            k.s[ti][mi].push_back(seconds_since(t0));
+        }
   }
-  std::printf("\n## The product kernel alone: 896 x 4864 matrix, one row, median of 50 interleaved reps\n\n");
-  std::printf("| type | MB | threads | us | GB/s | x f32 |\n|---|---|---|---|---|---|\n");
+  std::printf("\n## The product kernel alone: 896 x 4864 matrix, 1 and 8 rows, median of 35 interleaved reps\n\n");
+  std::printf("| type | MB | threads | 1 row us | GB/s | x f32 | 8 rows us | per row vs 1 row |\n"
+              "|---|---|---|---|---|---|---|---|\n");
   for (int ti = 0; ti < 2; ++ti) {
-    const double f32 = median(ks.front().s[ti]);
+    const double f32 = median(ks.front().s[ti][0]);
     for (auto& k : ks) {
-      const double s = median(k.s[ti]);
-      std::printf("| %s | %.2f | %d | %.0f | %.1f | %.2f |\n", model::to_string(k.t), static_cast<double>(k.bytes.size()) / 1e6,
-                  ti + 1, s * 1e6, static_cast<double>(k.bytes.size()) / s / 1e9, f32 / s);
+      const double s1 = median(k.s[ti][0]), s8 = median(k.s[ti][1]);
+      std::printf("| %s | %.2f | %d | %.0f | %.1f | %.2f | %.0f | %.2f |\n", model::to_string(k.t),
+                  static_cast<double>(k.bytes.size()) / 1e6, ti + 1, s1 * 1e6,
+                  static_cast<double>(k.bytes.size()) / s1 / 1e9, f32 / s1, s8 * 1e6, s8 / 8 / s1);
     }
   }
 }
@@ -332,6 +341,11 @@ int main(int argc, char** argv) {
     return types_bench_main(argc, argv);
   if (what == "kv")
     return kv_bench_main(argc, argv);
+  if (what == "kernels") {
+    std::printf("# strata_bench kernels (%u hardware threads)\n", std::thread::hardware_concurrency());
+    bench_kernels();
+    return 0;
+  }
   if (what == "batch")
     return batch_bench_main(argc, argv);
   if (what == "prefix")

@@ -146,6 +146,15 @@ TEST(Cli, GgufFileGeneratesLlamaCppIds) {
   auto q8 = strata("generate --model " + model + " --prompt-ids 1 --dtype q8_0", true);
   EXPECT_EQ(q8.code, 2) << q8.out;
   EXPECT_NE(q8.out.find("GGUF"), std::string::npos) << q8.out;
+  // The KV cache in f16 through shards with faults: the same ids as an f16 cache alone.
+  auto f16 = strata(base + " --kv-dtype f16", true);
+  EXPECT_EQ(f16.code, 0) << f16.out;
+  auto f16_sharded = strata(base + " --kv-dtype f16 --shards 0,1 --inject evict:1@5,kill:0@10", true);
+  EXPECT_EQ(f16_sharded.code, 0) << f16_sharded.out;
+  EXPECT_NE(f16_sharded.out.find(f16.out), std::string::npos) << f16_sharded.out;
+  auto bad_kv = strata("generate --model " + model + " --prompt-ids 1 --kv-dtype q4_0", true);
+  EXPECT_EQ(bad_kv.code, 2) << bad_kv.out;
+  EXPECT_NE(bad_kv.out.find("q4_0"), std::string::npos) << bad_kv.out;
 }
 
 // Loading draws a progress line when stderr is a terminal (run under script(1)
