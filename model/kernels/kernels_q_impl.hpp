@@ -64,6 +64,19 @@ inline __m256i block_dot(__m256i w, __m256i a) {
   return dot_u8s8<VNNI>(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
 }
 
+// The end of a tile: Y[(m0 + t) * ldy + r + i] (=|+=) the sum of lanes[i][t]
+// plus extra[i][t], for every weight row i and activation row t.
+template <int R, int MT>
+inline void store_tile(float* Y, int64_t ldy, int64_t r, int64_t m0, const __m256 (&lanes)[R][MT],
+                       const float (&extra)[R][MT], bool accumulate) {
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < MT; ++t) {
+      const float s = hsum8(lanes[i][t]) + extra[i][t];
+      float& y = Y[(m0 + t) * ldy + r + i];
+      y = accumulate ? y + s : s;
+    }
+}
+
 // R weight rows (r .. r+R-1) against a tile of MT activation rows (m0 ..
 // m0+MT-1): the R rows stream from memory side by side (R independent streams
 // keep enough loads in flight; the next R rows are prefetched while the first
@@ -165,12 +178,11 @@ inline void rows_q8_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t
       }
     }
   }
+  const float none[R][MT] = {};
   for (int i = 0; i < R; ++i)
-    for (int t = 0; t < MT; ++t) {
-      const float s = hsum8(_mm256_add_ps(acc[i][t], corr[i][t]));
-      float& y = Y[(m0 + t) * ldy + r + i];
-      y = accumulate ? y + s : s;
-    }
+    for (int t = 0; t < MT; ++t)
+      acc[i][t] = _mm256_add_ps(acc[i][t], corr[i][t]);
+  store_tile<R, MT>(Y, ldy, r, m0, acc, none, accumulate);
 }
 
 
@@ -268,12 +280,7 @@ inline void rows_q45_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int6
       }
     }
   }
-  for (int i = 0; i < R; ++i)
-    for (int t = 0; t < MT; ++t) {
-      const float s = hsum8(accv[i][t]) + acc[i][t];
-      float& y = Y[(m0 + t) * ldy + r + i];
-      y = accumulate ? y + s : s;
-    }
+  store_tile<R, MT>(Y, ldy, r, m0, accv, acc, accumulate);
 }
 
 
@@ -349,12 +356,8 @@ inline void rows_q6_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int64
       }
     }
   }
-  for (int i = 0; i < R; ++i)
-    for (int t = 0; t < MT; ++t) {
-      const float s = hsum8(accv[i][t]);
-      float& y = Y[(m0 + t) * ldy + r + i];
-      y = accumulate ? y + s : s;
-    }
+  const float none[R][MT] = {};
+  store_tile<R, MT>(Y, ldy, r, m0, accv, none, accumulate);
 }
 
 // ------------------------------------------------------------ the fallback and mix types
@@ -447,12 +450,7 @@ inline void rows_q32_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_
       }
     }
   }
-  for (int i = 0; i < R; ++i)
-    for (int t = 0; t < MT; ++t) {
-      const float s = hsum8(acc[i][t]) + mins[i][t];
-      float& y = Y[(m0 + t) * ldy + r + i];
-      y = accumulate ? y + s : s;
-    }
+  store_tile<R, MT>(Y, ldy, r, m0, acc, mins, accumulate);
 }
 
 // q2_K (2-bit values, 4-bit scale and min per 16) and q3_K (2 bits plus a 3rd

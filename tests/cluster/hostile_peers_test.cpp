@@ -70,7 +70,10 @@ void lost_cluster_case(bool tls) {
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < 3; ++i)
     clients.push_back(std::make_unique<Client>(gen + " --inject freeze:" + std::to_string(i % 2) + "@10"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(tls ? 2500 : 1500));
+  // Every client is mid-generation (its freeze is in place at token 10) before
+  // the cluster dies: a fixed delay let a slow start miss the cluster entirely.
+  for (auto& c : clients)
+    c->p->wait_line("[strata] injected failure", std::chrono::seconds(30));
   kill_all(coordinator, nodes);
   const auto killed = clk::now();
   for (auto& c : clients) {
