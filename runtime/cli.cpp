@@ -196,10 +196,6 @@ int cmd_generate(int argc, char** argv) {
                      sys, coordinator, greq, sopts, inject,
                      [&](const actors::Injection& inj, const std::string& session) {
                        apply_remote_injection(sys, coordinator, inj, session);
-                       static const char* const kinds[] = {"evict", "kill", "epoch", "desync", "dup", "freeze"};
-                       std::fprintf(stderr, "[strata] injected failure %s on hop %lld at token %lld\n",
-                                    kinds[static_cast<int>(inj.kind)], static_cast<long long>(inj.shard),
-                                    static_cast<long long>(inj.at_token));
                      },
                      [&](const msg::token_event& ev) { emit(ev.token); },
                      [&]() -> msg::supervisor_actor { // the coordinator restarted

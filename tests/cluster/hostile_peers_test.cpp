@@ -70,10 +70,10 @@ void lost_cluster_case(bool tls) {
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < 3; ++i)
     clients.push_back(std::make_unique<Client>(gen + " --inject freeze:" + std::to_string(i % 2) + "@10"));
-  // Every client is mid-generation (its freeze is in place at token 10) before
-  // the cluster dies: a fixed delay let a slow start miss the cluster entirely.
-  for (auto& c : clients)
-    c->p->wait_line("[strata] injected failure", std::chrono::seconds(30));
+  // Each client needs about a second to start (the executable's libraries) and
+  // then sits in its 3 s freeze from token 10: 2.5 s after the start all three
+  // are mid-generation even on a loaded machine (1.5 s once missed a client).
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   kill_all(coordinator, nodes);
   const auto killed = clk::now();
   for (auto& c : clients) {
