@@ -630,41 +630,28 @@ void rows_impl(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int6
       by_tiles<VNNI>(A.rows, [&](auto MT, int64_t m0) { kernel(R, MT, r, m0); });
     });
   };
+  // The 32-value families, one template each, the type as a constant.
+  auto q8 = [&](auto T) {
+    tiled([&](auto R, auto MT, int64_t r, int64_t m0) { rows_q8_tile<T(), VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc); });
+  };
+  auto q32 = [&](auto T) {
+    tiled([&](auto R, auto MT, int64_t r, int64_t m0) { rows_q32_tile<T(), VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc); });
+  };
+  auto k45 = [&](auto Q5) {
+    tiled([&](auto R, auto MT, int64_t r, int64_t m0) { rows_q45_K_tile<Q5(), VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc); });
+  };
+  using T = WType;
   switch (W.type) {
-    case WType::q8_0:
-      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
-        rows_q8_tile<WType::q8_0, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
-      });
-    case WType::q4_0:
-      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
-        rows_q8_tile<WType::q4_0, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
-      });
-    case WType::q4_K:
-      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
-        rows_q45_K_tile<false, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
-      });
-    case WType::q5_K:
-      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
-        rows_q45_K_tile<true, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
-      });
+    case T::q8_0: return q8(std::integral_constant<T, T::q8_0>{});
+    case T::q4_0: return q8(std::integral_constant<T, T::q4_0>{});
+    case T::q4_1: return q32(std::integral_constant<T, T::q4_1>{});
+    case T::q5_0: return q32(std::integral_constant<T, T::q5_0>{});
+    case T::q5_1: return q32(std::integral_constant<T, T::q5_1>{});
+    case T::iq4_nl: return q32(std::integral_constant<T, T::iq4_nl>{});
+    case T::q4_K: return k45(std::false_type{});
+    case T::q5_K: return k45(std::true_type{});
     case WType::q6_K:
       return tiled([&](auto R, auto MT, int64_t r, int64_t m0) { rows_q6_K_tile<VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc); });
-    case WType::q4_1:
-      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
-        rows_q32_tile<WType::q4_1, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
-      });
-    case WType::q5_0:
-      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
-        rows_q32_tile<WType::q5_0, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
-      });
-    case WType::q5_1:
-      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
-        rows_q32_tile<WType::q5_1, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
-      });
-    case WType::iq4_nl:
-      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) {
-        rows_q32_tile<WType::iq4_nl, VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc);
-      });
     case WType::q2_K:
       return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q23_K_block<WType::q2_K, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
     case WType::q3_K:
