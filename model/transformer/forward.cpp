@@ -11,6 +11,7 @@
 
 #include "model/base/error.hpp"
 #include "model/formats/quant.hpp"
+#include "model/kernels/attention.hpp"
 #include "model/kernels/kernels.hpp"
 #include "model/transformer/shard_impl.hpp"
 

@@ -4,6 +4,7 @@
 // the models we run.
 
 #include "model/formats/quant.hpp"
+#include "model/kernels/attention.hpp"
 #include "model/kernels/kernels.hpp"
 
 #include <gtest/gtest.h>

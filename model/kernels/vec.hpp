@@ -1,0 +1,33 @@
+#pragma once
+// Internal to model/kernels: GCC vector types the compiler maps onto AVX-512,
+// AVX2 or SSE, whichever the function being compiled targets.
+
+#include <cstdint>
+
+namespace strata::model::detail {
+
+// A 64-byte vector of floats; the compiler maps it onto AVX-512, AVX2 or SSE.
+typedef float v16 __attribute__((vector_size(64)));
+// The same, for memory that may not be 64-byte aligned.
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+
+inline __attribute__((always_inline)) v16 load16(const float* p) {
+  v16 v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+// A fixed pairwise order, so every row reduces the same way: lanes i and i+8,
+// then i and i+4, i and i+2, i and i+1.
+inline __attribute__((always_inline)) float hsum(v16 v) {
+  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  const float c0 = b[0] + b[2], c1 = b[1] + b[3];
+  return c0 + c1;
+}
+
+} // namespace strata::model::detail
