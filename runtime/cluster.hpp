@@ -79,8 +79,10 @@ int run_inject(int argc, char** argv);
 /// Connects to a coordinator and returns its supervisor. Throws model::Error(io).
 /// Uses TLS when the system was configured with it.
 msg::supervisor_actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep);
-/// The same without throwing.
-caf::expected<msg::supervisor_actor> try_connect(caf::actor_system& sys, const Endpoint& ep);
+/// The same without throwing; gives up (sec::request_timeout) when the TCP, TLS
+/// and BASP handshakes have not completed `within`.
+caf::expected<msg::supervisor_actor> try_connect(caf::actor_system& sys, const Endpoint& ep,
+                                                 std::chrono::milliseconds within = std::chrono::milliseconds(10000));
 /// After a coordinator restart: tries to connect every 200 ms until `within` has
 /// passed; returns the new supervisor, or an invalid handle.
 msg::supervisor_actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep,

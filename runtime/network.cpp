@@ -10,6 +10,7 @@
 
 #include <caf/openssl/all.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
@@ -68,16 +69,29 @@ void end_process(int code) {
   std::_Exit(code);
 }
 
-caf::expected<msg::supervisor_actor> try_connect(caf::actor_system& sys, const Endpoint& ep) {
-  if (sys.has_openssl_manager())
-    return caf::openssl::remote_actor<msg::supervisor_actor>(sys, ep.host, ep.port);
-  return sys.middleman().remote_actor<msg::supervisor_actor>(ep.host, ep.port);
+caf::expected<msg::supervisor_actor> try_connect(caf::actor_system& sys, const Endpoint& ep,
+                                                 std::chrono::milliseconds within) {
+  // CAF's remote_actor waits for the TLS and BASP handshakes without a limit: a
+  // coordinator that accepts the connection but never completes them would hold
+  // this process forever. The same request to the middleman, with a deadline.
+  auto mm = sys.has_openssl_manager() ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
+  auto f = caf::make_function_view(mm, caf::duration{within});
+  auto x = f(caf::connect_atom_v, ep.host, ep.port);
+  if (!x)
+    return std::move(x.error());
+  auto& [nid, ptr, ifs] = *x;
+  if (!ptr)
+    return caf::sec::no_actor_published_at_port;
+  if (!sys.assignable(ifs, sys.message_types<msg::supervisor_actor>()))
+    return caf::sec::unexpected_actor_messaging_interface;
+  return caf::actor_cast<msg::supervisor_actor>(std::move(ptr));
 }
 
 msg::supervisor_actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep, std::chrono::milliseconds within) {
   const auto deadline = std::chrono::steady_clock::now() + within;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (auto sup = try_connect(sys, ep)) {
+  for (auto now = std::chrono::steady_clock::now(); now < deadline; now = std::chrono::steady_clock::now()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+    if (auto sup = try_connect(sys, ep, std::max(left, std::chrono::milliseconds(100)))) {
       spawn_peer_connector(sys, *sup);
       return *sup;
     }
@@ -88,10 +102,22 @@ msg::supervisor_actor reconnect_coordinator(caf::actor_system& sys, const Endpoi
 }
 
 msg::supervisor_actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep) {
-  auto sup = try_connect(sys, ep);
-  if (!sup)
+  // A handshake that stalls (the coordinator accepted but never answered) is
+  // tried again on a fresh connection, three times in all; a refusal is final.
+  auto sup = try_connect(sys, ep, 5s);
+  for (int attempt = 1; attempt < 3 && !sup && sup.error() == caf::sec::request_timeout; ++attempt) {
+    log::warn("the coordinator at " + ep.host + ":" + std::to_string(ep.port) +
+              " accepted the connection but did not complete the handshake within 5 s; trying again");
+    sup = try_connect(sys, ep, 5s);
+  }
+  if (!sup) {
+    const bool timeout = sup.error() == caf::sec::request_timeout;
     throw model::Error(model::errc::io, "cannot reach the coordinator at " + ep.host + ":" + std::to_string(ep.port) +
-                                          ": " + sys.render(sup.error()));
+                                          ": " +
+                                          (timeout ? std::string("it accepted the connection but did not complete the "
+                                                                 "handshake within 5 s, three times")
+                                                   : sys.render(sup.error())));
+  }
   spawn_peer_connector(sys, *sup); // direct connections to the shard nodes
   return *sup;
 }

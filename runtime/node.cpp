@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <pthread.h>
+#include <thread>
 #include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -37,7 +38,7 @@ namespace {
 std::atomic<int> node_exit_code{0};
 
 // Blocks SIGINT/SIGTERM in this thread (and every thread started later), so that
-// the main thread can wait for them with sigwait.
+// one thread can wait for them with sigwait.
 sigset_t block_stop_signals() {
   sigset_t set;
   sigemptyset(&set);
@@ -47,10 +48,12 @@ sigset_t block_stop_signals() {
   return set;
 }
 
-// Ends the node from any thread: main wakes from sigwait.
+pthread_t signal_thread;
+
+// Ends the node from any thread: the signal thread wakes from sigwait.
 void stop_node(int code) {
   node_exit_code = code;
-  ::kill(::getpid(), SIGTERM);
+  ::pthread_kill(signal_thread, SIGTERM);
 }
 
 // ---------------------------------------------------------------- incarnations
@@ -302,6 +305,28 @@ int run_node(int argc, char** argv) {
     ::unsetenv(waiter_env);
     run_waiter(); // returns in each new worker
   }
+  // The stop signals are blocked before any other thread exists (the math pools
+  // that loading starts, CAF's), so every thread inherits the block and only the
+  // signal thread takes them: a SIGTERM that a pool thread took would end the
+  // process by the signal instead of with the node's exit code. Loading can be
+  // interrupted too. A node holds no state worth saving (sessions re-prefill
+  // elsewhere), and CAF keeps actors that peers have seen alive in its registry,
+  // so ~actor_system would wait for them forever: the node ends by ending the
+  // process, which closes its sockets.
+  const sigset_t stop_signals = block_stop_signals();
+  std::thread stopper([stop_signals, argv] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (sig == SIGINT)
+      log::info("stopping (interrupted)");
+    if (node_exit_code.load() == reincarnate_code)
+      reincarnate(argv);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(node_exit_code.load());
+  });
+  signal_thread = stopper.native_handle();
+  stopper.detach();
   Args a;
   a.option("listen", "HOST:PORT", "address to listen on (port 0: any free port)")
     .option("coordinator", "", "host the route supervisor (no model needed)")
@@ -372,7 +397,6 @@ int run_node(int argc, char** argv) {
   if (!coordinator)
     shard = model::Shard::load(a.required("model"), range, load_options_from(a));
 
-  const sigset_t stop_signals = block_stop_signals();
   cluster_config cfg{live, tls};
   caf::actor_system sys{cfg};
   msg::supervisor_actor supervisor;
@@ -424,18 +448,8 @@ int run_node(int argc, char** argv) {
     helper = sys.spawn(registrar, respawn, join, range, msg::cache_recipe::of(shard->config()),
                        msg::model_facts::of(shard->config()), advertise);
   }
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
-  // A node holds no state worth saving (sessions re-prefill elsewhere), and CAF
-  // keeps actors that peers have seen alive in its registry, so ~actor_system
-  // would wait for them forever: close the sockets by ending the process.
-  if (sig == SIGINT)
-    log::info("stopping (interrupted)");
-  if (node_exit_code.load() == reincarnate_code)
-    reincarnate(argv);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  std::_Exit(node_exit_code.load());
+  for (;;)
+    ::pause(); // the signal thread ends the process
 }
 
 } // namespace strata::runtime

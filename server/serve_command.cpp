@@ -131,7 +131,9 @@ int run_serve(int argc, char** argv) {
   std::fflush(stdout);
   server.run();
   log::info("stopped");
-  return 0;
+  // The drain ended every stream; late replies from the cluster may still be on
+  // their way to the server's objects, so they are not torn down: the process ends.
+  runtime::end_process(0);
 }
 
 } // namespace strata::server

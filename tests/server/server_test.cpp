@@ -408,6 +408,13 @@ TEST_F(Server, ChatTemplateFileRendersTheChatAndApplyTemplateShowsIt) {
   EXPECT_EQ(prompt, "<|system|>\nBe brief.\n<|user|>\nOnce upon\n<|assistant|>\n");
   auto kw = post("/apply-template", {{"messages", messages}, {"chat_template_kwargs", {{"greeting", "Hi!"}}}});
   EXPECT_EQ(json::parse(kw.body)["prompt"], prompt + "Hi!") << kw.body;
+  // add_generation_prompt is the request's; tools this template never mentions are a 400, not dropped.
+  auto closed = post("/apply-template", {{"messages", messages}, {"add_generation_prompt", false}});
+  EXPECT_EQ(json::parse(closed.body)["prompt"], "<|system|>\nBe brief.\n<|user|>\nOnce upon\n") << closed.body;
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
+  auto no_tools = post("/v1/chat/completions", {{"messages", messages}, {"tools", tools}});
+  EXPECT_EQ(no_tools.status, 400) << no_tools.body;
+  EXPECT_EQ(json::parse(no_tools.body)["error"]["param"], "tools") << no_tools.body;
   auto chat = post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}});
   ASSERT_EQ(chat.status, 200) << chat.body;
   // The template decides about BOS (this one has none): the same ids as a completion.
@@ -664,7 +671,8 @@ TEST_F(Server, ShutdownEndsInFlightStreamsCleanly) {
                     " http://" + line.substr(11) + "/v1/completions"});
   ASSERT_FALSE(stream.wait_line("data: ").empty());
   second.signal(SIGTERM);
-  EXPECT_EQ(second.wait_exit(std::chrono::seconds(20)), 0);
+  const int code = second.wait_exit(std::chrono::seconds(20));
+  EXPECT_EQ(code, 0) << "serve's output:\n" << second.drain();
   const auto body = stream.drain();
   bool done = false;
   sse_text(body, nullptr, &done);
