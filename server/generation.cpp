@@ -60,6 +60,9 @@ PromptOptions prompt_options(const Server::Impl& srv, const ModelState& m, const
                              std::chrono::steady_clock::time_point started, const std::atomic<bool>* cancel) {
   PromptOptions o;
   o.kwargs = req.template_kwargs;
+  o.tools = req.tools;
+  o.add_generation_prompt = req.add_generation_prompt;
+  o.continue_final_message = req.continue_final_message;
   o.limits = render_limits(srv, m, started, cancel);
   o.plain_content = !srv.opts.control_tokens_in_messages;
   return o;

@@ -10,6 +10,7 @@
 namespace strata::server {
 
 using nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 json ApiError::body() const {
   json e = {{"message", message}, {"type", type}};
@@ -28,14 +29,15 @@ ApiError bad(std::string param, std::string message, std::string code = "") {
   return e;
 }
 
-const char* type_name(const json& v) {
+template <class J>
+const char* type_name(const J& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::number_float: return "a number";
+    case J::value_t::null: return "null";
+    case J::value_t::boolean: return "a boolean";
+    case J::value_t::string: return "a string";
+    case J::value_t::array: return "an array";
+    case J::value_t::object: return "an object";
+    case J::value_t::number_float: return "a number";
     default: return "an integer";
   }
 }
@@ -80,7 +82,7 @@ std::optional<ApiError> integer(const json& j, const char* name, int64_t& out, i
   return std::nullopt;
 }
 
-std::optional<ApiError> text_content(const json& v, const std::string& param, std::string& out) {
+std::optional<ApiError> text_content(const ojson& v, const std::string& param, std::string& out) {
   if (v.is_string()) {
     out = v.get<std::string>();
     return std::nullopt;
@@ -115,7 +117,7 @@ std::optional<ApiError> unsupported(const json& j) {
   for (auto r : {neutral("best_of", is_one), neutral("typical_p", is_unit), neutral("length_penalty", is_unit),
                  neutral("ignore_eos", is_false), neutral("mirostat", is_zero), neutral("echo", is_false),
                  neutral("logit_bias", is_empty),
-                 neutral("tools", is_empty), neutral("functions", is_empty), neutral("suffix", [](const json& v) {
+                 neutral("functions", is_empty), neutral("suffix", [](const json& v) {
                    return v.is_string() && v.get<std::string>().empty();
                  })})
     if (r)
@@ -128,27 +130,193 @@ std::optional<ApiError> unsupported(const json& j) {
   return std::nullopt;
 }
 
-// The messages of a chat body (as /v1/chat/completions and /apply-template take them).
-std::optional<ApiError> parse_messages(const json& j, std::vector<ChatMessage>& out) {
+// Whether a value nests deeper than the template engine's bound (32 levels;
+// counted without recursion: the client decides the depth).
+bool too_deep(const ojson& root) {
+  std::vector<std::pair<const ojson*, int>> todo{{&root, 1}};
+  while (!todo.empty()) {
+    auto [v, depth] = todo.back();
+    todo.pop_back();
+    if (depth > 32)
+      return true;
+    if (v->is_structured())
+      for (auto& e : *v)
+        todo.emplace_back(&e, depth + 1);
+  }
+  return false;
+}
+
+// A string field of an object: absent or null is "", another type a 400.
+std::optional<ApiError> optional_string(const ojson& o, const std::string& key, const std::string& param,
+                                        std::string& out) {
+  if (!o.contains(key) || o[key].is_null())
+    return std::nullopt;
+  if (!o[key].is_string())
+    return bad(param, "'" + param + "' must be a string, not " + type_name(o[key]));
+  out = o[key].get<std::string>();
+  return std::nullopt;
+}
+
+// An assistant message's tool_calls, as OpenAI clients send them: each
+// {id, type: "function", function: {name, arguments: a JSON string}}. The
+// arguments are parsed (keys in their order): templates print them as objects.
+std::optional<ApiError> parse_tool_calls(const ojson& v, const std::string& p, ojson& out,
+                                         std::vector<std::string>& ids) {
+  if (!v.is_array() || v.empty())
+    return bad(p, "'" + p + "' must be a non-empty array of tool calls");
+  out = ojson::array();
+  for (std::size_t k = 0; k < v.size(); ++k) {
+    const std::string c = p + "[" + std::to_string(k) + "]";
+    const auto& call = v[k];
+    if (!call.is_object())
+      return bad(c, "'" + c + "' must be an object {id, type, function}");
+    std::string id, type = "function", name;
+    if (auto e = optional_string(call, "id", c + ".id", id))
+      return e;
+    if (id.empty())
+      return bad(c + ".id", "'" + c + ".id' is required (the tool message that answers the call names it)");
+    if (auto e = optional_string(call, "type", c + ".type", type))
+      return e;
+    if (type != "function")
+      return bad(c + ".type", "'" + c + ".type' must be \"function\", not \"" + type + "\"");
+    if (!call.contains("function") || !call["function"].is_object())
+      return bad(c + ".function", "'" + c + ".function' must be an object {name, arguments}");
+    const auto& f = call["function"];
+    if (auto e = optional_string(f, "name", c + ".function.name", name))
+      return e;
+    if (name.empty())
+      return bad(c + ".function.name", "'" + c + ".function.name' is required");
+    const std::string ap = c + ".function.arguments";
+    ojson args = ojson::object();
+    if (f.contains("arguments") && !f["arguments"].is_null()) {
+      const auto& a = f["arguments"];
+      if (a.is_object())
+        args = a; // some clients send the object itself
+      else if (a.is_string())
+        args = ojson::parse(a.get<std::string>(), nullptr, false);
+      else
+        return bad(ap, "'" + ap + "' must be a string holding a JSON object, not " + type_name(a));
+      if (args.is_discarded() || !args.is_object())
+        return bad(ap, "'" + ap + "' must be a JSON object in a string (as the model wrote it), not " + a.dump());
+      if (too_deep(args))
+        return bad(ap, "'" + ap + "' is nested deeper than 32 levels");
+    }
+    ids.push_back(id);
+    out.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", std::move(args)}}}});
+  }
+  return std::nullopt;
+}
+
+// The messages of a chat body (as /v1/chat/completions and /apply-template take
+// them): the roles and fields OpenAI clients send, tool rounds included.
+std::optional<ApiError> parse_messages(const ojson& j, std::vector<ChatMessage>& out) {
   if (!j.contains("messages"))
     return bad("messages", "'messages' is required");
   const auto& m = j["messages"];
   if (!m.is_array() || m.empty())
     return bad("messages", "'messages' must be a non-empty array");
+  std::vector<std::string> call_ids; // of the tool calls made so far
   for (std::size_t i = 0; i < m.size(); ++i) {
     const std::string p = "messages[" + std::to_string(i) + "]";
     if (!m[i].is_object())
       return bad(p, "'" + p + "' must be an object with 'role' and 'content'");
     const std::string role = m[i].contains("role") && m[i]["role"].is_string() ? m[i]["role"].get<std::string>() : "";
-    if (role != "system" && role != "user" && role != "assistant" && role != "developer")
-      return bad(p + ".role", "'" + p + ".role' must be one of system, developer, user, assistant");
-    if (!m[i].contains("content"))
-      return bad(p + ".content", "'" + p + ".content' is required");
+    if (role != "system" && role != "user" && role != "assistant" && role != "developer" && role != "tool")
+      return bad(p + ".role", "'" + p + ".role' must be one of system, developer, user, assistant, tool");
     ChatMessage msg{role == "developer" ? "system" : role, {}};
-    if (auto e = text_content(m[i]["content"], p + ".content", msg.content))
+    if (auto e = optional_string(m[i], "name", p + ".name", msg.name))
       return e;
+    const bool has_calls = m[i].contains("tool_calls") && !m[i]["tool_calls"].is_null();
+    if (has_calls) {
+      if (role != "assistant")
+        return bad(p + ".tool_calls", "'" + p + ".tool_calls': only assistant messages make tool calls");
+      if (auto e = parse_tool_calls(m[i]["tool_calls"], p + ".tool_calls", msg.tool_calls, call_ids))
+        return e;
+    }
+    if (!m[i].contains("content") || m[i]["content"].is_null()) {
+      if (role != "assistant" || !has_calls)
+        return bad(p + ".content", "'" + p + ".content' is required" +
+                                     std::string(role == "assistant" ? " (or 'tool_calls')" : ""));
+      msg.content_null = true;
+    } else if (auto e = text_content(m[i]["content"], p + ".content", msg.content)) {
+      return e;
+    }
+    if (role == "tool") {
+      if (auto e = optional_string(m[i], "tool_call_id", p + ".tool_call_id", msg.tool_call_id))
+        return e;
+      if (msg.tool_call_id.empty())
+        return bad(p + ".tool_call_id", "'" + p + ".tool_call_id' is required: the id of the call it answers");
+      if (std::find(call_ids.begin(), call_ids.end(), msg.tool_call_id) == call_ids.end())
+        return bad(p + ".tool_call_id", "'" + p + ".tool_call_id' = \"" + msg.tool_call_id +
+                                          "\" answers no tool call of an earlier assistant message");
+    }
     out.push_back(std::move(msg));
   }
+  return std::nullopt;
+}
+
+// tools, tool_choice and parallel_tool_calls. The tools reach the template as
+// sent (key order kept). Output is not parsed into tool_calls yet, so a choice
+// that would force a call (required, a named function) is refused, not hoped for.
+std::optional<ApiError> parse_tools(const ojson& j, ApiRequest& r) {
+  if (j.contains("tools") && !j["tools"].is_null()) {
+    const auto& t = j["tools"];
+    if (!t.is_array())
+      return bad("tools", std::string("'tools' must be an array, not ") + type_name(t));
+    std::vector<std::string> names;
+    for (std::size_t k = 0; k < t.size(); ++k) {
+      const std::string p = "tools[" + std::to_string(k) + "]";
+      if (!t[k].is_object() || t[k].value("type", "") != "function")
+        return bad(p, "'" + p + "' must be {\"type\": \"function\", \"function\": {...}}");
+      if (!t[k].contains("function") || !t[k]["function"].is_object())
+        return bad(p + ".function", "'" + p + ".function' must be an object {name, description, parameters}");
+      const auto& f = t[k]["function"];
+      std::string name, description;
+      if (auto e = optional_string(f, "name", p + ".function.name", name))
+        return e;
+      const bool name_ok = !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+      });
+      if (!name_ok)
+        return bad(p + ".function.name", "'" + p + ".function.name' must be 1-64 letters, digits, '_' or '-', not \"" +
+                                           name + "\"");
+      if (std::find(names.begin(), names.end(), name) != names.end())
+        return bad(p + ".function.name", "'" + p + ".function.name': \"" + name + "\" is defined twice");
+      names.push_back(name);
+      if (auto e = optional_string(f, "description", p + ".function.description", description))
+        return e;
+      if (f.contains("parameters") && !f["parameters"].is_null() && !f["parameters"].is_object())
+        return bad(p + ".function.parameters", "'" + p + ".function.parameters' must be a JSON Schema object");
+      if (f.contains("strict") && !f["strict"].is_null() && !f["strict"].is_boolean())
+        return bad(p + ".function.strict", "'" + p + ".function.strict' must be a boolean");
+    }
+    if (too_deep(t))
+      return bad("tools", "'tools' is nested deeper than 32 levels");
+    if (!t.empty())
+      r.tools = t;
+  }
+  if (j.contains("tool_choice") && !j["tool_choice"].is_null()) {
+    const auto& c = j["tool_choice"];
+    if (r.tools.is_null())
+      return bad("tool_choice", "'tool_choice' needs 'tools'");
+    if (!c.is_string() || (c != "auto" && c != "none"))
+      return bad("tool_choice", "'tool_choice' = " + c.dump() +
+                                  " is not supported: strata does not constrain decoding to a tool call yet (auto and "
+                                  "none are)");
+  }
+  if (j.contains("parallel_tool_calls") && !j["parallel_tool_calls"].is_null() && !j["parallel_tool_calls"].is_boolean())
+    return bad("parallel_tool_calls", std::string("'parallel_tool_calls' must be a boolean, not ") +
+                                        type_name(j["parallel_tool_calls"]));
+  return std::nullopt;
+}
+
+// A boolean field: absent or null leaves `out` as it is.
+std::optional<ApiError> boolean(const ojson& j, const char* name, bool& out) {
+  if (!j.contains(name) || j[name].is_null())
+    return std::nullopt;
+  if (!j[name].is_boolean())
+    return bad(name, std::string("'") + name + "' must be a boolean, not " + type_name(j[name]));
+  out = j[name].get<bool>();
   return std::nullopt;
 }
 
@@ -168,29 +336,40 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool cha
     r.model = j["model"].get<std::string>();
   }
   if (chat) {
-    if (auto e = parse_messages(j, r.messages))
+    // The chat fields are read in the order the client wrote their keys:
+    // templates print tool definitions and arguments as they come.
+    const ojson oj = ojson::parse(body, nullptr, false);
+    if (auto e = parse_messages(oj, r.messages))
       return *e;
-    if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_null()) {
-      if (!j["chat_template_kwargs"].is_object())
+    if (auto e = parse_tools(oj, r))
+      return *e;
+    if (auto e = boolean(oj, "add_generation_prompt", r.add_generation_prompt))
+      return *e;
+    if (auto e = boolean(oj, "continue_final_message", r.continue_final_message))
+      return *e;
+    if (r.continue_final_message && r.add_generation_prompt)
+      return bad("continue_final_message", "'continue_final_message' continues the final message: it needs "
+                                           "'add_generation_prompt': false");
+    if (r.continue_final_message && r.messages.back().role != "assistant")
+      return bad("continue_final_message", "'continue_final_message' needs the final message to be the assistant's");
+    if (oj.contains("chat_template_kwargs") && !oj["chat_template_kwargs"].is_null()) {
+      const auto& kw = oj["chat_template_kwargs"];
+      if (!kw.is_object())
         return bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-      for (auto& [k, v] : j["chat_template_kwargs"].items())
-        if (k == "messages" || k == "add_generation_prompt" || k == "bos_token" || k == "eos_token")
+      for (auto& [k, v] : kw.items())
+        if (k == "messages" || k == "add_generation_prompt" || k == "bos_token" || k == "eos_token" ||
+            (k == "tools" && !r.tools.is_null()))
           return bad("chat_template_kwargs", "'chat_template_kwargs' cannot set '" + k + "'");
-      // The template engine walks values recursively: nesting is bounded (counted
-      // here without recursion).
-      std::vector<std::pair<const json*, int>> todo{{&j["chat_template_kwargs"], 1}};
-      while (!todo.empty()) {
-        auto [v, depth] = todo.back();
-        todo.pop_back();
-        if (depth > 32)
-          return bad("chat_template_kwargs", "'chat_template_kwargs' is nested deeper than 32 levels");
-        if (v->is_structured())
-          for (auto& e : *v)
-            todo.emplace_back(&e, depth + 1);
-      }
-      r.template_kwargs = j["chat_template_kwargs"];
+      // The template engine walks values recursively: nesting is bounded.
+      if (too_deep(kw))
+        return bad("chat_template_kwargs", "'chat_template_kwargs' is nested deeper than 32 levels");
+      r.template_kwargs = kw;
     }
   } else {
+    for (const char* field : {"tools", "tool_choice", "parallel_tool_calls", "add_generation_prompt",
+                              "continue_final_message"})
+      if (j.contains(field) && !j[field].is_null())
+        return bad(field, std::string("'") + field + "' is a chat field: /v1/completions takes the prompt as it is");
     if (!j.contains("prompt"))
       return bad("prompt", "'prompt' is required");
     const auto& p = j["prompt"];
@@ -373,17 +552,95 @@ std::variant<ChatPrompt, ApiError> chat_prompt(const std::vector<ChatMessage>& m
       extra = {tpl->bos_token(), tpl->eos_token()};
     guard.emplace(tok, std::move(extra));
   }
+  const auto tool_round = std::find_if(messages.begin(), messages.end(), [](const ChatMessage& m) {
+    return m.role == "tool" || !m.tool_calls.is_null();
+  });
   if (!tpl) {
-    p.ids = encode_chat(messages, family, tok, cfg, guard ? &*guard : nullptr);
+    // The built-in formats have no way to write tools or tool turns.
+    if (!options.tools.is_null())
+      return bad("tools", "this model has no chat template: its built-in " + family + " format cannot express tools");
+    if (tool_round != messages.end())
+      return bad("messages[" + std::to_string(tool_round - messages.begin()) + "]",
+                 "this model has no chat template: its built-in " + family + " format cannot express tool calls or "
+                 "tool results");
+    if (options.continue_final_message || (!options.add_generation_prompt && family == "llama2"))
+      return bad(options.continue_final_message ? "continue_final_message" : "add_generation_prompt",
+                 "this model has no chat template: its built-in " + family + " format always ends with the "
+                 "assistant's turn to answer");
+    p.ids = encode_chat(messages, family, tok, cfg, guard ? &*guard : nullptr, options.add_generation_prompt);
     p.text = tok.decode(p.ids);
     return p;
   }
+  // What a template never mentions it cannot print: refused, not dropped.
+  const auto& src = tpl->text();
+  if (!options.tools.is_null() && src.find("tools") == std::string::npos)
+    return bad("tools", "the model's chat template does not take tools (" + tpl->origin() + ")");
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.tool_calls.is_null() && src.find("tool_calls") == std::string::npos)
+      return bad(at + ".tool_calls", "the model's chat template does not print tool calls (" + tpl->origin() + ")");
+    if (m.role == "tool" && src.find("'tool'") == std::string::npos && src.find("\"tool\"") == std::string::npos)
+      return bad(at + ".role", "the model's chat template has no tool role (" + tpl->origin() + ")");
+  }
+  // Every string a client wrote is marked (tool arguments and definitions too:
+  // they are printed into the prompt like contents).
+  const auto mark = [&](const ojson& v) {
+    if (!guard)
+      return v;
+    ojson out = v;
+    std::vector<ojson*> todo{&out};
+    while (!todo.empty()) {
+      ojson* x = todo.back();
+      todo.pop_back();
+      if (x->is_string()) {
+        *x = guard->mark(x->get<std::string>());
+      } else if (x->is_array()) {
+        for (auto& e : *x)
+          todo.push_back(&e);
+      } else if (x->is_object()) {
+        ojson o = ojson::object();
+        for (auto& [k, e] : x->items())
+          o[guard->mark(k)] = std::move(e);
+        *x = std::move(o);
+        for (auto& [k, e] : x->items())
+          todo.push_back(&e);
+      }
+    }
+    return out;
+  };
   nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
-  for (auto& m : messages)
-    msgs.push_back({{"role", m.role}, {"content", guard ? guard->mark(m.content) : m.content}});
+  for (auto& m : messages) {
+    ojson o = {{"role", m.role}};
+    // content null (a turn that only calls tools) reaches the template as "", as
+    // vLLM passes it: shipped templates test it as a string (Qwen3's fails on None).
+    o["content"] = guard ? guard->mark(m.content) : m.content;
+    if (!m.name.empty())
+      o["name"] = guard ? guard->mark(m.name) : m.name;
+    if (!m.tool_calls.is_null())
+      o["tool_calls"] = mark(m.tool_calls);
+    if (!m.tool_call_id.empty())
+      o["tool_call_id"] = guard ? guard->mark(m.tool_call_id) : m.tool_call_id;
+    msgs.push_back(std::move(o));
+  }
+  ojson extra = options.kwargs;
+  if (!options.tools.is_null())
+    extra["tools"] = mark(options.tools);
   std::vector<std::size_t> plain_at;
   try {
-    p.text = tpl->render(msgs, true, options.kwargs, options.limits);
+    p.text = tpl->render(msgs, options.add_generation_prompt, extra, options.limits);
+    if (options.continue_final_message) {
+      // As transformers does: the prompt ends where the final message's content
+      // (without surrounding space) ends, so the model writes on from there.
+      auto last = msgs.back()["content"].is_string() ? msgs.back()["content"].get<std::string>() : std::string();
+      const auto b = last.find_first_not_of(" \t\n\r"), e = last.find_last_not_of(" \t\n\r");
+      last = b == std::string::npos ? std::string() : last.substr(b, e - b + 1);
+      const auto at = last.empty() ? std::string::npos : p.text.rfind(last);
+      if (at == std::string::npos)
+        return bad("continue_final_message", "the model's chat template does not print the final message's content as "
+                                             "it was given, so it cannot be continued");
+      p.text.resize(at + last.size());
+    }
     if (guard) {
       auto stripped = guard->strip(p.text);
       p.text = std::move(stripped.text);
@@ -418,7 +675,7 @@ std::variant<ChatPrompt, ApiError> chat_prompt(const std::vector<ChatMessage>& m
 
 std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const std::string& family,
                                  const model::Tokenizer& tok, const model::ModelConfig& cfg,
-                                 const model::ContentGuard* guard) {
+                                 const model::ContentGuard* guard, bool add_generation_prompt) {
   const bool bos = cfg.bos_id >= 0 && tok.bos_id() == cfg.bos_id;
   // A message's content as it goes into the prompt text, and the prompt's ids.
   const auto content = [&](const ChatMessage& m) { return guard ? guard->mark(m.content) : m.content; };
@@ -432,7 +689,8 @@ std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const
     std::string text;
     for (auto& m : messages)
       text += "<|im_start|>" + m.role + "\n" + content(m) + "<|im_end|>\n";
-    text += "<|im_start|>assistant\n";
+    if (add_generation_prompt)
+      text += "<|im_start|>assistant\n";
     return encode(text, bos);
   }
   if (family == "llama2") {

@@ -30,8 +30,15 @@ struct ApiError {
 };
 
 struct ChatMessage {
-  std::string role; ///< system | user | assistant
+  std::string role; ///< system | user | assistant | tool (developer arrives as system)
   std::string content;
+  bool content_null = false; ///< an assistant turn that only calls tools (content: null)
+  std::string name;          ///< the optional participant name ("" when not given)
+  /// An assistant's calls: [{id, type: "function", function: {name, arguments}}]
+  /// with each arguments string parsed into its JSON object (what templates
+  /// print); keys in the order the client sent them. Null when none.
+  nlohmann::ordered_json tool_calls;
+  std::string tool_call_id; ///< a tool message: the call it answers
 };
 
 struct ApiRequest {
@@ -55,7 +62,13 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;          ///< stream_options.include_usage
   std::string model;
-  nlohmann::json template_kwargs = nlohmann::json::object(); ///< chat_template_kwargs: extra template variables
+  /// chat_template_kwargs: extra template variables, keys in the order sent.
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+  /// tools: [{type: "function", function: {name, description?, parameters?}}] as
+  /// sent (key order kept); null when none. They reach the template as `tools`.
+  nlohmann::ordered_json tools;
+  bool add_generation_prompt = true;   ///< end the prompt where the assistant's answer starts
+  bool continue_final_message = false; ///< end the prompt inside the final (assistant) message
 };
 
 /// Parses and validates a request body for /v1/completions (chat = false) or
@@ -76,9 +89,11 @@ bool api_key_matches(const std::string& authorization, const std::string& key);
 
 /// The prompt ids for a chat in the model family's format. With a guard,
 /// special-token text in the contents stays text (model::ContentGuard).
+/// add_generation_prompt false: ChatML without the assistant's opening line
+/// (llama2's format always ends at the assistant's turn).
 std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, const std::string& family,
                                  const model::Tokenizer& tok, const model::ModelConfig& cfg,
-                                 const model::ContentGuard* guard = nullptr);
+                                 const model::ContentGuard* guard = nullptr, bool add_generation_prompt = true);
 
 /// The ids a chat reply stops at: the model's stop ids, plus the family's
 /// end-of-turn token when the tokenizer has it as one token (ChatML's <|im_end|>:
@@ -103,7 +118,10 @@ struct ChatPrompt {
 /// (chat_template_limit) naming it.
 /// How a chat's prompt is made.
 struct PromptOptions {
-  nlohmann::json kwargs = nlohmann::json::object(); ///< chat_template_kwargs
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object(); ///< chat_template_kwargs
+  nlohmann::ordered_json tools;         ///< the request's tools (null: none)
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
   model::jinja::RenderLimits limits;                ///< bounds of the template's render
   /// Special-token text inside message contents stays ordinary text (the
   /// template's own markup keeps its control tokens); false: serve's

@@ -267,7 +267,7 @@ std::optional<ChatTemplate> ChatTemplate::for_model(const ModelConfig& cfg, cons
   return std::nullopt;
 }
 
-std::string ChatTemplate::render(const ojson& messages, bool add_generation_prompt, const nlohmann::json& extra,
+std::string ChatTemplate::render(const ojson& messages, bool add_generation_prompt, const ojson& extra,
                                  const jinja::RenderLimits& limits) const {
   jinja::Object g;
   if (extra.is_object())

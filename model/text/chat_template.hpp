@@ -71,8 +71,9 @@ public:
   /// Throws jinja::TemplateError (raised() for the template's own
   /// raise_exception, e.g. "roles must alternate").
   /// `limits` bound the render (time, steps, bytes, nesting; a cancel flag).
+  /// `extra` keeps its key order (templates print tool definitions as given).
   std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                     const nlohmann::json& extra = nlohmann::json::object(),
+                     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object(),
                      const jinja::RenderLimits& limits = {}) const;
   /// Token ids of a rendered prompt: the BOS / EOS token texts become their ids
   /// (a tokenizer that does not match them whole still gets them right), the
