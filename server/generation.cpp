@@ -358,7 +358,7 @@ json Generation::logprobs_json(const json& entries, const Choice& c, std::size_t
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
-json Generation::chunk(std::size_t i, const std::string& piece, const char* finish, bool role) {
+json Generation::chunk(std::size_t i, const std::string& piece, const char* finish, bool role, const json* call) {
   auto& c = choices_[i];
   json choice = {{"index", i}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
   json lp = nullptr;
@@ -372,6 +372,11 @@ json Generation::chunk(std::size_t i, const std::string& piece, const char* fini
       delta["role"] = "assistant";
     if (!piece.empty() || role)
       delta["content"] = piece;
+    if (call) { // a whole call in one delta: its index, id, name and all its arguments
+      json c = *call;
+      c["index"] = choices_[i].tool_calls.size() - 1;
+      delta["tool_calls"] = json::array({c});
+    }
     choice["delta"] = delta;
   } else {
     choice["text"] = piece;
@@ -398,6 +403,12 @@ void Generation::begin_response(const ModelState& m, int64_t prompt_tokens) {
     if (m.tok)
       c.dec.emplace(*m.tok);
     c.stop.emplace(req_.stop);
+    if (req_.chat && !req_.tools.is_null() && req_.tool_choice != "none" && m.chat) {
+      std::vector<std::string> names;
+      for (auto& t : req_.tools)
+        names.push_back(t["function"]["name"].get<std::string>());
+      c.tools.emplace(tool_syntax_of(m.chat->text()), std::move(names));
+    }
   }
   drivers_left_ = choices_.size(); // (even when already finished: the drivers still report)
   last_token_ = started_;
@@ -447,11 +458,31 @@ void Generation::on_token(std::size_t i, const msg::token_event& ev) {
   }
   c.prev = ev.token;
   std::string piece = c.dec ? c.dec->push(ev.token) : std::to_string(ev.token) + " ";
-  piece = c.stop->push(piece);
-  emit(i, piece);
+  deliver(i, c.stop->push(piece));
   if (c.stop->stopped()) {
     job_->cancel_choice(i); // frees the caches now; on_done then sees the cancel
     end_choice(i, "stop");
+  }
+}
+
+void Generation::deliver(std::size_t i, const std::string& text, bool end) {
+  auto& c = choices_[i];
+  if (!c.tools)
+    return emit(i, text);
+  auto out = c.tools->push(text);
+  if (end) {
+    auto rest = c.tools->finish();
+    out.content += rest.content;
+    for (auto& call : rest.calls)
+      out.calls.push_back(std::move(call));
+  }
+  emit(i, out.content);
+  for (auto& call : out.calls) {
+    c.tool_calls.push_back({{"id", call.id},
+                            {"type", "function"},
+                            {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+    if (streaming())
+      conn_->send_event(dump(chunk(i, "", nullptr, false, &c.tool_calls.back())));
   }
 }
 
@@ -491,9 +522,9 @@ void Generation::on_done(std::size_t i, const msg::generation_result& r, const s
     return;
   auto& c = choices_[i];
   if (c.dec)
-    emit(i, c.stop->push(c.dec->finish()));
+    deliver(i, c.stop->push(c.dec->finish()));
   if (!c.stop->stopped())
-    emit(i, c.stop->flush());
+    deliver(i, c.stop->flush());
   end_choice(i, c.stop->stopped() || r.finish == "stop" ? "stop" : "length");
 }
 
@@ -502,6 +533,11 @@ void Generation::end_choice(std::size_t i, const char* finish) {
   auto& c = choices_[i];
   if (c.finish || state_ == State::finished)
     return;
+  if (c.tools)
+    deliver(i, "", true); // what the parser held back: content or calls
+  // A reply that ended with calls asks for them (a cut-off reply stays "length").
+  if (!c.tool_calls.empty() && std::string_view(finish) == "stop")
+    finish = "tool_calls";
   c.finish = finish;
   if (streaming())
     conn_->send_event(dump(chunk(i, "", finish)));
@@ -528,8 +564,12 @@ void Generation::complete() {
     const auto& c = choices_[i];
     json choice = {{"index", i}, {"finish_reason", c.finish ? c.finish : "stop"}};
     const json lp = req_.logprobs >= 0 ? logprobs_json(c.logprobs, c, 0) : json(nullptr);
-    if (req_.chat)
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    if (req_.chat) {
+      choice["message"] = {{"role", "assistant"},
+                           {"content", c.text.empty() && !c.tool_calls.empty() ? json(nullptr) : json(c.text)}};
+      if (!c.tool_calls.empty())
+        choice["message"]["tool_calls"] = c.tool_calls;
+    }
     else
       choice["text"] = c.text;
     choice["logprobs"] = lp;

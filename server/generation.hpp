@@ -7,6 +7,7 @@
 // encoding of the answer as one JSON body or as Server-Sent Events.
 
 #include "server/router.hpp"
+#include "server/tool_calls.hpp"
 
 #include "actors/cluster.hpp"
 
@@ -44,6 +45,8 @@ struct Choice {
   std::size_t bytes = 0;                             // token bytes so far
   int32_t prev = -1;
   const char* finish = nullptr; // set once the choice has ended
+  std::optional<ToolCallParser> tools;               // when the request offers tools (tool_choice auto)
+  nlohmann::json tool_calls = nlohmann::json::array(); // {id, type, function: {name, arguments}} found so far
 };
 
 class Generation : public std::enable_shared_from_this<Generation> {
@@ -70,6 +73,9 @@ private:
   void client_gone(bool write_failed);
   void on_token(std::size_t i, const msg::token_event& ev);
   void emit(std::size_t i, const std::string& piece);
+  /// The reply's text after stop strings: through the tool-call parser when
+  /// there is one (`end`: the reply is over), then out as content and calls.
+  void deliver(std::size_t i, const std::string& text, bool end = false);
   void on_done(std::size_t i, const msg::generation_result& r, const std::string& error,
                std::optional<ApiError> why = std::nullopt);
   void end_choice(std::size_t i, const char* finish);
@@ -80,7 +86,8 @@ private:
   void log_line(int status);
   nlohmann::json usage() const;
   nlohmann::json logprobs_json(const nlohmann::json& entries, const Choice& c, std::size_t first) const;
-  nlohmann::json chunk(std::size_t i, const std::string& piece, const char* finish, bool role = false);
+  nlohmann::json chunk(std::size_t i, const std::string& piece, const char* finish, bool role = false,
+                       const nlohmann::json* call = nullptr);
   nlohmann::json envelope(const char* object, nlohmann::json choices) const;
   bool streaming() const { return req_.stream && state_ == State::answering; }
 

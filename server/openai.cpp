@@ -1,4 +1,5 @@
 #include "server/openai.hpp"
+#include "server/ordered_json.hpp"
 
 #include <cctype>
 
@@ -193,7 +194,7 @@ std::optional<ApiError> parse_tool_calls(const ojson& v, const std::string& p, o
       if (a.is_object())
         args = a; // some clients send the object itself
       else if (a.is_string())
-        args = ojson::parse(a.get<std::string>(), nullptr, false);
+        args = parse_ordered(a.get<std::string>());
       else
         return bad(ap, "'" + ap + "' must be a string holding a JSON object, not " + type_name(a));
       if (args.is_discarded() || !args.is_object())
@@ -303,6 +304,7 @@ std::optional<ApiError> parse_tools(const ojson& j, ApiRequest& r) {
       return bad("tool_choice", "'tool_choice' = " + c.dump() +
                                   " is not supported: strata does not constrain decoding to a tool call yet (auto and "
                                   "none are)");
+    r.tool_choice = c.get<std::string>();
   }
   if (j.contains("parallel_tool_calls") && !j["parallel_tool_calls"].is_null() && !j["parallel_tool_calls"].is_boolean())
     return bad("parallel_tool_calls", std::string("'parallel_tool_calls' must be a boolean, not ") +
@@ -338,7 +340,7 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool cha
   if (chat) {
     // The chat fields are read in the order the client wrote their keys:
     // templates print tool definitions and arguments as they come.
-    const ojson oj = ojson::parse(body, nullptr, false);
+    const ojson oj = parse_ordered(body);
     if (auto e = parse_messages(oj, r.messages))
       return *e;
     if (auto e = parse_tools(oj, r))

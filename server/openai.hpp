@@ -67,6 +67,7 @@ struct ApiRequest {
   /// tools: [{type: "function", function: {name, description?, parameters?}}] as
   /// sent (key order kept); null when none. They reach the template as `tools`.
   nlohmann::ordered_json tools;
+  std::string tool_choice = "auto";    ///< auto: calls in the reply are returned as tool_calls; none: as text
   bool add_generation_prompt = true;   ///< end the prompt where the assistant's answer starts
   bool continue_final_message = false; ///< end the prompt inside the final (assistant) message
 };

@@ -7,6 +7,7 @@
 
 #include "model/text/chat_template.hpp"
 #include "server/openai.hpp"
+#include "server/ordered_json.hpp"
 #include "tests/support.hpp"
 
 #include <gtest/gtest.h>
@@ -61,6 +62,15 @@ ojson body_with(const ojson& messages, const ojson& extra = ojson::object()) {
   for (auto& [k, v] : extra.items())
     b[k] = v;
   return b;
+}
+
+TEST(Tools, OrderedParsingKeepsKeysAsWrittenAndTheLastOfARepeatedOne) {
+  // As Python's json.loads: a repeated key keeps its first place and its last value.
+  EXPECT_EQ(parse_ordered(R"({"b": 1, "a": [true, null, {"z": 1.5, "y": "s"}], "b": 3})").dump(),
+            R"({"b":3,"a":[true,null,{"z":1.5,"y":"s"}]})");
+  EXPECT_EQ(parse_ordered("[1, -2, 18446744073709551615, \"\\u00e9\"]").dump(), "[1,-2,18446744073709551615,\"\u00e9\"]");
+  for (const char* bad : {"{", "{\"a\" 1}", "[1,]", "1 2", ""})
+    EXPECT_TRUE(parse_ordered(bad).is_discarded()) << bad;
 }
 
 TEST(Tools, AToolRoundIsParsedAsClientsSendIt) {
