@@ -436,6 +436,54 @@ TEST_F(Server, ChatTemplateFileRendersTheChatAndApplyTemplateShowsIt) {
   std::filesystem::remove_all(dir);
 }
 
+TEST_F(Server, AToolRoundThroughAHermesTemplateAnswersWithTheModelsText) {
+  // A template that takes tools and writes Hermes calls: a tool round renders,
+  // and the reply goes through the tool-call parser. The random model writes no
+  // call, so its text comes back whole: streamed equals not streamed, no
+  // tool_calls, an ordinary finish_reason.
+  const auto dir = std::filesystem::temp_directory_path() / ("strata-tools-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "hermes.jinja")
+    << "{% if tools %}<tools>{% for t in tools %}{{ t.function | tojson }}{% endfor %}</tools>\n{% endif %}"
+       "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}"
+       "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}\n{% endfor %}"
+       "{% if add_generation_prompt %}<|assistant|>{% endif %}";
+  Process served({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--chat-template",
+                  (dir / "hermes.jinja").string()});
+  const auto line = served.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  const std::string base = "http://" + line.substr(11);
+  const json body = json::parse(R"({"messages": [
+      {"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "-3"},
+      {"role": "user", "content": "So?"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    "max_tokens": 12, "temperature": 0})");
+  const auto call = [&](const std::string& path, json b, const std::string& extra = "") {
+    return sh("curl -s " + extra + " --data-binary " + quote(b.dump()) + " " + base + path);
+  };
+  const auto applied = json::parse(call("/apply-template", body), nullptr, false);
+  ASSERT_TRUE(applied.contains("prompt")) << applied;
+  const auto prompt = applied["prompt"].get<std::string>();
+  // (trim_blocks eats the newline after each {% endfor %}.)
+  EXPECT_EQ(prompt, "<tools>{\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}</tools>\n"
+                    "<|user|>Weather?<|assistant|><tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                    "\"Oslo\"}}</tool_call><|tool|>-3<|user|>So?<|assistant|>");
+  const auto whole = json::parse(call("/v1/chat/completions", body), nullptr, false);
+  ASSERT_TRUE(whole.is_object());
+  const auto& choice = whole["choices"][0];
+  EXPECT_FALSE(choice["message"].contains("tool_calls")) << whole;
+  EXPECT_EQ(choice["finish_reason"], "length") << whole;
+  json streamed_body = body;
+  streamed_body["stream"] = true;
+  std::string finish;
+  EXPECT_EQ(sse_text(call("/v1/chat/completions", streamed_body, "-N"), &finish), choice["message"]["content"]);
+  EXPECT_EQ(finish, "length");
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(Server, LogprobsChoicesAndPenalties) {
   // Completions' logprobs: greedy takes the most likely token, every token has
   // its entry, the tokens spell the text.
