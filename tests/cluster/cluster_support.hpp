@@ -7,7 +7,9 @@
 #include "tests/support.hpp"
 
 #include <arpa/inet.h>
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <netinet/in.h>
@@ -71,16 +73,27 @@ inline bool have_openssl() { return run("certs --help").find("usage: strata cert
                              std::system("command -v openssl >/dev/null") == 0; }
 
 // A CA with certificates for the coordinator, nodes and a client; a rogue CA
-// with one certificate; and an expired certificate from the right CA.
+// with one certificate; and an expired certificate from the right CA. Making
+// them takes seconds (RSA keys), so they are made once per build tree and shared,
+// read-only, by the TLS tests; again when 30 days old.
 inline std::string make_certs() {
-  const auto dir = test::scratch_dir("tls").string();
+  namespace fs = std::filesystem;
+  const fs::path cache = fs::path(STRATA_BINARY_DIR) / "test-certs";
+  std::error_code ec;
+  const auto made = fs::last_write_time(cache / "complete", ec);
+  if (!ec && made > fs::file_time_type::clock::now() - std::chrono::hours(24 * 30))
+    return cache.string();
+  const auto dir = test::scratch_dir("tls-" + std::to_string(::getpid())).string();
   run("certs init --dir " + dir + "/ca");
   for (auto n : {"coord", "n0", "n1", "n2", "client"})
     run("certs issue --dir " + dir + "/ca --name " + n);
   run("certs issue --dir " + dir + "/ca --name expired --days 0");
   run("certs init --dir " + dir + "/rogue");
   run("certs issue --dir " + dir + "/rogue --name rogue");
-  return dir;
+  std::ofstream(dir + "/complete") << "made by make_certs\n";
+  fs::remove_all(cache, ec);
+  fs::rename(dir, cache, ec); // a test that made them at the same time may have won: then ours serve us
+  return ec ? dir : cache.string();
 }
 
 inline std::vector<std::string> tls_args(const std::string& dir, const std::string& name, const std::string& ca = "ca") {

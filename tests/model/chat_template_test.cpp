@@ -250,6 +250,23 @@ TEST(ChatTemplate, PrintsValuesAsPythonJinjaDoes) {
             "01|xxx|ello|True|3|ab|True|{\"a\": 1, \"b\": \"x\"}");
 }
 
+TEST(ChatTemplate, IntegerDictKeysAsInPython) {
+  // {0: 0, 512: 128} is a valid dict in Python's Jinja: integer keys look up,
+  // iterate and print as integers, stay apart from the strings of their digits,
+  // and become strings in JSON. (What Python's Jinja2 prints for each.)
+  const auto t = Template::parse(
+    "{% set d = {0: 0, 512: 128, '512': 's'} %}{{ d[512] }}|{{ d['512'] }}|{{ d }}|{{ 512 in d }}|{{ 7 in d }}|"
+    "{% for k in d %}{{ k ~ ':' ~ (k is number) }},{% endfor %}|{{ d | tojson }}|{{ d.get(0) }}|{{ d.get(1, 'no') }}|"
+    "{{ d.keys() | list }}|{% for k, v in d.items() %}{{ k * 2 }}={{ v }};{% endfor %}|{{ {-1: 'm'}[-1] }}");
+  EXPECT_EQ(t.render({}), "128|s|{0: 0, 512: 128, '512': 's'}|True|False|0:True,512:True,512:False,|"
+                          "{\"0\": 0, \"512\": 128, \"512\": \"s\"}|0|no|[0, 512, '512']|0=0;1024=128;512512=s;|m");
+  // A string key that starts with NUL stays that string (the stored form cannot collide).
+  Object g;
+  g.set("j", Value::from_json(ojson::parse(R"({"\u0000i5": 1})")));
+  EXPECT_EQ(Template::parse("{{ 5 in j }}|{{ j | length }}|{% for k in j %}{{ k | length }}{% endfor %}").render(g), "False|1|3");
+  EXPECT_THROW(Template::parse("{{ {1.5: 1} }}").render({}), TemplateError) << "float keys: refused, named";
+}
+
 TEST(ChatTemplate, FoundInTheModelDirectoryBesideTheTokenizerOrAsAFile) {
   const fs::path dir = fs::temp_directory_path() / ("strata-chat-" + std::to_string(::getpid()));
   fs::create_directories(dir / "tok");

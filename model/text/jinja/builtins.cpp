@@ -149,7 +149,7 @@ Array as_list(const Value& v, int line) {
   case Value::Kind::object: {
     Array a;
     for (auto& [k, x] : v.object().items)
-      a.push_back(Value(k));
+      a.push_back(key_value(k));
     return a;
   }
   case Value::Kind::undefined:
@@ -337,8 +337,8 @@ Value get_attr(const Value& obj, const std::string& name, int line, const std::s
 Value get_item(const Value& obj, const Value& key, int line, const std::string& what) {
   switch (obj.kind()) {
   case Value::Kind::object:
-    if (key.is_string())
-      if (const Value* v = obj.object().find(key.as_string()))
+    if (key.is_string() || key.kind() == Value::Kind::integer)
+      if (const Value* v = obj.object().find(key.is_string() ? dict_key(key.as_string()) : dict_key(key.as_int())))
         return *v;
     return Value();
   case Value::Kind::array:
@@ -413,7 +413,8 @@ bool contains(const Value& container, const Value& item, int line) {
   case Value::Kind::array:
     return std::any_of(container.array().begin(), container.array().end(), [&](const Value& v) { return v == item; });
   case Value::Kind::object:
-    return item.is_string() && container.object().find(item.as_string()) != nullptr;
+    return (item.is_string() && container.object().find(dict_key(item.as_string())) != nullptr) ||
+           (item.kind() == Value::Kind::integer && container.object().find(dict_key(item.as_int())) != nullptr);
   case Value::Kind::undefined:
     return false;
   default:
@@ -524,21 +525,21 @@ std::optional<Value> call_method(const Value& obj, const std::string& name, cons
     if (name == "items") {
       Array out;
       for (auto& [k, v] : o.items)
-        out.push_back(Value(Array{Value(k), v}));
+        out.push_back(Value(Array{key_value(k), v}));
       return Value(std::move(out));
     }
     if (name == "keys" || name == "values") {
       Array out;
       for (auto& [k, v] : o.items)
-        out.push_back(name == "keys" ? Value(k) : v);
+        out.push_back(name == "keys" ? key_value(k) : v);
       return Value(std::move(out));
     }
     if (name == "get") {
       const Value* k = a.get(0, "key");
       if (!k)
         fail("dict.get() needs a key", line);
-      if (k->is_string())
-        if (const Value* v = o.find(k->as_string()))
+      if (k->is_string() || k->kind() == Value::Kind::integer)
+        if (const Value* v = o.find(k->is_string() ? dict_key(k->as_string()) : dict_key(k->as_int())))
           return *v;
       const Value* d = a.get(1, "default");
       return d ? *d : Value::none();

@@ -244,7 +244,7 @@ private:
       break;
     case Value::Kind::object:
       for (auto& [k, v] : seq.object().items)
-        items.push_back(Value(k));
+        items.push_back(key_value(k));
       break;
     case Value::Kind::string:
       for (auto& c : utf8_chars(seq.as_string()))
@@ -394,9 +394,9 @@ private:
       Object o;
       for (std::size_t k = 0; k + 1 < e.args.size(); k += 2) {
         const Value key = eval(*e.args[k]);
-        if (!key.is_string())
-          fail(std::string("dict keys must be strings, not ") + key.type_name(), e.line);
-        o.set(key.as_string(), eval(*e.args[k + 1]));
+        if (!key.is_string() && key.kind() != Value::Kind::integer)
+          fail(std::string("dict keys must be strings or integers, not ") + key.type_name(), e.line);
+        o.set(key.is_string() ? dict_key(key.as_string()) : dict_key(key.as_int()), eval(*e.args[k + 1]));
       }
       return Value(std::move(o));
     }

@@ -106,6 +106,22 @@ Value* Object::slot(const std::string& key) const {
 
 const Value* Object::find(const std::string& key) const { return slot(key); }
 
+std::string dict_key(const std::string& s) { return !s.empty() && s[0] == '\0' ? std::string("\0s", 2) + s : s; }
+std::string dict_key(int64_t i) { return std::string("\0i", 2) + std::to_string(i); }
+
+Value key_value(const std::string& stored) {
+  if (stored.size() < 2 || stored[0] != '\0')
+    return Value(stored);
+  if (stored[1] == 'i')
+    return Value(static_cast<int64_t>(std::stoll(stored.substr(2))));
+  return Value(stored.substr(2));
+}
+
+std::string key_text(const std::string& stored) {
+  const Value k = key_value(stored);
+  return k.is_string() ? k.as_string() : std::to_string(k.as_int());
+}
+
 void Object::set(const std::string& key, Value v) {
   const int d = v.depth() + 1;
   if (d > depth) {
@@ -349,9 +365,9 @@ void json_write(std::string& out, const Value& v, int indent, bool sort_keys, in
     for (auto& kv : v.object().items)
       items.push_back(&kv);
     if (sort_keys)
-      std::sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      std::sort(items.begin(), items.end(), [](auto* a, auto* b) { return key_text(a->first) < key_text(b->first); });
     list('{', '}', items.size(), [&](std::size_t i) {
-      json_string(out, items[i]->first);
+      json_string(out, key_text(items[i]->first));
       out += ": ";
       json_write(out, items[i]->second, indent, sort_keys, depth + 1);
     });
@@ -399,7 +415,7 @@ std::string Value::repr() const {
       return "<Namespace>";
     std::string out = "{";
     for (std::size_t i = 0; i < o_->items.size(); ++i)
-      out += (i ? ", " : "") + py_quote(o_->items[i].first) + ": " + o_->items[i].second.repr();
+      out += (i ? ", " : "") + key_value(o_->items[i].first).repr() + ": " + o_->items[i].second.repr();
     return out + "}";
   }
   case Kind::callable:

@@ -25,9 +25,10 @@ namespace strata::model::jinja {
 class Value;
 using Array = std::vector<Value>;
 
-/// A dict in insertion order (Python 3.7+ dicts, JSON objects). String keys only.
-/// `items` may be appended to directly (keys unique); lookups of a dict with
-/// many keys go through an index kept up to date with the appends.
+/// A dict in insertion order (Python 3.7+ dicts, JSON objects). Keys are strings
+/// or integers, stored as strings (dict_key()). `items` may be appended to
+/// directly (keys unique); lookups of a dict with many keys go through an index
+/// kept up to date with the appends.
 struct Object {
   std::vector<std::pair<std::string, Value>> items;
   bool is_namespace = false; ///< namespace(): the one kind `set ns.x = ...` may change
@@ -40,6 +41,16 @@ private:
   mutable std::unordered_map<std::string, std::size_t> index_;
   mutable std::size_t indexed_ = 0; // items[0, indexed_) are in index_
 };
+
+/// Dict keys as Object stores them: a string as it is, an integer as NUL 'i' and
+/// its digits ({0: 0, 512: 128} is a valid dict in Python's Jinja), a string that
+/// starts with NUL escaped as NUL 's' and the string: no two keys collide.
+std::string dict_key(const std::string& s);
+std::string dict_key(int64_t i);
+/// The key a stored key stands for: a string or an integer Value.
+Value key_value(const std::string& stored);
+/// How a stored key prints in JSON (integers as their digits, as json.dumps does).
+std::string key_text(const std::string& stored);
 
 /// Positional and keyword arguments of a call.
 struct Args {
@@ -171,7 +182,7 @@ Value Value::from_json(const Json& j) {
   case t::object: {
     Object o;
     for (auto& [k, e] : j.items())
-      o.items.emplace_back(k, from_json(e));
+      o.items.emplace_back(dict_key(k), from_json(e));
     return Value(std::move(o));
   }
   default:
