@@ -116,22 +116,29 @@ bool ToolCallParser::take_calls(std::string_view text, Out& out) {
   return true;
 }
 
+// Text before `tag` is content; so is text that cannot be the start of it
+// (unless the reply goes on, a tail that may become the tag is held). Once the
+// tag is there it is taken off and the call begins.
+bool ToolCallParser::opens(std::string_view tag, Out& out, bool end) {
+  const auto at = held_.find(tag);
+  if (at == std::string::npos) {
+    const auto keep = end ? 0 : partial_tail(held_, tag);
+    out.content += held_.substr(0, held_.size() - keep);
+    held_.erase(0, held_.size() - keep);
+    return false;
+  }
+  out.content += held_.substr(0, at);
+  held_.erase(0, at + tag.size());
+  in_call_ = true;
+  return true;
+}
+
 void ToolCallParser::scan(Out& out, bool end) {
   switch (syntax_) {
     case ToolSyntax::hermes:
       for (;;) {
-        if (!in_call_) {
-          const auto at = held_.find(hermes_open);
-          if (at == std::string::npos) {
-            const auto keep = end ? 0 : partial_tail(held_, hermes_open);
-            out.content += held_.substr(0, held_.size() - keep);
-            held_.erase(0, held_.size() - keep);
-            return;
-          }
-          out.content += held_.substr(0, at);
-          held_.erase(0, at + hermes_open.size());
-          in_call_ = true;
-        }
+        if (!in_call_ && !opens(hermes_open, out, end))
+          return;
         const auto close = held_.find(hermes_close);
         if (close == std::string::npos) {
           if (!end)
@@ -150,18 +157,8 @@ void ToolCallParser::scan(Out& out, bool end) {
         in_call_ = false;
       }
     case ToolSyntax::mistral:
-      if (!in_call_) {
-        const auto at = held_.find(mistral_mark);
-        if (at == std::string::npos) {
-          const auto keep = end ? 0 : partial_tail(held_, mistral_mark);
-          out.content += held_.substr(0, held_.size() - keep);
-          held_.erase(0, held_.size() - keep);
-          return;
-        }
-        out.content += held_.substr(0, at);
-        held_.erase(0, at + mistral_mark.size());
-        in_call_ = true;
-      }
+      if (!in_call_ && !opens(mistral_mark, out, end))
+        return;
       if (end) { // the calls run to the end of the reply
         if (!take_calls(held_, out))
           out.content += std::string(mistral_mark) + held_;

@@ -45,6 +45,7 @@ public:
 
 private:
   void scan(Out& out, bool end);
+  bool opens(std::string_view tag, Out& out, bool end); // content up to `tag`; true once it is found
   bool take_call(std::string_view json, Out& out);
   bool take_calls(std::string_view json, Out& out); // an array, or objects separated by ';'
   std::string new_id();
