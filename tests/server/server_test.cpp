@@ -448,7 +448,7 @@ TEST_F(Server, AToolRoundThroughAHermesTemplateAnswersWithTheModelsText) {
        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}"
        "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}\n{% endfor %}"
        "{% if add_generation_prompt %}<|assistant|>{% endif %}";
-  Process served({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--chat-template",
+  Process served({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--allow-inject", "--chat-template",
                   (dir / "hermes.jinja").string()});
   const auto line = served.wait_line("ready http ");
   ASSERT_FALSE(line.empty());
@@ -481,6 +481,33 @@ TEST_F(Server, AToolRoundThroughAHermesTemplateAnswersWithTheModelsText) {
   std::string finish;
   EXPECT_EQ(sse_text(call("/v1/chat/completions", streamed_body, "-N"), &finish), choice["message"]["content"]);
   EXPECT_EQ(finish, "length");
+  // A crowd: 8 tool rounds with other questions at once, streamed and not, while
+  // a cache is evicted and the route epoch bumped; each equals its answer alone.
+  std::vector<json> bodies;
+  std::vector<std::string> alone;
+  for (int k = 0; k < 8; ++k) {
+    json b = body;
+    b["messages"][3]["content"] = "So? (" + std::to_string(k) + ")";
+    b["max_tokens"] = 24;
+    b["stream"] = k % 2 == 1;
+    bodies.push_back(b);
+    json whole_b = b;
+    whole_b["stream"] = false;
+    alone.push_back(json::parse(call("/v1/chat/completions", whole_b))["choices"][0]["message"]["content"]);
+  }
+  std::vector<std::unique_ptr<Process>> crowd;
+  for (auto& b : bodies)
+    crowd.push_back(std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c", "curl -sN -m 60 --data-binary " + quote(b.dump()) + " " + base + "/v1/chat/completions"}));
+  const std::string json_type = "-H 'Content-Type: application/json'";
+  EXPECT_EQ(call("/v1/cluster/inject", {{"kind", "evict"}, {"node", 0}}, json_type).find("error"), std::string::npos);
+  EXPECT_EQ(call("/v1/cluster/inject", {{"kind", "epoch"}}, json_type).find("error"), std::string::npos);
+  for (std::size_t k = 0; k < crowd.size(); ++k) {
+    const auto out = crowd[k]->drain();
+    const auto text = bodies[k]["stream"] ? sse_text(out)
+                                          : json::parse(out)["choices"][0]["message"]["content"].get<std::string>();
+    EXPECT_EQ(text, alone[k]) << "request " << k << ": " << out;
+  }
   std::filesystem::remove_all(dir);
 }
 
