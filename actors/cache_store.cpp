@@ -1,5 +1,7 @@
 #include "actors/cache_store.hpp"
 
+#include <algorithm>
+
 namespace strata::actors {
 
 using msg::miss_reason;
@@ -148,6 +150,23 @@ SessionCacheStore::Lookup SessionCacheStore::find(const std::string& session, co
       touch(it->second);
       return out;
     }
+    if (step_id >= 0 && step_id != ctx.last_step && past_len < held && past_len >= ctx.certain) {
+      // A new step after a speculative one: the proposals past past_len were
+      // rejected. Forget them (their blocks go back; published blocks all lie
+      // before `certain`), and what the prefix cache knew of them.
+      ctx.cache.truncate(past_len);
+      constexpr auto bt = model::BlockPool::block_tokens;
+      ctx.ids.resize(std::min(ctx.ids.size(), static_cast<std::size_t>(past_len / bt)));
+      ctx.published = std::min(ctx.published, ctx.ids.size());
+      if (ctx.tokens.size() > static_cast<std::size_t>(past_len))
+        ctx.tokens.resize(static_cast<std::size_t>(past_len));
+      counters_.rolled_back += static_cast<uint64_t>(held - past_len);
+      ctx.rolled_back += static_cast<uint64_t>(held - past_len);
+      ++counters_.hits;
+      touch(it->second);
+      out.ctx = &ctx;
+      return out;
+    }
     return miss(session, miss_reason::seq_mismatch,
                 "request expects " + std::to_string(past_len) + " cached tokens, the cache holds " + std::to_string(held));
   }
@@ -198,14 +217,15 @@ caf::error SessionCacheStore::reserve(Context& ctx, int64_t tokens, const pin_fn
   return {};
 }
 
-void SessionCacheStore::committed(Context& ctx, int64_t step_id, int64_t past_len) {
+void SessionCacheStore::committed(Context& ctx, int64_t step_id, int64_t past_len, int64_t draft) {
   ctx.last_step = step_id;
   ctx.last_past_len = past_len;
   ctx.last_used = now_();
-  const auto full = static_cast<std::size_t>(ctx.cache.seq_len() / model::BlockPool::block_tokens);
+  ctx.certain = std::max<int64_t>(0, ctx.cache.seq_len() - std::max<int64_t>(0, draft));
+  const auto full = static_cast<std::size_t>(ctx.certain / model::BlockPool::block_tokens);
   for (; ctx.published < std::min(full, ctx.ids.size()); ++ctx.published)
     ctx.cache.publish(ctx.published, ctx.ids[ctx.published]); // an id taken by another block: ours stays private
-  ctx.cache.trim_window(); // after publishing: a later session may still share the blocks it gives back
+  ctx.cache.trim_window(ctx.certain); // after publishing: a later session may still share the blocks it gives back
 }
 
 int64_t SessionCacheStore::share_prefix(Context& ctx, int64_t limit) {

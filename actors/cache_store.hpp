@@ -51,6 +51,7 @@ struct StoreCounters {
   uint64_t conflicts = 0; ///< refused: another owner's session id
   uint64_t orphans = 0;   ///< dropped: the owner ended or its lease ran out
   uint64_t prefix_hit_tokens = 0; ///< positions adopted from the prefix cache
+  uint64_t rolled_back = 0;       ///< positions of rejected proposals cut from caches
 };
 
 class SessionCacheStore {
@@ -66,6 +67,11 @@ public:
     // The last applied step, so that a duplicate can be recognised and replayed.
     int64_t last_step = -1;
     int64_t last_past_len = -1;
+    /// Positions the last step made certain: the cache may hold more (proposed
+    /// tokens of a speculative step, see msg::step_request::draft), which a
+    /// next step cuts back to its past_len, never below this.
+    int64_t certain = 0;
+    uint64_t rolled_back = 0;       // positions cut back so far (rejected proposals)
     msg::step_reply replay_reply;   // tail: what the step answered (other shards replay from their kept rows)
     bool renewed = true;            // a step or lease renewal since the last sweep
     int missed = 0;                 // sweeps in a row without one
@@ -98,7 +104,9 @@ public:
   /// The session cap evicts the least recently used others, never pinned ones.
   Lookup open(const std::string& session, const msg::session_key& key, int64_t epoch, int64_t step_id = -1,
               const pin_fn& pinned = {});
-  /// Decode: the context that must hold exactly `past_len` tokens. A context
+  /// Decode: the context that must hold exactly `past_len` tokens (one that
+  /// holds more, all past its `certain` positions, is cut back to past_len for a
+  /// new step: rejected proposals). A context
   /// built at an older epoch is carried into this one (the session keeps a hop
   /// whose shard and layers did not change; the length check still applies).
   Lookup find(const std::string& session, const msg::session_key& key, int64_t epoch, int64_t past_len,
@@ -110,9 +118,10 @@ public:
   /// that alone needs more than the whole pool is dropped and the result is
   /// ec::budget_exceeded.
   caf::error reserve(Context& ctx, int64_t tokens, const pin_fn& pinned = {});
-  /// Records that `ctx` applied step `step_id` at `past_len`, and publishes its
-  /// newly full blocks whose ids are known in the prefix cache.
-  void committed(Context& ctx, int64_t step_id, int64_t past_len);
+  /// Records that `ctx` applied step `step_id` at `past_len`, the last `draft`
+  /// of its positions proposals, and publishes its newly full blocks whose ids
+  /// are known in the prefix cache (none holding a proposal).
+  void committed(Context& ctx, int64_t step_id, int64_t past_len, int64_t draft = 0);
   /// A freshly opened `ctx` takes the longest run of published blocks named by
   /// ctx.ids that ends at most at `limit` positions. Returns the positions taken.
   int64_t share_prefix(Context& ctx, int64_t limit);

@@ -17,7 +17,10 @@ void StepScheduler::push(QueuedStep step) {
 
 int64_t StepScheduler::piece_end(const QueuedStep& s, int64_t begin) const {
   const int64_t c = limits_.prefill_chunk;
-  return std::min(s.rows, (begin / c + 1) * c);
+  const int64_t end = std::min(s.rows, (begin / c + 1) * c);
+  // A speculative step's proposals and the row before them end up in one piece
+  // (the tail verifies them all from the last piece's logits).
+  return s.rows - end <= static_cast<int64_t>(s.req.draft) ? s.rows : end;
 }
 
 std::vector<StepScheduler::Piece> StepScheduler::pick() {

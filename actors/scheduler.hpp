@@ -10,7 +10,8 @@
 //   least one piece, so a step larger than the budget still runs;
 // * a long input is cut into pieces at fixed multiples of `prefill_chunk` rows
 //   (counted from the step's first row), whatever else is queued, so a sequence
-//   gets the same pieces, and so the same numbers, in a crowd as alone; decodes
+//   gets the same pieces, and so the same numbers, in a crowd as alone (the
+//   last piece takes the rows of a speculative step's proposals whole); decodes
 //   keep flowing between the pieces of a long prefill;
 // * one piece per session per round, and never a session's later step before
 //   its earlier one finished (a retried or duplicated step waits for the first,

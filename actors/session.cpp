@@ -85,12 +85,13 @@ void follow(session_self self, msg::supervisor_actor sup) {
   self->send(st.supervisor, atom::subscribe_atom_v);
 }
 
-void on_token(session_self self, int32_t token) {
+// Takes one token; false when the generation ended with it.
+bool take_token(session_self self, int32_t token) {
   auto& st = self->state;
-  st.failures = 0;
-  st.last_token_at = clk::now();
-  if (std::find(st.req.stop_ids.begin(), st.req.stop_ids.end(), token) != st.req.stop_ids.end())
-    return finish(self, "stop");
+  if (std::find(st.req.stop_ids.begin(), st.req.stop_ids.end(), token) != st.req.stop_ids.end()) {
+    finish(self, "stop");
+    return false;
+  }
   st.seq.push_back(token);
   st.result.ids.push_back(token);
   if (st.req.sampling.penalized())
@@ -100,10 +101,22 @@ void on_token(session_self self, int32_t token) {
   ev.top_ids = std::move(st.last_top_ids);
   ev.top_logprobs = std::move(st.last_top_logprobs);
   self->send(st.client, std::move(ev));
-  if (static_cast<int64_t>(st.result.ids.size()) >= st.req.max_tokens)
-    return finish(self, "length");
-  if (st.opts.max_context > 0 && static_cast<int64_t>(st.seq.size()) >= st.opts.max_context)
-    return finish(self, "context");
+  if (static_cast<int64_t>(st.result.ids.size()) >= st.req.max_tokens) {
+    finish(self, "length");
+    return false;
+  }
+  if (st.opts.max_context > 0 && static_cast<int64_t>(st.seq.size()) >= st.opts.max_context) {
+    finish(self, "context");
+    return false;
+  }
+  return true;
+}
+
+// After the tokens of a step: pause at a pause point, else the next step.
+void after_tokens(session_self self) {
+  auto& st = self->state;
+  st.failures = 0;
+  st.last_token_at = clk::now();
   const auto n = static_cast<int64_t>(st.result.ids.size());
   if (std::find(st.req.pause_after.begin(), st.req.pause_after.end(), n) != st.req.pause_after.end()) {
     st.phase = session_phase::paused; // the client resumes us
@@ -112,6 +125,23 @@ void on_token(session_self self, int32_t token) {
     return;
   }
   go_stepping(self);
+}
+
+// How many tokens the next step may propose: the controller's choice, and never
+// so many that the step could run past a pause point, max_tokens or the context.
+std::size_t draft_room(const session_state& st) {
+  const auto& sp = st.req.sampling;
+  if (st.req.speculate == 0 || sp.penalized() || sp.logprobs >= 0)
+    return 0;
+  const auto n = static_cast<int64_t>(st.result.ids.size());
+  int64_t room = std::min<int64_t>(st.drafting.next(), msg::max_draft);
+  room = std::min(room, st.req.max_tokens - n - 1);
+  for (auto p : st.req.pause_after)
+    if (p > n)
+      room = std::min(room, p - n - 1);
+  if (st.opts.max_context > 0) // rows up to position L - 1 + room, the tokens after them too
+    room = std::min(room, st.opts.max_context - static_cast<int64_t>(st.seq.size()) - 1);
+  return static_cast<std::size_t>(std::max<int64_t>(0, room));
 }
 
 void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::step_reply& rep) {
@@ -161,7 +191,24 @@ void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::ste
   st.last_logprob = rep.logprob;
   st.last_top_ids = std::move(rep.top_ids);
   st.last_top_logprobs = std::move(rep.top_logprobs);
-  on_token(self, rep.token);
+  if (rep.accepted.size() > st.draft.size() || !std::equal(rep.accepted.begin(), rep.accepted.end(), st.draft.begin()))
+    return fail(self, caf::make_error(ec::model_error, "session '" + st.req.session + "': the tail accepted " +
+                                                         std::to_string(rep.accepted.size()) +
+                                                         " tokens that are not a prefix of the " +
+                                                         std::to_string(st.draft.size()) + " proposed"));
+  if (!st.draft.empty()) {
+    st.result.proposed += st.draft.size();
+    st.result.accepted += rep.accepted.size();
+    st.drafting.observe(static_cast<uint32_t>(st.draft.size()), static_cast<uint32_t>(rep.accepted.size()));
+  } else {
+    st.drafting.plain_step();
+  }
+  st.draft.clear();
+  for (auto t : rep.accepted)
+    if (!take_token(self, t))
+      return;
+  if (take_token(self, rep.token))
+    after_tokens(self);
 }
 
 void send_step(session_self self);
@@ -246,6 +293,10 @@ void go_stepping(session_self self) {
     ++st.step_id;
     st.step_pending = true;
     st.recovery_counted = false;
+    st.draft.clear();
+    if (st.prefilled)
+      if (const auto room = draft_room(st); room > 0)
+        st.draft = lookup_proposal(st.seq, room);
   }
   msg::step_request r;
   r.session = st.req.session;
@@ -284,7 +335,9 @@ void go_stepping(session_self self) {
   const bool head_rebuilds = r.mode == static_cast<uint8_t>(msg::step_mode::prefill) || (r.rebuild & 1u) != 0;
   const int64_t from = head_rebuilds ? 0 : r.past_len;
   r.tokens.assign(st.seq.begin() + from, st.seq.end());
-  r.positions = model::consecutive_positions(from, L - from);
+  r.tokens.insert(r.tokens.end(), st.draft.begin(), st.draft.end());
+  r.draft = static_cast<uint32_t>(st.draft.size());
+  r.positions = model::consecutive_positions(from, L - from + static_cast<int64_t>(st.draft.size()));
   if (st.prefilled && (r.rebuild != 0 || r.mode == static_cast<uint8_t>(msg::step_mode::prefill)) &&
       !st.recovery_counted) {
     // A recovery: the positions before this step must be rebuilt somewhere.
@@ -482,6 +535,7 @@ behavior session(session_self self, msg::supervisor_actor supervisor, msg::sessi
     st.req.session = msg::mint_session_id("s");
   st.seq = st.req.prompt;
   st.rng_state = st.req.sampling.rng_state;
+  st.drafting = DraftControl(std::min(st.req.speculate, msg::max_draft));
   if (st.req.sampling.penalized() && st.req.sampling.repetition_penalty != 1.0f)
     for (auto id : st.req.prompt) // the repetition penalty sees the prompt too (count 0)
       st.penalty_counts.emplace(id, 0);
@@ -506,6 +560,9 @@ behavior session(session_self self, msg::supervisor_actor supervisor, msg::sessi
                   " >= 0, top_p " + std::to_string(sp.top_p) + " in (0, 1], min_p " + std::to_string(sp.min_p) +
                   " in [0, 1], presence and frequency penalties in [-2, 2], repetition penalty in (0, 10], logprobs " +
                   "in [-1, 20])");
+  if (st.req.speculate > msg::max_draft)
+    return refuse("session '" + st.req.session + "': speculate " + std::to_string(st.req.speculate) +
+                  " proposes more than the " + std::to_string(msg::max_draft) + " tokens a step may carry");
   if (st.req.prompt.empty())
     return refuse("session '" + st.req.session + "': the prompt is empty");
   if (opts.max_context > 0 && static_cast<int64_t>(st.req.prompt.size()) > opts.max_context)

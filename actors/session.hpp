@@ -30,6 +30,14 @@
 // for (resume_atom) before its next step, so a client can inject a failure at an
 // exact step.
 //
+// Speculative decoding (req.speculate > 0): a decode step may carry proposed
+// tokens after the newest one (prompt lookup, actors/speculation.hpp); the tail
+// answers which it took and its own next token, and the session takes them all
+// in order, as if they had come one step each. Proposals never reach past a
+// pause point, max_tokens or the context, so a step ends at most where a plain
+// one would. A resend carries the same proposals; a hop that rebuilds gets the
+// accepted tokens only (the session never holds rejected ones).
+//
 // Phases (one behavior each, switched with become):
 //   routing     a route request is in flight        -> stepping (route), backing_off (error), end (no_route)
 //   stepping    a step is in flight                 -> stepping (token, miss, route push), routing (push
@@ -43,6 +51,7 @@
 // superseded (a route push during a step, a timer after a push) is ignored: each
 // phase knows the one request it waits for.
 
+#include "actors/speculation.hpp"
 #include "messages/messages.hpp"
 
 #include <caf/all.hpp>
@@ -115,6 +124,8 @@ struct session_state {
   std::chrono::steady_clock::time_point started;
   bool first_token_seen = false;
   std::vector<msg::shard_actor> avoid; // shards this session could not reach (asks routes without them)
+  std::vector<int32_t> draft;     // the pending step's proposals (speculative decoding; kept for its resends)
+  DraftControl drafting;          // how many to propose (req.speculate: the most)
   std::optional<std::chrono::steady_clock::time_point> supervisor_lost; // when the supervisor went down
   std::chrono::steady_clock::time_point last_token_at;                  // when the last token came
   static inline const char* name = "strata.session";

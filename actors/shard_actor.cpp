@@ -48,6 +48,7 @@ msg::shard_stats shard_state::stats() const {
   s.computed = computed;
   s.recomputed = recomputed;
   s.prefix_hit_tokens = c.prefix_hit_tokens;
+  s.rolled_back = c.rolled_back;
   s.prefix_blocks = static_cast<uint64_t>(pool->published());
   s.prefix_cached = static_cast<uint64_t>(pool->cached());
   if (const auto* lp = pool->local()) {
@@ -135,6 +136,19 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
   if (T == 0 || (head && static_cast<int64_t>(req.tokens.size()) != T))
     return caf::make_error(ec::bad_shape, "step carries " + std::to_string(req.tokens.size()) + " tokens and " +
                                             std::to_string(T) + " positions");
+  if (!head && req.tokens.size() != req.draft) // later hops see only the proposals' ids (the tail verifies them)
+    return caf::make_error(ec::bad_shape, "a step past the head carries " + std::to_string(req.tokens.size()) +
+                                            " token ids for " + std::to_string(req.draft) + " proposals");
+  for (auto id : head ? std::vector<int32_t>{} : req.tokens) // (the head's forward pass checks its own)
+    if (id < 0 || id >= shard->config().vocab_size)
+      return caf::make_error(ec::bad_request, "token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                                std::to_string(shard->config().vocab_size));
+  if (req.draft > msg::max_draft || static_cast<int64_t>(req.draft) >= T)
+    return caf::make_error(ec::bad_request, "step proposes " + std::to_string(req.draft) + " tokens in " +
+                                              std::to_string(T) + " rows (at most " + std::to_string(msg::max_draft) +
+                                              ", and fewer than the rows)");
+  if (req.draft > 0 && (req.sampling.penalized() || req.sampling.logprobs >= 0))
+    return caf::make_error(ec::bad_request, "a speculative step carries no penalties and asks no logprobs");
   const auto mode = static_cast<step_mode>(req.mode);
   if (mode == step_mode::prefill && req.past_len != 0)
     return caf::make_error(ec::bad_request, "a prefill must start at position 0");
@@ -372,6 +386,7 @@ void shard_state::round(self_ptr self) {
       // The tail only needs the logits of the last row; other shards keep their
       // output rows in the cache blocks and pass them on from there.
       st.emit = tail && piece.last();
+      st.logit_rows = static_cast<int64_t>(q.req.draft) + 1; // the scheduler keeps them in the last piece
       batched_rows += n;
     }
     ++rounds;
@@ -420,7 +435,7 @@ void shard_state::round(self_ptr self) {
               ctx->ids.push_back(model::BlockId{q.req.blocks[k], q.req.blocks[k + 1]});
         }
       }
-      store->committed(*ctx, q.req.step_id, q.req.past_len);
+      store->committed(*ctx, q.req.step_id, q.req.past_len, static_cast<int64_t>(q.req.draft));
       recomputed += q.recomputed;
       q.req.recomputed += q.recomputed;
       expected.emplace(q.req.session, std::chrono::steady_clock::now());
@@ -436,7 +451,29 @@ void shard_state::round(self_ptr self) {
         r.recomputed = q.req.recomputed;
         try {
           const auto& sp = q.req.sampling;
-          if (sp.penalized()) {
+          const auto V = static_cast<std::size_t>(shard->config().vocab_size);
+          const auto draft = static_cast<std::size_t>(q.req.draft);
+          if (draft > 0) {
+            // Verify the proposals row by row: row i's logits judge proposal i
+            // (the token at row i + 1); the first one refused ends the run with
+            // the model's own token, and if all pass, the last row gives one more.
+            // (Every hop's request carries the proposals as the last `draft` tokens.)
+            const auto& lg = res.out.logits;
+            for (std::size_t i = 0; i <= draft; ++i) {
+              std::span<const float> row(lg.data() + i * V, V);
+              if (i == draft) {
+                r.token = sampler.sample(row);
+                break;
+              }
+              const int32_t proposed = q.req.tokens[q.req.tokens.size() - draft + i];
+              const auto v = sampler.verify(row, proposed);
+              if (!v.accepted) {
+                r.token = v.token;
+                break;
+              }
+              r.accepted.push_back(proposed);
+            }
+          } else if (sp.penalized()) {
             std::vector<float> logits(res.out.logits.begin(), res.out.logits.end());
             model::apply_penalties(logits, sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty,
                                    sp.penalty_ids, sp.penalty_counts);
@@ -480,7 +517,8 @@ void shard_state::pass_on(QueuedStep& q, const SessionCacheStore::Context& ctx) 
   const int64_t send_from = next_rebuilds ? 0 : req.past_len;
   const int64_t dim = shard->config().dim;
   msg::step_request next = req;
-  next.tokens.clear();
+  if (next.tokens.size() > req.draft) // the proposals travel on to the tail, which verifies them
+    next.tokens.erase(next.tokens.begin(), next.tokens.end() - static_cast<std::ptrdiff_t>(req.draft));
   next.hop_index = next_hop_index;
   next.positions = model::consecutive_positions(send_from, L - send_from);
   auto& blob = next.hidden;

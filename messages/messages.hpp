@@ -427,6 +427,13 @@ enum class step_mode : uint8_t { prefill = 0, decode = 1 };
 /// `blocks_from` on (two words each: hi, lo); the head makes them from the
 /// tokens, later hops learn them here. `recomputed` adds up, hop by hop, the
 /// layer-tokens rebuilt hops computed again for positions before past_len.
+///
+/// Speculative decoding: the last `draft` rows are proposed tokens, not yet
+/// the model's. Every hop runs and keeps them like any row; the tail verifies
+/// them (step_reply::accepted). The next step's past_len then tells every hop
+/// how many positions really count: a hop holding more, all of them past the
+/// rows it knew were certain, cuts its cache back to past_len (blocks go back
+/// to the pool), as if the rejected rows never came.
 struct step_request {
   std::string session;
   session_key key; ///< the owner's secret (see session_key)
@@ -445,7 +452,12 @@ struct step_request {
   int64_t blocks_from = 0;
   std::vector<uint64_t> blocks;
   uint64_t recomputed = 0;
+  uint32_t draft = 0; ///< proposed tokens at the end of the rows (speculative decoding)
 };
+
+/// Proposed tokens one step may carry (the tail's logits per row, and the
+/// session's proposers, are bounded by it).
+constexpr uint32_t max_draft = 15;
 
 /// Routes longer than this cannot name their rebuilt hops (a 64-bit mask).
 constexpr std::size_t max_route_hops = 64;
@@ -454,7 +466,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_request& x) {
   return f(caf::meta::type_name("step_request"), x.session, x.key, x.epoch, x.step_id, x.mode, x.past_len,
            guard(x.positions), guard(x.tokens), x.hidden, x.recipe, guard(x.route), x.hop_index, x.sampling,
-           x.rebuild, x.blocks_from, guard(x.blocks), x.recomputed);
+           x.rebuild, x.blocks_from, guard(x.blocks), x.recomputed, x.draft);
 }
 
 /// Why a shard holds no usable cache for a request.
@@ -486,12 +498,16 @@ struct step_reply {
   float logprob = 0;                 ///< the token's log-probability (sampling_state::logprobs >= 0)
   std::vector<int32_t> top_ids;      ///< the most likely tokens, most likely first
   std::vector<float> top_logprobs;   ///< and their log-probabilities
+  /// Speculative steps: the proposed tokens the tail took (a prefix of the
+  /// step's draft rows); `token` is the model's own next token after them.
+  std::vector<int32_t> accepted;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_reply& x) {
   return f(caf::meta::type_name("step_reply"), x.session, x.epoch, x.step_id, x.kind, x.token, x.rng_state, x.miss,
-           x.miss_hop, x.detail, x.recomputed, raw(x.logprob), guard(x.top_ids), guard(x.top_logprobs));
+           x.miss_hop, x.detail, x.recomputed, raw(x.logprob), guard(x.top_ids), guard(x.top_logprobs),
+           guard(x.accepted));
 }
 
 /// A shard's counters, for `status` and metrics.
@@ -526,6 +542,7 @@ struct shard_stats {
   std::string kv_dtype = "f32";     ///< how the pool keeps keys and values
   uint64_t kv_bytes_per_token = 0;  ///< keys and values of one position over the shard's layers
   uint64_t kept_bytes_per_token = 0; ///< the output row kept per position for recovery (0: the tail)
+  uint64_t rolled_back = 0;          ///< positions of rejected proposals cut from caches (speculative decoding)
 };
 
 template <class Inspector>
@@ -534,7 +551,7 @@ typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
            guard(x.misses), x.evictions, x.steps, x.duplicates, x.conflicts, x.orphans, x.pool_blocks, x.pool_used,
            x.block_bytes, x.queued, x.rounds, x.batched_rows, x.max_batch, x.overloaded, x.computed, x.recomputed,
            x.prefix_hit_tokens, x.prefix_blocks, x.prefix_cached, x.window_used, x.window_block_bytes, x.kv_dtype,
-           x.kv_bytes_per_token, x.kept_bytes_per_token);
+           x.kv_bytes_per_token, x.kept_bytes_per_token, x.rolled_back);
 }
 
 /// Streamed to a generation's client for every token, in order.
@@ -568,13 +585,15 @@ struct generation_result {
   uint64_t recomputed_tokens = 0;   ///< positions that recoveries had to rebuild (each recovered step's past_len)
   uint64_t recomputed_layer_tokens = 0; ///< what the rebuilt hops computed again, in layers x positions
   uint64_t full_layer_tokens = 0;   ///< what a full re-prefill of every layer would have recomputed instead
+  uint64_t proposed = 0;            ///< speculative decoding: tokens proposed
+  uint64_t accepted = 0;            ///< ... of them the model took
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_result& x) {
   return f(caf::meta::type_name("generation_result"), x.session, guard(x.ids), x.finish, raw(x.prefill_ms), raw(x.total_ms),
            x.steps, x.reprefills, x.retries, guard(x.misses), x.route_changes, x.recomputed_tokens,
-           x.recomputed_layer_tokens, x.full_layer_tokens);
+           x.recomputed_layer_tokens, x.full_layer_tokens, x.proposed, x.accepted);
 }
 
 /// A generation's request: prompt ids, limits, sampling.
@@ -587,12 +606,18 @@ struct generation_request {
   /// Token counts after which the session pauses until the client sends
   /// (resume_atom): deterministic points to inject failures at.
   std::vector<int64_t> pause_after;
+  /// Speculative decoding by prompt lookup: at most this many proposed tokens
+  /// per step (0: off; at most max_draft). Proposals come from the session's
+  /// own tokens (the longest recent n-gram match); how many adapts to how many
+  /// the model takes. Not with penalties or logprobs (the session then steps
+  /// one token at a time).
+  uint32_t speculate = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
   return f(caf::meta::type_name("generation_request"), x.session, guard(x.prompt), x.max_tokens, x.sampling,
-           guard(x.stop_ids), guard(x.pause_after));
+           guard(x.stop_ids), guard(x.pause_after), x.speculate);
 }
 
 } // namespace strata::msg

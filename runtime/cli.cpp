@@ -56,6 +56,8 @@ int cmd_generate(int argc, char** argv) {
     .option("shards", "A-B,C-D,...", "run through in-process shard actors with these layer ranges")
     .option("inject", "SPEC[,SPEC]", "failures at decode steps: evict:I@S kill:I@S epoch@S desync:I@S dup:I@S"
                                      " (freeze:I@S with --cluster)")
+    .option("speculate", "K", "speculative decoding by prompt lookup: propose up to K (1-15) tokens per step "
+                              "from the text so far; the output is the same (runs through shard actors)")
     .option("route-wait-ms", "MS", "with --cluster: how long to wait for a coordinator that went away to come back "
                                    "before failing with cluster_lost (default 10000)");
   add_network_options(a); // with --cluster
@@ -94,7 +96,8 @@ int cmd_generate(int argc, char** argv) {
       throw UsageError("--prompt-ids is empty");
   }
   model::set_num_threads(threads);
-  const bool actors_mode = a.has("shards") || a.has("inject") || on_cluster;
+  const auto speculate = static_cast<uint32_t>(a.integer("speculate", 0, 0, msg::max_draft));
+  const bool actors_mode = a.has("shards") || a.has("inject") || on_cluster || speculate > 0;
   caf::actor_system* csys = nullptr;
   msg::supervisor_actor coordinator;
   int64_t cluster_hops = 0;
@@ -188,6 +191,7 @@ int cmd_generate(int argc, char** argv) {
     greq.sampling = {req.sampling.temperature, req.sampling.top_k, req.sampling.top_p,
                      model::Sampler(req.sampling).state(), req.sampling.min_p};
     greq.stop_ids = rules.stop_ids;
+    greq.speculate = speculate;
     actors::SessionOptions sopts;
     sopts.max_context = cfg.max_seq_len;
     sopts.cluster_wait = std::chrono::milliseconds(a.integer("route-wait-ms", 10000, 1, 600000));
@@ -229,6 +233,14 @@ int cmd_generate(int argc, char** argv) {
                  static_cast<unsigned long long>(out.result.full_layer_tokens),
                  static_cast<unsigned long long>(out.result.route_changes),
                  static_cast<unsigned long long>(out.result.retries));
+    if (speculate > 0)
+      std::fprintf(stderr, "[strata] speculation: %llu proposed, %llu accepted (%.0f%%), %llu trips for %zu tokens "
+                           "(%.2f trips per token)\n",
+                   static_cast<unsigned long long>(out.result.proposed),
+                   static_cast<unsigned long long>(out.result.accepted),
+                   out.result.proposed ? 100.0 * static_cast<double>(out.result.accepted) / static_cast<double>(out.result.proposed) : 0.0,
+                   static_cast<unsigned long long>(out.result.steps), out.result.ids.size(),
+                   out.result.ids.empty() ? 0.0 : static_cast<double>(out.result.steps) / static_cast<double>(out.result.ids.size()));
   } else {
     res = generate(*pipe, req, emit);
   }

@@ -585,25 +585,34 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
     // The last row of every emitting sequence through the final norm and the
     // classifier, stacked: the classifier is read once for all of them.
     std::vector<const Seq*> emit;
+    std::vector<int64_t> first_out; // per emitting sequence: its first row in the stacked logits
+    int64_t S = 0;
     for (auto& q : plan.seqs)
-      if (batch[q.index].emit)
+      if (batch[q.index].emit) {
         emit.push_back(&q);
-    const auto S = static_cast<int64_t>(emit.size());
+        first_out.push_back(S);
+        S += std::clamp<int64_t>(batch[q.index].logit_rows, 1, q.rows);
+      }
     if (S > 0) {
       float* xn = grow(ws.xn, S * D);
       float* lg = grow(ws.logits, S * cfg.vocab_size);
-      for (int64_t k = 0; k < S; ++k)
-        rmsnorm(xn + k * D, x + (emit[static_cast<std::size_t>(k)]->row0 + emit[static_cast<std::size_t>(k)]->rows - 1) * D,
-                w.final_norm.data_ptr<float>(), D, static_cast<float>(cfg.norm_eps));
+      for (std::size_t e = 0; e < emit.size(); ++e) {
+        const Seq& q = *emit[e];
+        const int64_t n = (e + 1 < emit.size() ? first_out[e + 1] : S) - first_out[e];
+        for (int64_t k = 0; k < n; ++k)
+          rmsnorm(xn + (first_out[e] + k) * D, x + (q.row0 + q.rows - n + k) * D, w.final_norm.data_ptr<float>(), D,
+                  static_cast<float>(cfg.norm_eps));
+      }
       detail::matmul_rows(w.classifier, xn, lg, cfg.vocab_size, S, false);
       if (cfg.final_softcap > 0) { // gemma2: logits = c tanh(logits / c)
         const auto cap = static_cast<float>(cfg.final_softcap), inv = 1.0f / cap;
         for (int64_t i = 0; i < S * cfg.vocab_size; ++i)
           lg[i] = cap * std::tanh(lg[i] * inv);
       }
-      for (int64_t k = 0; k < S; ++k)
-        out[emit[static_cast<std::size_t>(k)]->index].out.logits.assign(lg + k * cfg.vocab_size,
-                                                                        lg + (k + 1) * cfg.vocab_size);
+      for (std::size_t e = 0; e < emit.size(); ++e) {
+        const int64_t end = e + 1 < emit.size() ? first_out[e + 1] : S;
+        out[emit[e]->index].out.logits.assign(lg + first_out[e] * cfg.vocab_size, lg + end * cfg.vocab_size);
+      }
     }
   } else {
     // Every shard but the tail keeps its output rows beside its keys and values

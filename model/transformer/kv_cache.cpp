@@ -203,12 +203,12 @@ int64_t KVCache::local_blocks() const {
   return static_cast<int64_t>(local_.size() - local_first_);
 }
 
-void KVCache::trim_window() {
+void KVCache::trim_window(int64_t certain) {
   if (local_.empty())
     return;
   // The next position, seq_len, sees keys from seq_len + 1 - window on; so does
   // every later one. Blocks that end before that are given back.
-  const int64_t first_seen = seq_len_ + 1 - pool_->shape().window;
+  const int64_t first_seen = std::min(seq_len_, certain) + 1 - pool_->shape().window;
   const auto keep_from =
     static_cast<std::size_t>(std::max<int64_t>(0, first_seen) / BlockPool::block_tokens); // block of first_seen
   for (; local_first_ < std::min(keep_from, local_.size()); ++local_first_) {

@@ -262,8 +262,10 @@ public:
   /// back the local blocks before the window first (trim_window()).
   bool reserve(int64_t tokens);
   /// Gives back the local blocks no later position can see: those wholly before
-  /// seq_len() + 1 - window.
-  void trim_window();
+  /// n + 1 - window, n = min(seq_len(), certain). A sequence that may still be
+  /// cut back (speculative rows: truncate()) passes the length it will keep
+  /// at least, so the window of any position it may restart from stays held.
+  void trim_window(int64_t certain = INT64_MAX);
   /// Forgets everything from position `n` on; whole blocks past it go back to
   /// the pool. Refused (errc::bad_argument, nothing changed) when position n's
   /// window reaches local blocks already given back.

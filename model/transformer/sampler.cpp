@@ -41,11 +41,7 @@ int32_t Sampler::argmax(std::span<const float> logits) {
   return best;
 }
 
-int32_t Sampler::sample(std::span<const float> logits) {
-  if (logits.empty())
-    throw Error(errc::bad_shape, "cannot sample from empty logits");
-  if (p_.temperature == 0.0f)
-    return argmax(logits);
+std::size_t Sampler::distribution(std::span<const float> logits, double& sum) {
   // Candidates sorted by logit (ties: lower id first), cut by top-k.
   scratch_.clear();
   for (std::size_t i = 0; i < logits.size(); ++i)
@@ -61,7 +57,7 @@ int32_t Sampler::sample(std::span<const float> logits) {
   }
   // Softmax at the temperature.
   const float mx = std::max_element(scratch_.begin(), scratch_.end(), [](auto& a, auto& b) { return a.first < b.first; })->first;
-  double sum = 0;
+  sum = 0;
   for (auto& c : scratch_) {
     c.first = std::exp((c.first - mx) / p_.temperature);
     sum += c.first;
@@ -93,6 +89,16 @@ int32_t Sampler::sample(std::span<const float> logits) {
     for (std::size_t i = 0; i < n; ++i)
       sum += scratch_[i].first;
   }
+  return n;
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  if (logits.empty())
+    throw Error(errc::bad_shape, "cannot sample from empty logits");
+  if (p_.temperature == 0.0f)
+    return argmax(logits);
+  double sum = 0;
+  const std::size_t n = distribution(logits, sum);
   const double coin = static_cast<double>(next_uniform()) * sum;
   double cum = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -101,6 +107,41 @@ int32_t Sampler::sample(std::span<const float> logits) {
       return scratch_[i].second;
   }
   return scratch_[n - 1].second;
+}
+
+Sampler::Verdict Sampler::verify(std::span<const float> logits, int32_t draft) {
+  if (logits.empty())
+    throw Error(errc::bad_shape, "cannot sample from empty logits");
+  if (p_.temperature == 0.0f) {
+    const int32_t best = argmax(logits);
+    return {best == draft, best};
+  }
+  double sum = 0;
+  const std::size_t n = distribution(logits, sum);
+  double w_draft = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    if (scratch_[i].second == draft)
+      w_draft = scratch_[i].first;
+  // The proposal put all its mass on `draft`: keep it with probability p(draft)
+  // (min(1, p / q) with q = 1), else draw from the residual max(0, p - q),
+  // which is p without `draft`.
+  if (w_draft > 0 && static_cast<double>(next_uniform()) * sum < w_draft)
+    return {true, draft};
+  const double rest = sum - w_draft;
+  if (!(rest > 0)) // p was all on draft (the coin cannot miss it); kept for safety
+    return {true, draft};
+  const double coin = static_cast<double>(next_uniform()) * rest;
+  double cum = 0;
+  int32_t last = -1;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (scratch_[i].second == draft)
+      continue;
+    cum += scratch_[i].first;
+    last = scratch_[i].second;
+    if (coin < cum)
+      return {false, last};
+  }
+  return {false, last};
 }
 
 void apply_penalties(std::span<float> logits, float presence, float frequency, float repetition,

@@ -28,12 +28,27 @@ public:
   int32_t sample(std::span<const float> logits);
   /// Index of the first maximum.
   static int32_t argmax(std::span<const float> logits);
+  /// Speculative decoding: whether the model, whose next-token logits are
+  /// `logits`, takes the proposed token `draft`, and the token it emits. Greedy:
+  /// taken when it is the argmax; the argmax otherwise. Sampling (a proposal
+  /// that was certain, as prompt lookup's are): taken with the probability the
+  /// sampler's distribution gives it; otherwise a token drawn from that
+  /// distribution without `draft` (renormalised). Either way the emitted token
+  /// is distributed exactly as sample(logits) would be.
+  struct Verdict {
+    bool accepted = false;
+    int32_t token = -1; ///< draft when accepted
+  };
+  Verdict verify(std::span<const float> logits, int32_t draft);
   /// State of the random generator, so a sampler can continue elsewhere.
   uint64_t state() const { return rng_; }
   void set_state(uint64_t s) { rng_ = s; }
 
 private:
   float next_uniform(); // [0, 1)
+  /// The candidates sample() draws from (scratch_[0, n), weights not normalised)
+  /// and their total weight.
+  std::size_t distribution(std::span<const float> logits, double& sum);
   SamplingParams p_;
   uint64_t rng_;
   std::vector<std::pair<float, int32_t>> scratch_;

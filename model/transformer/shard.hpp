@@ -32,10 +32,11 @@ struct Activation {
 };
 
 /// What one shard emits: the unnormalized residual stream (every shard but the
-/// tail) or the logits of the last position (the tail).
+/// tail) or the logits of the last position (the tail; of the last
+/// SeqStep::logit_rows positions, one vocab-wide row each, in order).
 struct ShardOutput {
   Activation hidden;         // (T, dim), non-tail shards
-  std::vector<float> logits; // (vocab), tail shard
+  std::vector<float> logits; // (logit_rows x vocab), tail shard
   bool has_logits() const { return !logits.empty(); }
 };
 
@@ -50,6 +51,9 @@ struct SeqStep {
   /// false: only fill the cache (a prefill chunk before the last); the tail skips
   /// its classifier and other shards return no hidden rows.
   bool emit = true;
+  /// The tail: logits for this many last rows (speculative decoding verifies a
+  /// proposal at each of them); at most the rows of the step.
+  int64_t logit_rows = 1;
 };
 
 /// What one sequence of a batch got: an error (nothing of its cache changed) or

@@ -1,0 +1,51 @@
+#pragma once
+// Speculative decoding, the session's side: what to propose and how much.
+//
+// A session that speculates sends its newest token and k proposed tokens as one
+// step of k + 1 rows; every hop runs them, the tail verifies the proposals
+// (msg::step_reply::accepted) and every hop cuts the rejected rows back at the
+// next step (msg::step_request::draft). One trip through the pipeline then
+// yields up to k + 1 tokens, which is what pays across a network.
+//
+// * lookup_proposal: prompt lookup (no second model): the most recent earlier
+//   place where the sequence's last n tokens occurred (n from max_ngram down
+//   to min_ngram), and the tokens that followed it there.
+// * DraftControl: how many to propose next. It follows the acceptance: all
+//   taken grows k by one (up to the request's maximum), some refused sets k to
+//   what was taken plus one, none taken halves it; after `patience` steps in a
+//   row that took nothing it stops proposing for a while (2, 4, ... 64 steps),
+//   so a text that does not repeat costs the pipeline almost nothing extra.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace strata::actors {
+
+/// Up to `k` tokens that followed the latest earlier occurrence of `seq`'s last
+/// n tokens (the longest n in [min_ngram, max_ngram] that occurs); empty when
+/// none does.
+std::vector<int32_t> lookup_proposal(std::span<const int32_t> seq, std::size_t k, std::size_t max_ngram = 4,
+                                     std::size_t min_ngram = 1);
+
+class DraftControl {
+public:
+  explicit DraftControl(uint32_t max = 0, int patience = 3);
+  /// Tokens to propose at the next step (0: step without proposals now).
+  uint32_t next() const { return cooldown_ > 0 ? 0 : k_; }
+  /// A step that proposed `proposed` tokens took `accepted` of them.
+  void observe(uint32_t proposed, uint32_t accepted);
+  /// A step went without proposals (none found, or cooling down).
+  void plain_step();
+  uint32_t max() const { return max_; }
+
+private:
+  uint32_t max_ = 0;
+  uint32_t k_ = 0;
+  int patience_ = 3;
+  int refused_in_row_ = 0;
+  int cooldown_ = 0;
+  int pause_ = 1; // the next cooldown's length / 2
+};
+
+} // namespace strata::actors

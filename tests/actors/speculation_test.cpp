@@ -1,0 +1,352 @@
+// Speculative decoding (issue 27): prompt-lookup proposals, the draft
+// controller, the sampler's verification rule, and end to end through shard
+// and session actors: greedy output equal to plain decoding through 1 and 3
+// shards under faults, 8 concurrent sessions mixing speculative and plain
+// ones, sampled tokens distributed as without speculation, and rejected rows
+// leaving every cache as if they never came.
+
+#include "actors/cluster.hpp"
+#include "actors/speculation.hpp"
+#include "messages/session_id.hpp"
+#include "model/transformer/sampler.hpp"
+#include "model/transformer/shard.hpp"
+#include "tests/actors/reference.hpp"
+#include "tests/support.hpp"
+
+#include <cmath>
+#include <map>
+#include <thread>
+
+namespace strata {
+namespace {
+
+using actors::Injection;
+using actors::LocalCluster;
+
+std::string model_name() {
+  return test::have_shared("models/stories260K.bin") ? test::shared_path("models/stories260K.bin") : "builtin:tiny";
+}
+
+// A prompt that repeats itself, as stories do: lookup finds proposals at once.
+std::vector<int32_t> repeating_prompt(int salt, int32_t vocab) {
+  std::vector<int32_t> p{1};
+  for (int rep = 0; rep < 3; ++rep)
+    for (int j = 0; j < 9; ++j)
+      p.push_back(static_cast<int32_t>((5 + 17 * salt + 29 * j) % (vocab - 3) + 3));
+  return p;
+}
+
+msg::generation_request request(std::vector<int32_t> prompt, int64_t n, const model::ModelConfig& cfg,
+                                uint32_t speculate) {
+  msg::generation_request r;
+  r.session = msg::mint_session_id("spec");
+  r.prompt = std::move(prompt);
+  r.max_tokens = n;
+  r.stop_ids = cfg.eos_ids;
+  r.speculate = speculate;
+  return r;
+}
+
+// Two-sample chi-square over the categories, pooling those with fewer than 10
+// draws in both samples into one; returns (statistic, degrees of freedom).
+std::pair<double, int> chi_square(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b) {
+  std::map<int32_t, std::pair<int, int>> bins;
+  for (auto [k, n] : a)
+    bins[k].first += n;
+  for (auto [k, n] : b)
+    bins[k].second += n;
+  std::vector<std::pair<double, double>> cells;
+  std::pair<double, double> rest{0, 0};
+  for (auto& [k, ab] : bins) {
+    if (ab.first + ab.second < 10)
+      rest = {rest.first + ab.first, rest.second + ab.second};
+    else
+      cells.emplace_back(ab.first, ab.second);
+  }
+  if (rest.first + rest.second > 0)
+    cells.push_back(rest);
+  double na = 0, nb = 0;
+  for (auto& c : cells) {
+    na += c.first;
+    nb += c.second;
+  }
+  double x2 = 0;
+  for (auto& c : cells) {
+    const double tot = c.first + c.second;
+    const double ea = tot * na / (na + nb), eb = tot * nb / (na + nb);
+    x2 += (c.first - ea) * (c.first - ea) / ea + (c.second - eb) * (c.second - eb) / eb;
+  }
+  return {x2, static_cast<int>(cells.size()) - 1};
+}
+
+// The chi-square value that a true null exceeds with probability 0.001
+// (Wilson-Hilferty: z = 3.09).
+double chi_square_bound(int df) {
+  const double d = std::max(1, df), z = 3.09;
+  return d * std::pow(1 - 2 / (9 * d) + z * std::sqrt(2 / (9 * d)), 3);
+}
+
+TEST(LookupProposal, TakesWhatFollowedTheLatestLongestMatch) {
+  //                         0  1  2  3  4  5  6  7  8  9 10 11
+  const std::vector<int32_t> s{5, 6, 7, 8, 9, 5, 6, 7, 4, 2, 6, 7};
+  // Last 2 tokens "6 7": latest earlier match at 6 (followed by 4 2 6 7).
+  EXPECT_EQ(actors::lookup_proposal(s, 3), (std::vector<int32_t>{4, 2, 6}));
+  EXPECT_EQ(actors::lookup_proposal(s, 10), (std::vector<int32_t>{4, 2, 6, 7})) << "up to the end of the sequence";
+  // "5 6 7" occurs at 0 and 5; the 3-gram at the end is "2 6 7": none; "6 7" decides.
+  const std::vector<int32_t> t{1, 2, 3, 4, 1, 2, 3, 9, 1, 2, 3};
+  EXPECT_EQ(actors::lookup_proposal(t, 2), (std::vector<int32_t>{9, 1})) << "the longest n-gram, its latest match";
+  EXPECT_TRUE(actors::lookup_proposal(std::vector<int32_t>{1, 2, 3, 4}, 4).empty()) << "nothing repeats";
+  EXPECT_TRUE(actors::lookup_proposal(s, 0).empty());
+  EXPECT_TRUE(actors::lookup_proposal(std::vector<int32_t>{}, 4).empty());
+  EXPECT_TRUE(actors::lookup_proposal(std::vector<int32_t>{3}, 4).empty());
+}
+
+TEST(DraftControl, FollowsTheAcceptanceAndStopsWhereNothingIsTaken) {
+  actors::DraftControl c(6, 3);
+  EXPECT_EQ(c.next(), 6u);
+  c.observe(6, 2);
+  EXPECT_EQ(c.next(), 3u) << "what was taken plus one";
+  c.observe(3, 3);
+  EXPECT_EQ(c.next(), 4u) << "all taken: one more";
+  c.observe(4, 0);
+  EXPECT_EQ(c.next(), 2u) << "none taken: half";
+  c.observe(2, 0);
+  c.observe(1, 0);
+  EXPECT_EQ(c.next(), 0u) << "three steps in a row took nothing: a pause";
+  c.plain_step();
+  c.plain_step();
+  EXPECT_EQ(c.next(), 1u) << "after 2 plain steps it proposes again";
+  for (int i = 0; i < 3; ++i)
+    c.observe(1, 0);
+  int paused = 0;
+  while (c.next() == 0) {
+    c.plain_step();
+    ++paused;
+  }
+  EXPECT_EQ(paused, 4) << "pauses double";
+  c.observe(1, 1);
+  EXPECT_EQ(c.next(), 2u);
+}
+
+// The rule keeps the model's distribution: over many draws, verify(logits, d)
+// emits each token as often as sample(logits) does, for a proposal the model
+// likes, one it does not, one outside the nucleus, under top-p and top-k.
+TEST(SpeculativeSampling, VerifyEmitsTokensDistributedAsSample) {
+  const std::vector<float> logits{2.0f, 1.6f, 1.1f, 0.7f, 0.2f, -0.4f, -1.0f, -2.5f, 0.9f, 1.3f};
+  const int N = 60000;
+  for (auto [temperature, top_p, top_k] : {std::tuple{1.0f, 1.0f, 0}, std::tuple{1.0f, 0.9f, 0},
+                                           std::tuple{0.7f, 1.0f, 5}}) {
+    for (int32_t draft : {0, 3, 7}) {
+      model::SamplingParams p{temperature, top_k, top_p, 11, 0};
+      model::Sampler plain(p), spec(model::SamplingParams{temperature, top_k, top_p, 12, 0});
+      std::map<int32_t, int> a, b;
+      int taken = 0;
+      for (int i = 0; i < N; ++i) {
+        ++a[plain.sample(logits)];
+        const auto v = spec.verify(logits, draft);
+        ++b[v.token];
+        taken += v.accepted ? 1 : 0;
+        if (v.accepted)
+          ASSERT_EQ(v.token, draft);
+        else
+          ASSERT_NE(v.token, draft) << "a refused proposal is never the emitted token";
+      }
+      const auto [x2, df] = chi_square(a, b);
+      EXPECT_LT(x2, chi_square_bound(df)) << "T " << temperature << " top_p " << top_p << " top_k " << top_k
+                                          << " draft " << draft << ": chi-square " << x2 << " over " << df
+                                          << " degrees of freedom";
+      EXPECT_NEAR(static_cast<double>(taken) / N, static_cast<double>(a[draft]) / N, 0.015)
+        << "a proposal is taken as often as the model would pick it";
+    }
+  }
+  model::Sampler greedy(model::SamplingParams{});
+  EXPECT_TRUE(greedy.verify(logits, 0).accepted);
+  EXPECT_EQ(greedy.verify(logits, 1).token, 0);
+}
+
+// Rollback at the model's level: one forward of a token and 3 proposals, cut
+// back to the token, then the next token: logits bit for bit those of plain
+// decoding, and the pool holds the same blocks (the proposals crossed a block
+// boundary; that block went back).
+TEST(SpeculativeRollback, RejectedRowsLeaveTheCacheAsIfTheyNeverCame) {
+  const auto model = model_name();
+  auto shard = model::Shard::load(model);
+  const auto V = static_cast<std::size_t>(shard->config().vocab_size);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 30; ++i)
+    prompt.push_back(static_cast<int32_t>((3 + 7 * i) % (static_cast<int32_t>(V) - 3) + 3));
+  model::KVCache a(shard->new_pool(std::size_t{1} << 24)), b(shard->new_pool(std::size_t{1} << 24));
+  for (auto* c : {&a, &b})
+    shard->forward(prompt, model::consecutive_positions(0, 30), *c);
+  const int32_t t1 = 5, t2 = 9;
+  const std::vector<int32_t> plain1{t1}, spec1{t1, 11, 12, 13};
+  const auto pa = shard->forward(plain1, model::consecutive_positions(30, 1), a);
+  ASSERT_TRUE(b.reserve(34));
+  const auto pos = model::consecutive_positions(30, 4);
+  model::SeqStep st;
+  st.tokens = spec1;
+  st.positions = pos;
+  st.cache = &b;
+  st.logit_rows = 4;
+  auto outs = shard->forward(std::span<const model::SeqStep>(&st, 1));
+  ASSERT_FALSE(outs[0].error);
+  ASSERT_EQ(outs[0].out.logits.size(), 4 * V);
+  EXPECT_TRUE(std::equal(pa.logits.begin(), pa.logits.end(), outs[0].out.logits.begin()))
+    << "the token's row among proposals is the plain row";
+  EXPECT_EQ(b.blocks(), 2) << "the proposals reached a second block";
+  b.truncate(31);
+  EXPECT_EQ(b.blocks(), 1);
+  EXPECT_EQ(a.pool()->in_use(), b.pool()->in_use()) << "the block of the proposals went back";
+  const std::vector<int32_t> next{t2};
+  const auto la = shard->forward(next, model::consecutive_positions(31, 1), a);
+  const auto lb = shard->forward(next, model::consecutive_positions(31, 1), b);
+  EXPECT_EQ(la.logits, lb.logits) << "the next step's logits equal the plain run's";
+}
+
+struct FaultCase {
+  std::string shards;
+  std::vector<Injection> inject;
+  std::string name;
+};
+
+class SpeculativeGreedy : public ::testing::TestWithParam<FaultCase> {};
+
+// Greedy with prompt lookup through 1 and 3 shards, with a fault at a step in
+// the middle of the generation (so the step after it carries proposals and
+// rebuilds): the ids equal the plain stateless run, and proposals were taken.
+TEST_P(SpeculativeGreedy, EqualsPlainDecodingUnderFaults) {
+  actors::actor_config cfg;
+  caf::actor_system sys{cfg};
+  const auto model = model_name();
+  LocalCluster c(sys, model, model::parse_layer_ranges(GetParam().shards));
+  const auto prompt = repeating_prompt(1, static_cast<int32_t>(c.config().vocab_size));
+  const int64_t n = 120;
+  const auto expected = test::stateless_ids(model, prompt, n);
+  auto out = c.generate(request(prompt, n, c.config(), 6), GetParam().inject);
+  ASSERT_TRUE(out.ok()) << sys.render(out.error);
+  EXPECT_EQ(out.result.ids, expected);
+  EXPECT_GT(out.result.accepted, 0u) << "lookup found proposals the model took";
+  EXPECT_LT(out.result.steps, static_cast<uint64_t>(n)) << "fewer trips than tokens";
+  for (auto& s : c.stats())
+    EXPECT_EQ(s.pool_used, 0u) << "every block back at the end";
+}
+
+std::vector<FaultCase> fault_cases() {
+  auto at = [](Injection::Kind k, int64_t hop, int64_t t) { return Injection{k, hop, t, msg::miss_reason::evicted_lru}; };
+  return {
+    {"0-4", {}, "OneShard"},
+    {"0-4", {at(Injection::evict, 0, 37)}, "OneShardEvict"},
+    {"0-1,2-3,4", {}, "ThreeShards"},
+    {"0-1,2-3,4", {at(Injection::evict, 1, 21), at(Injection::kill, 2, 47)}, "ThreeShardsEvictAndKill"},
+    {"0-1,2-3,4", {at(Injection::kill, 0, 33), at(Injection::epoch, 0, 61)}, "ThreeShardsKillHeadAndEpoch"},
+    {"0-1,2-3,4", {at(Injection::desync, 1, 29), at(Injection::dup, 2, 52)}, "ThreeShardsDesyncAndDuplicate"},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Routes, SpeculativeGreedy, ::testing::ValuesIn(fault_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// 8 sessions at once, half speculative, half plain, started as a crowd that
+// grows, while the middle hop is evicted and the route epoch bumped: each equals
+// the same request alone.
+TEST(SpeculativeCrowd, EightSessionsMixingSpeculativeAndPlainEachEqualAlone) {
+  actors::actor_config cfg;
+  caf::actor_system sys{cfg};
+  const auto model = model_name();
+  actors::ClusterOptions opts;
+  opts.session.max_retries = 100;
+  LocalCluster c(sys, model, model::parse_layer_ranges("0-1,2-3,4"), opts);
+  const auto vocab = static_cast<int32_t>(c.config().vocab_size);
+  const int n = 8;
+  const int64_t len = 80;
+  std::vector<std::vector<int32_t>> expected(n);
+  for (int i = 0; i < n; ++i)
+    expected[static_cast<std::size_t>(i)] = test::stateless_ids(model, repeating_prompt(i, vocab), len);
+  auto outs = test::run_staggered<actors::Outcome>(n, [&](int i, const auto& on_token) {
+    auto req = request(repeating_prompt(i, vocab), len, c.config(), i % 2 == 0 ? 8 : 0);
+    if (i == 0) // the first session puts the faults in place while the others run
+      return c.generate(req, {Injection{Injection::evict, 1, 20, msg::miss_reason::evicted_lru},
+                              Injection{Injection::epoch, 0, 40, {}}},
+                        on_token);
+    return c.generate(req, on_token);
+  });
+  uint64_t accepted = 0;
+  for (int i = 0; i < n; ++i) {
+    auto& o = outs[static_cast<std::size_t>(i)];
+    ASSERT_TRUE(o.ok()) << "session " << i << ": " << sys.render(o.error);
+    EXPECT_EQ(o.result.ids, expected[static_cast<std::size_t>(i)]) << "session " << i;
+    if (i % 2 == 1)
+      EXPECT_EQ(o.result.proposed, 0u);
+    accepted += o.result.accepted;
+  }
+  EXPECT_GT(accepted, 0u);
+  uint64_t rolled = 0;
+  for (auto& s : c.stats())
+    rolled += s.rolled_back;
+  EXPECT_GT(rolled, 0u) << "some proposals were refused and cut back";
+}
+
+// Sampling (temperature 1, and top-p 0.9): over many seeds, the tokens a
+// speculative step emits are distributed as plain decoding's: tokens 2 to 8 of
+// each run, counted by position (a repeating prompt, so proposals come early).
+TEST(SpeculativeSampling, SampledTokensFollowThePlainDistribution) {
+  actors::actor_config cfg;
+  caf::actor_system sys{cfg};
+  const auto model = model_name();
+  LocalCluster c(sys, model, model::parse_layer_ranges("0-2,3-4"));
+  const auto prompt = repeating_prompt(2, static_cast<int32_t>(c.config().vocab_size));
+  for (float top_p : {1.0f, 0.9f}) {
+    std::map<int32_t, int> plain, spec;
+    uint64_t proposed = 0;
+    const int runs = 300;
+    for (int s = 0; s < runs; ++s)
+      for (uint32_t k : {0u, 4u}) {
+        auto req = request(prompt, 8, c.config(), k);
+        req.sampling.temperature = 1.0f;
+        req.sampling.top_p = top_p;
+        req.sampling.rng_state = model::Sampler(model::SamplingParams{1.0f, 0, top_p, static_cast<uint64_t>(s + 1000 * k), 0}).state();
+        auto out = c.generate(req);
+        ASSERT_TRUE(out.ok()) << sys.render(out.error);
+        proposed += out.result.proposed;
+        auto& m = k == 0 ? plain : spec;
+        for (std::size_t i = 1; i < out.result.ids.size(); ++i)
+          ++m[out.result.ids[i] * 1000 + static_cast<int32_t>(i)];
+      }
+    EXPECT_GT(proposed, 100u);
+    std::printf("top_p %.1f: %llu proposed over %d speculative runs\n", top_p, static_cast<unsigned long long>(proposed), runs);
+    const auto [x2, df] = chi_square(plain, spec);
+    EXPECT_LT(x2, chi_square_bound(df)) << "top_p " << top_p << ": chi-square " << x2 << " over " << df
+                                        << " degrees of freedom";
+  }
+}
+
+} // namespace
+} // namespace strata
+
+namespace strata {
+namespace {
+
+// Sliding windows: gemma3-rand (window 16 on 2 of its 3 layers) through 3
+// shards, far past its window, with an eviction: the local layers' blocks that
+// rejected rows would have needed stay held until the rows are certain, and
+// the ids equal the plain stateless run.
+TEST(SpeculativeWindows, AWindowedModelSpeculatesFarPastItsWindow) {
+  STRATA_REQUIRE_SHARED("models/gguf/gemma3-rand-f32.gguf");
+  const auto model = test::shared_path("models/gguf/gemma3-rand-f32.gguf");
+  actors::actor_config cfg;
+  caf::actor_system sys{cfg};
+  LocalCluster c(sys, model, model::parse_layer_ranges("0,1,2"));
+  const auto prompt = repeating_prompt(3, static_cast<int32_t>(c.config().vocab_size));
+  const int64_t n = 100;
+  const auto expected = test::stateless_ids(model, prompt, n);
+  auto out = c.generate(request(prompt, n, c.config(), 6), {Injection{Injection::evict, 1, 50, msg::miss_reason::evicted_lru}});
+  ASSERT_TRUE(out.ok()) << sys.render(out.error);
+  EXPECT_EQ(out.result.ids, expected);
+  EXPECT_GT(out.result.proposed, 0u);
+  std::printf("gemma3-rand: %llu proposed, %llu accepted, %llu steps for %zu tokens\n",
+              static_cast<unsigned long long>(out.result.proposed), static_cast<unsigned long long>(out.result.accepted),
+              static_cast<unsigned long long>(out.result.steps), out.result.ids.size());
+}
+
+} // namespace
+} // namespace strata
