@@ -35,6 +35,10 @@ struct SchedulerLimits {
   /// How long a round waits for sessions answered in the last round that are not
   /// back yet (the rest of a batch arriving as a burst of messages); 0: never.
   std::chrono::microseconds gather{2000};
+  /// Whether a head whose whole route runs on this machine waits for its
+  /// batch to come back (lockstep, see shard_state::schedule_round). false:
+  /// every route is treated as spanning machines (node --assume-remote).
+  bool detect_colocation = true;
 };
 
 /// A step waiting in (or running through) the shard's queue.

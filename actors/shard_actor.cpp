@@ -214,7 +214,7 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
 
   if (req.epoch != colocated_epoch) { // a route is fixed per epoch: look at its hops once
     colocated_epoch = req.epoch;
-    colocated = req.route.size() > 1 && std::all_of(req.route.begin(), req.route.end(), [&](const msg::hop& h) {
+    colocated = scheduler->limits().detect_colocation && req.route.size() > 1 && std::all_of(req.route.begin(), req.route.end(), [&](const msg::hop& h) {
                   return h.shard && same_host(h.shard.node(), self->node());
                 });
   }

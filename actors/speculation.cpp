@@ -1,25 +1,52 @@
 #include "actors/speculation.hpp"
 
 #include <algorithm>
+#include <unordered_map>
 
 namespace strata::actors {
 
 std::vector<int32_t> lookup_proposal(std::span<const int32_t> seq, std::size_t k, std::size_t max_ngram,
                                      std::size_t min_ngram) {
   const std::size_t L = seq.size();
-  if (k == 0 || min_ngram == 0)
+  if (k == 0 || min_ngram == 0 || L < 2)
     return {};
-  for (std::size_t n = std::min(max_ngram, L > 0 ? L - 1 : 0); n >= min_ngram; --n) {
+  for (std::size_t n = std::min(max_ngram, L - 1); n >= min_ngram; --n) {
     const auto tail = seq.subspan(L - n);
-    // Latest start i < L - n whose n tokens equal the tail (so at least one follows).
-    for (std::size_t i = L - n; i-- > 0;) {
-      if (!std::equal(tail.begin(), tail.end(), seq.begin() + static_cast<std::ptrdiff_t>(i)))
-        continue;
-      const std::size_t from = i + n, to = std::min(L, from + k);
-      return {seq.begin() + static_cast<std::ptrdiff_t>(from), seq.begin() + static_cast<std::ptrdiff_t>(to)};
+    // Where the earlier occurrences of the last n tokens continue (latest first).
+    std::vector<std::size_t> next;
+    for (std::size_t i = L - n; i-- > 0;)
+      if (std::equal(tail.begin(), tail.end(), seq.begin() + static_cast<std::ptrdiff_t>(i)))
+        next.push_back(i + n);
+    if (next.empty()) {
+      if (n == min_ngram)
+        break;
+      continue;
     }
-    if (n == min_ngram)
-      break;
+    // Token by token, the continuation most of them share (a tie: the latest's);
+    // the places that went another way drop out.
+    std::vector<int32_t> out;
+    std::unordered_map<int32_t, std::size_t> votes;
+    while (out.size() < k && !next.empty()) {
+      votes.clear();
+      int32_t best = -1;
+      std::size_t best_n = 0;
+      for (auto p : next) {
+        if (p >= L)
+          continue;
+        const auto c = ++votes[seq[p]];
+        if (c > best_n) { // strictly more: on a tie the earlier-seen (later in the text) stays
+          best_n = c;
+          best = seq[p];
+        }
+      }
+      if (best_n == 0)
+        break;
+      out.push_back(best);
+      std::erase_if(next, [&](std::size_t p) { return p >= L || seq[p] != best; });
+      for (auto& p : next)
+        ++p;
+    }
+    return out;
   }
   return {};
 }

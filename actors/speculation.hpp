@@ -7,9 +7,12 @@
 // next step (msg::step_request::draft). One trip through the pipeline then
 // yields up to k + 1 tokens, which is what pays across a network.
 //
-// * lookup_proposal: prompt lookup (no second model): the most recent earlier
-//   place where the sequence's last n tokens occurred (n from max_ngram down
-//   to min_ngram), and the tokens that followed it there.
+// * lookup_proposal: prompt lookup (no second model): the earlier places where
+//   the sequence's last n tokens occurred (the longest n from max_ngram down to
+//   min_ngram that occurs), and, token by token, the continuation most of them
+//   share (a tie goes to the latest). Voting beats "the latest match" on
+//   stories260K's greedy text: 0.68 instead of 0.79 trips per token (k = 8,
+//   simulated over 5 generations of 500 tokens).
 // * DraftControl: how many to propose next. It follows the acceptance: all
 //   taken grows k by one (up to the request's maximum), some refused sets k to
 //   what was taken plus one, none taken halves it; after `patience` steps in a
@@ -22,9 +25,9 @@
 
 namespace strata::actors {
 
-/// Up to `k` tokens that followed the latest earlier occurrence of `seq`'s last
-/// n tokens (the longest n in [min_ngram, max_ngram] that occurs); empty when
-/// none does.
+/// Up to `k` tokens that most earlier occurrences of `seq`'s last n tokens
+/// continued with (the longest n in [min_ngram, max_ngram] that occurs); empty
+/// when none does.
 std::vector<int32_t> lookup_proposal(std::span<const int32_t> seq, std::size_t k, std::size_t max_ngram = 4,
                                      std::size_t min_ngram = 1);
 

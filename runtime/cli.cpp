@@ -2,6 +2,7 @@
 
 #include "actors/cluster.hpp"
 #include "runtime/certs.hpp"
+#include "runtime/delay_proxy.hpp"
 #include "runtime/cluster.hpp"
 #include "messages/session_id.hpp"
 #include "model/base/error.hpp"
@@ -33,6 +34,7 @@ constexpr const char* top_usage =
   "  tokenize     print the token ids of a text\n"
   "  detokenize   print the text of token ids\n"
   "  info         print a model's configuration\n"
+  "  delay-proxy  forward TCP connections with a one-way delay (a simulated network link)\n"
   "\n"
   "Run 'strata <command> --help' for the options of a command.\n";
 
@@ -367,6 +369,8 @@ int run_cli(int argc, char** argv, const std::map<std::string, Command>& extra) 
       return run_status(argc, argv);
     if (cmd == "inject")
       return run_inject(argc, argv);
+    if (cmd == "delay-proxy")
+      return cmd_delay_proxy(argc, argv);
     std::fprintf(stderr, "strata: error: unknown command '%s' (try 'strata --help')\n", cmd.c_str());
     return 2;
   } catch (const UsageError& e) {

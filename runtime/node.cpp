@@ -342,6 +342,8 @@ int run_node(int argc, char** argv) {
     .option("max-batch-tokens", "N", "input rows one batched round may run (default 256)")
     .option("prefill-chunk", "N", "rows per piece of a long prompt, so decodes keep flowing (default 128)")
     .option("max-queue", "N", "steps waiting before new ones get 'overloaded' (default 512)")
+    .option("assume-remote", "", "treat every other node as on another machine, even on this one (no lockstep "
+                                 "waits for co-located pipelines; for measuring cross-machine behaviour here)")
     .option("route-wait-ms", "MS", "coordinator: how long a session waits for a complete route (default 10000, at most 60000)")
     .option("threads", "N", "threads for tensor math (default: all cores)")
     .option("dtype", "auto|f32|bf16|q8_0|q4_0|q4_K", "how weights are kept in memory (default auto: GGUF types as stored, others f32); nodes of a cluster must agree")
@@ -390,6 +392,7 @@ int run_node(int argc, char** argv) {
     sched.max_batch_tokens = a.integer("max-batch-tokens", sched.max_batch_tokens, 1, 1 << 20);
     sched.prefill_chunk = a.integer("prefill-chunk", sched.prefill_chunk, 1, 1 << 20);
     sched.max_queue = static_cast<std::size_t>(a.integer("max-queue", static_cast<int64_t>(sched.max_queue), 1, 1 << 20));
+    sched.detect_colocation = !a.has("assume-remote");
   }
   const Liveness live = liveness_from(a);
   model::set_num_threads(static_cast<int>(a.integer("threads", 0, 0, 1024)));

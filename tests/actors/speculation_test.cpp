@@ -86,7 +86,7 @@ double chi_square_bound(int df) {
   return d * std::pow(1 - 2 / (9 * d) + z * std::sqrt(2 / (9 * d)), 3);
 }
 
-TEST(LookupProposal, TakesWhatFollowedTheLatestLongestMatch) {
+TEST(LookupProposal, TakesWhatMostMatchesOfTheLongestNgramContinuedWith) {
   //                         0  1  2  3  4  5  6  7  8  9 10 11
   const std::vector<int32_t> s{5, 6, 7, 8, 9, 5, 6, 7, 4, 2, 6, 7};
   // Last 2 tokens "6 7": latest earlier match at 6 (followed by 4 2 6 7).
@@ -95,6 +95,9 @@ TEST(LookupProposal, TakesWhatFollowedTheLatestLongestMatch) {
   // "5 6 7" occurs at 0 and 5; the 3-gram at the end is "2 6 7": none; "6 7" decides.
   const std::vector<int32_t> t{1, 2, 3, 4, 1, 2, 3, 9, 1, 2, 3};
   EXPECT_EQ(actors::lookup_proposal(t, 2), (std::vector<int32_t>{9, 1})) << "the longest n-gram, its latest match";
+  // "2 3" (no 3-gram "3 2 3" before) continued twice with 9, once (the latest) with 5.
+  const std::vector<int32_t> u{2, 3, 9, 8, 2, 3, 9, 7, 2, 3, 5, 8, 2, 3};
+  EXPECT_EQ(actors::lookup_proposal(u, 3), (std::vector<int32_t>{9, 7, 2})) << "the majority (9), then a tie between the two that agreed: the latest";
   EXPECT_TRUE(actors::lookup_proposal(std::vector<int32_t>{1, 2, 3, 4}, 4).empty()) << "nothing repeats";
   EXPECT_TRUE(actors::lookup_proposal(s, 0).empty());
   EXPECT_TRUE(actors::lookup_proposal(std::vector<int32_t>{}, 4).empty());

@@ -1,0 +1,204 @@
+// strata_bench wan: a 3-hop cluster across a simulated network. Not a test.
+//
+// A coordinator and 3 node processes (--assume-remote: they behave as on
+// separate machines); every node advertises a delay proxy (runtime/
+// delay_proxy.hpp) in front of its real port, so every connection to a node,
+// from the client or from the hop before it, crosses the delay both ways: one
+// token's trip is client -> head -> middle -> tail -> client, 4 one-way delays.
+// For one-way delays of 0, 5, 25 and 50 ms and 1, 8 and 32 concurrent sessions,
+// plain and with prompt-lookup speculation: total tok/s, median time to first
+// token, trips per token, acceptance, and the rows per round each hop ran.
+//
+// Usage: strata_bench wan [MODEL ...] (default: builtin:qwen2-0.5b as q8_0, then
+// stories260K when ../shared has it).
+
+#include "actors/cluster.hpp"
+#include "messages/session_id.hpp"
+#include "model/transformer/shard.hpp"
+#include "runtime/cluster.hpp"
+#include "runtime/delay_proxy.hpp"
+#include "tests/bench/measure.hpp"
+#include "tests/bench/process_cluster.hpp"
+
+#include <utility> // (before asio, see delay_proxy.cpp)
+
+#include <boost/asio.hpp>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+using namespace strata;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+using bench::ms_between;
+using bench::pct;
+
+uint16_t free_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+struct Run {
+  double tok_s = 0, ttft_ms = 0, trips_per_token = 0, acceptance = -1;
+  std::string rows_per_round;
+  int failed = 0;
+};
+
+std::string rows_per_round(const std::vector<msg::shard_stats>& before, const std::vector<msg::shard_stats>& after) {
+  std::string out;
+  for (std::size_t i = 0; i < after.size() && i < before.size(); ++i) {
+    const double rounds = static_cast<double>(after[i].rounds - before[i].rounds);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f",
+                  rounds > 0 ? static_cast<double>(after[i].batched_rows - before[i].batched_rows) / rounds : 0.0);
+    out += (out.empty() ? "" : " / ") + std::string(buf);
+  }
+  return out;
+}
+
+} // namespace
+
+int wan_bench_main(int argc, char** argv) {
+  const std::string exe = (std::filesystem::path(argv[0]).parent_path() / "strata").string();
+  std::vector<std::string> models;
+  for (int i = 2; i < argc; ++i)
+    models.push_back(argv[i]);
+  if (models.empty()) {
+    models.push_back("builtin:qwen2-0.5b");
+    if (std::filesystem::exists("../shared/models/stories260K.bin"))
+      models.push_back("../shared/models/stories260K.bin");
+  }
+  const std::vector<double> delays{0, 5, 25, 50};
+  const std::vector<int> crowd{1, 8, 32};
+  const int64_t tokens = 32;
+  std::printf("# strata_bench wan: 3 node processes, each behind a delay proxy (one-way delay per link, both "
+              "ways); %lld tokens per session; speculation: prompt lookup, at most 8 proposals\n\n",
+              static_cast<long long>(tokens));
+  for (const auto& model : models) {
+    const bool builtin = model.rfind("builtin:", 0) == 0;
+    const auto cfg = model::read_config(model);
+    const int64_t L = cfg.n_layers;
+    const std::vector<std::string> layers{"0-" + std::to_string(L / 3 - 1),
+                                          std::to_string(L / 3) + "-" + std::to_string(2 * L / 3 - 1),
+                                          std::to_string(2 * L / 3) + "-" + std::to_string(L - 1)};
+    bench::ProcessCluster pc(exe, model);
+    pc.threads = "1";
+    std::vector<std::unique_ptr<runtime::DelayProxy>> proxies;
+    for (auto& r : layers) {
+      const auto port = free_port();
+      runtime::DelayProxyOptions po;
+      po.target_port = port;
+      proxies.push_back(std::make_unique<runtime::DelayProxy>(po));
+      pc.node_flags = {"--assume-remote", "--advertise", "127.0.0.1:" + std::to_string(proxies.back()->port())};
+      if (builtin)
+        pc.node_flags.insert(pc.node_flags.end(), {"--dtype", "q8_0"});
+      // ProcessCluster::start listens on port 0; this node must listen where its proxy forwards.
+      std::vector<std::string> argv2{exe, "node", "--listen", "127.0.0.1:" + std::to_string(port), "--join", pc.address,
+                                     "--model", model, "--layers", r, "--threads", pc.threads};
+      argv2.insert(argv2.end(), pc.node_flags.begin(), pc.node_flags.end());
+      bench::ProcessCluster::Node n;
+      n.layers = r;
+      n.proc = std::make_unique<bench::Process>(argv2);
+      pc.nodes.push_back(std::move(n));
+      pc.identify(pc.nodes.back());
+    }
+    runtime::cluster_config ccfg;
+    caf::actor_system sys{ccfg};
+    auto sup = runtime::connect_coordinator(sys, runtime::parse_endpoint(pc.address, "cluster"));
+    actors::SessionOptions so;
+    so.max_context = cfg.max_seq_len;
+    auto stats = [&] {
+      msg::route_info all;
+      std::vector<msg::shard_stats> out;
+      for (auto& v : runtime::list_shards(sys, sup, all))
+        out.push_back(v.stats);
+      return out;
+    };
+    // Prompts that repeat a phrase (so lookup has something to find, as in chat
+    // histories and code), different per session.
+    auto prompt_of = [&](int i) {
+      std::vector<int32_t> p;
+      if (cfg.bos_id >= 0)
+        p.push_back(cfg.bos_id);
+      for (int rep = 0; rep < 2; ++rep)
+        for (int j = 0; j < 8; ++j)
+          p.push_back(static_cast<int32_t>((1000 + 7919 * i + 104729 * j) % (cfg.vocab_size - 10) + 5));
+      return p;
+    };
+    auto run = [&](int n, uint32_t speculate) {
+      const auto before = stats();
+      std::atomic<int64_t> got{0};
+      std::atomic<uint64_t> trips{0}, proposed{0}, accepted{0};
+      std::atomic<int> failed{0};
+      std::vector<double> ttft(static_cast<std::size_t>(n), 0);
+      const auto t0 = clk::now();
+      std::vector<std::thread> threads;
+      for (int i = 0; i < n; ++i)
+        threads.emplace_back([&, i] {
+          msg::generation_request r;
+          r.session = msg::mint_session_id("wan");
+          r.prompt = prompt_of(i);
+          r.max_tokens = tokens;
+          r.speculate = speculate;
+          const auto s0 = clk::now();
+          bool first = true;
+          auto out = actors::run_generation(sys, sup, std::move(r), so, {}, {}, [&](const msg::token_event&) {
+            if (first)
+              ttft[static_cast<std::size_t>(i)] = ms_between(s0, clk::now());
+            first = false;
+            ++got;
+          });
+          if (!out.ok()) {
+            ++failed;
+            return;
+          }
+          trips += out.result.steps;
+          proposed += out.result.proposed;
+          accepted += out.result.accepted;
+        });
+      for (auto& t : threads)
+        t.join();
+      Run res;
+      res.tok_s = static_cast<double>(got.load()) * 1000.0 / ms_between(t0, clk::now());
+      res.ttft_ms = pct(ttft, 0.5);
+      res.trips_per_token = got > 0 ? static_cast<double>(trips.load()) / static_cast<double>(got.load()) : 0;
+      if (proposed > 0)
+        res.acceptance = static_cast<double>(accepted.load()) / static_cast<double>(proposed.load());
+      res.failed = failed;
+      res.rows_per_round = rows_per_round(before, stats());
+      return res;
+    };
+    run(1, 0); // warm-up: every connection made
+    std::printf("## %s (%s)\n\n| one-way delay ms | sessions | speculation | total tok/s | vs 1 session | median "
+                "TTFT ms | trips per token | accepted | rows per round (per hop) | failed |\n"
+                "|---|---|---|---|---|---|---|---|---|---|\n",
+                model.c_str(), builtin ? (cfg.summary() + ", q8_0").c_str() : cfg.summary().c_str());
+    for (double d : delays) {
+      for (auto& p : proxies)
+        p->set_delay(std::chrono::microseconds(static_cast<int64_t>(d * 1000)));
+      for (uint32_t spec : {0u, 8u}) {
+        double one = 0;
+        for (int n : crowd) {
+          const auto r = run(n, spec);
+          if (n == 1)
+            one = r.tok_s;
+          char acc[32] = "-";
+          if (r.acceptance >= 0)
+            std::snprintf(acc, sizeof acc, "%.0f%%", 100 * r.acceptance);
+          std::printf("| %.0f | %d | %s | %.1f | %.2fx | %.0f | %.2f | %s | %s | %d |\n", d, n,
+                      spec ? "lookup" : "off", r.tok_s, one > 0 ? r.tok_s / one : 0.0, r.ttft_ms, r.trips_per_token, acc,
+                      r.rows_per_round.c_str(), r.failed);
+          std::fflush(stdout);
+        }
+      }
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
