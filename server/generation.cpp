@@ -199,6 +199,7 @@ void Generation::prepare_and_generate() {
   g.prompt = prompt;
   g.max_tokens = max_tokens;
   g.stop_ids = req_.chat && m.tok ? chat_stop_ids(m.family, *m.tok, m.cfg, m.chat.get()) : m.cfg.eos_ids;
+  g.speculate = srv_->opts.speculate;
   model::SamplingParams sp;
   sp.temperature = req_.temperature;
   sp.top_p = req_.top_p;

@@ -47,6 +47,7 @@ struct ServerOptions {
   std::string tokenizer;                           ///< tokenizer path ("" = the model's default)
   std::string api_key;                             ///< "" = no authentication
   bool allow_inject = false;                       ///< POST /v1/cluster/inject (--allow-inject)
+  uint32_t speculate = 0;                          ///< proposals per step by prompt lookup (--speculate; 0: off)
   std::string cors_origin;                         ///< the one origin CORS allows ("" = none)
   std::string served_model_name;                   ///< the model's id in the API ("" = file or directory name)
   std::string chat_template;                       ///< a template file overriding the model's own ("" = the model's)

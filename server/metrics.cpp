@@ -103,6 +103,10 @@ void Metrics::generation(const msg::generation_result& r) {
   recomputed_ += r.recomputed_tokens;
   recomputed_layers_ += r.recomputed_layer_tokens;
   full_layers_ += r.full_layer_tokens;
+  proposed_ += r.proposed;
+  accepted_ += r.accepted;
+  trips_ += r.steps;
+  generated_ += r.ids.size();
 }
 
 void Metrics::cancelled() {
@@ -138,6 +142,15 @@ std::string Metrics::render(const ClusterSnapshot& c) const {
     scalar(out, "strata_route_changes_total", "counter",
            "Route changes pushed to this server's sessions.", route_changes_);
     scalar(out, "strata_session_retries_total", "counter", "Failed steps retried by this server's sessions.", retries_);
+    scalar(out, "strata_speculative_proposed_tokens_total", "counter",
+           "Speculative decoding: tokens proposed (serve --speculate).", proposed_);
+    scalar(out, "strata_speculative_accepted_tokens_total", "counter",
+           "Speculative decoding: proposed tokens the model took.", accepted_);
+    scalar(out, "strata_session_trips_total", "counter",
+           "Steps sessions sent through the pipeline (trips; divided by strata_session_tokens_total: trips per token).",
+           trips_);
+    scalar(out, "strata_session_tokens_total", "counter", "Tokens of ended sessions (stop tokens not counted).",
+           generated_);
     scalar(out, "strata_cancelled_total", "counter",
            "Generations cancelled (client gone, stop string, timeout, shutdown).", cancelled_);
   }

@@ -37,6 +37,9 @@ int run_serve(int argc, char** argv) {
                                         "client is closed and its generation ended (default 1048576)")
     .option("api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/* (or env STRATA_API_KEY)")
     .option("allow-inject", "", "enable POST /v1/cluster/inject (kill/freeze/evict nodes; off by default)")
+    .option("speculate", "K", "speculative decoding by prompt lookup: each step proposes up to K (1-15) tokens from "
+                              "the text so far, verified in one trip; the output is unchanged (default 0: off; "
+                              "requests with penalties or logprobs step one token at a time)")
     .option("served-model-name", "NAME", "the model's id in the API (default: its file or directory name)")
     .option("chat-template", "FILE", "a Jinja chat template (or a tokenizer_config.json) overriding the model's own")
     .option("allow-control-tokens-in-messages", "",
@@ -80,6 +83,7 @@ int run_serve(int argc, char** argv) {
     throw runtime::UsageError("STRATA_API_KEY is set but empty: give a key, or unset it to serve without one");
   o.api_key = a.has("api-key") ? a.str("api-key") : (env_key ? env_key : "");
   o.allow_inject = a.has("allow-inject");
+  o.speculate = static_cast<uint32_t>(a.integer("speculate", 0, 0, msg::max_draft));
   o.cors_origin = a.str("cors-origin");
   o.served_model_name = a.str("served-model-name");
   o.chat_template = a.str("chat-template");

@@ -488,6 +488,54 @@ TEST(Cluster, NewArchitecturesAcrossProcessesWithFaultsEqualLlamaCpp) {
   }
 }
 
+// Across a simulated network (issue 27): every node behind a `strata
+// delay-proxy` at 25 ms one way (so one token's trip crosses 4 delays), the
+// nodes told to behave as on separate machines. Four clients at once, three of
+// them speculating (one with an eviction, one with an epoch bump at a step in
+// the middle), one plain: each client's ids equal the same request run alone in
+// one process, and the proxies carried the traffic.
+TEST(Cluster, ThroughDelayProxiesSpeculativeAndPlainClientsEqualAlone) {
+  Cluster c;
+  ASSERT_FALSE(c.address.empty());
+  std::vector<std::unique_ptr<Process>> proxies;
+  for (auto layers : {"0-1", "2-3", "4"}) {
+    const auto port = free_port();
+    proxies.push_back(std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c",
+      "exec " + exe + " delay-proxy --listen 127.0.0.1:0 --to 127.0.0.1:" + std::to_string(port) + " --delay-ms 25 2>&1"}));
+    const auto ready = proxies.back()->wait_line("ready delay-proxy ");
+    ASSERT_FALSE(ready.empty());
+    const auto proxy_addr = ready.substr(std::string("ready delay-proxy ").size(), ready.find(" ->") - std::string("ready delay-proxy ").size());
+    c.nodes.push_back(std::make_unique<Process>(std::vector<std::string>{
+      exe, "node", "--listen", "127.0.0.1:" + std::to_string(port), "--advertise", proxy_addr, "--assume-remote",
+      "--join", c.address, "--model", "builtin:tiny", "--layers", layers, "--threads", "1"}));
+    ASSERT_FALSE(c.nodes.back()->wait_line("ready node ").empty()) << layers;
+  }
+  const std::string text = "--prompt 'the cat sat on the mat, the cat sat on the mat, the cat sat on the' --max-tokens 40 --output ids";
+  const auto alone = ids_line(run("generate --model builtin:tiny " + text));
+  ASSERT_FALSE(alone.empty());
+  const std::vector<std::string> extra = {" --speculate 6 --inject evict:1@12", " --speculate 6 --inject epoch@20",
+                                          " --speculate 6", ""};
+  std::vector<std::unique_ptr<Process>> clients;
+  for (auto& e : extra)
+    clients.push_back(std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c", "exec " + exe + " generate --cluster " + c.address + " " + text + e + " 2>&1"}));
+  for (std::size_t i = 0; i < clients.size(); ++i) {
+    const auto out = clients[i]->drain();
+    EXPECT_EQ(ids_line(out), alone) << "client " << i << " (" << extra[i] << "):\n" << out;
+    EXPECT_EQ(clients[i]->wait_exit(), 0);
+    if (extra[i].find("speculate") != std::string::npos)
+      EXPECT_NE(out.find("speculation: "), std::string::npos) << out;
+  }
+  for (auto& p : proxies) {
+    p->stop(SIGTERM);
+    const auto summary = p->drain();
+    const auto at = summary.find("delay-proxy: ");
+    ASSERT_NE(at, std::string::npos) << summary;
+    EXPECT_GT(std::atoi(summary.c_str() + at + 13), 0) << "connections through the proxy:\n" << summary;
+  }
+}
+
 TEST(Cluster, NonLoopbackNeedsInsecure) {
   const auto out = run("node --coordinator --listen 0.0.0.0:0");
   EXPECT_NE(out.find("--insecure"), std::string::npos) << out;
