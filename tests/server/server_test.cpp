@@ -176,8 +176,10 @@ TEST_F(Server, ThirtyTwoConcurrentStreamsEqualEachServedAlone) {
 
 // /metrics as {"name{labels}": value}; fails the test on a line that is not
 // valid Prometheus text exposition.
-std::map<std::string, double> scrape(const Served& c) {
-  auto r = c.call("/metrics");
+std::map<std::string, double> scrape(const std::string& base) {
+  const auto raw = sh("curl -s -m 60 -w '\\n%{http_code}' " + base + "/metrics");
+  const auto nl = raw.rfind('\n');
+  Http r{nl == std::string::npos ? 0 : std::atoi(raw.c_str() + nl + 1), nl == std::string::npos ? raw : raw.substr(0, nl)};
   EXPECT_EQ(r.status, 200);
   static const std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? (-?[0-9.e+-]+|\+Inf|NaN)$)");
   static const std::regex meta(R"(^# (HELP [a-zA-Z_:][a-zA-Z0-9_:]* .*|TYPE [a-zA-Z_:][a-zA-Z0-9_:]* (counter|gauge|histogram|summary|untyped))$)");
@@ -199,7 +201,7 @@ std::map<std::string, double> scrape(const Served& c) {
 }
 
 TEST_F(Server, MetricsParseAndMoveWithRequestsAndAnEviction) {
-  auto before = scrape(c());
+  auto before = scrape(c().base);
   ASSERT_TRUE(before.count("strata_route_epoch"));
   EXPECT_EQ(before["strata_route_complete"], 1);
   const std::string ok = R"(strata_http_requests_total{endpoint="/v1/completions",status="200"})";
@@ -221,7 +223,7 @@ TEST_F(Server, MetricsParseAndMoveWithRequestsAndAnEviction) {
                      "-H 'Content-Type: application/json'").status,
               200);
   EXPECT_EQ(sse_text(stream.drain()), expected); // drain() includes the lines already read
-  auto after = scrape(c());
+  auto after = scrape(c().base);
   EXPECT_EQ(after[ok] - before[ok], 3);
   EXPECT_EQ(after[bad] - before[bad], 1);
   EXPECT_GE(after["strata_tokens_generated_total"] - before["strata_tokens_generated_total"], 500);
@@ -235,22 +237,55 @@ TEST_F(Server, MetricsParseAndMoveWithRequestsAndAnEviction) {
   EXPECT_GE(after["strata_time_to_first_token_seconds_count"] - before["strata_time_to_first_token_seconds_count"], 3);
 }
 
+// serve --speculate: 8 requests at once (streamed and not) to a speculating
+// server answer exactly what the plain server answers, and /metrics counts
+// the proposals and the trips.
+TEST_F(Server, SpeculatingServeAnswersAsThePlainOneAndCountsProposals) {
+  Process spec({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--speculate", "6"});
+  const auto line = spec.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  const std::string sbase = "http://" + line.substr(11);
+  std::vector<std::string> prompts;
+  for (int i = 0; i < 8; ++i)
+    prompts.push_back("a b c " + std::to_string(i) + " a b c " + std::to_string(i) + " a b c");
+  std::vector<std::unique_ptr<Process>> running;
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    running.push_back(std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c",
+      "curl -sN -m 120 --data-binary " + quote(completion_body(prompts[i], 48, i % 2 == 0)) + " " + sbase +
+        "/v1/completions"}));
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const auto body = running[i]->drain();
+    const std::string got = i % 2 == 0 ? sse_text(body) : json::parse(body)["choices"][0]["text"].get<std::string>();
+    const auto plain = json::parse(c().call("/v1/completions", completion_body(prompts[i], 48, false)).body);
+    EXPECT_EQ(got, plain["choices"][0]["text"].get<std::string>()) << prompts[i];
+  }
+  auto m = scrape(sbase);
+  EXPECT_GT(m["strata_speculative_proposed_tokens_total"], 0);
+  EXPECT_LE(m["strata_speculative_accepted_tokens_total"], m["strata_speculative_proposed_tokens_total"]);
+  EXPECT_GT(m["strata_session_trips_total"], 0);
+  EXPECT_LE(m["strata_session_trips_total"], m["strata_session_tokens_total"]);
+  std::printf("speculating serve: %.0f proposed, %.0f accepted, %.0f trips for %.0f tokens\n",
+              m["strata_speculative_proposed_tokens_total"], m["strata_speculative_accepted_tokens_total"],
+              m["strata_session_trips_total"], m["strata_session_tokens_total"]);
+}
+
 TEST_F(Server, ClientThatDisconnectsCancelsAndFreesCaches) {
-  auto before = scrape(c());
+  auto before = scrape(c().base);
   // head closes the pipe after the first bytes; curl then drops the connection.
   sh("curl -sN -m 60 --data-binary " + quote(completion_body("Once upon a time", 480, true)) + " " + c().base +
      "/v1/completions | head -c 100 >/dev/null");
   std::map<std::string, double> after;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   do
-    after = scrape(c());
+    after = scrape(c().base);
   while (after["strata_cancelled_total"] == before["strata_cancelled_total"] &&
          std::chrono::steady_clock::now() < deadline);
   EXPECT_EQ(after["strata_cancelled_total"] - before["strata_cancelled_total"], 1);
   EXPECT_LT(after["strata_tokens_generated_total"] - before["strata_tokens_generated_total"], 480);
   // Every shard let go of the session.
   do {
-    after = scrape(c());
+    after = scrape(c().base);
     double sessions = 0;
     for (auto& [k, v] : after)
       if (k.rfind("strata_shard_sessions{", 0) == 0)
