@@ -31,6 +31,8 @@ double ms_since(clk::time_point t0) {
 void release_caches(session_self self) {
   for (auto& h : self->state.route.hops)
     self->send(h.shard, atom::release_atom_v, self->state.req.session, self->state.key);
+  if (self->state.opts.drafter)
+    self->send(self->state.opts.drafter, atom::release_atom_v, self->state.req.session);
 }
 
 void finish(session_self self, const char* reason) {
@@ -294,9 +296,39 @@ void go_stepping(session_self self) {
     st.step_pending = true;
     st.recovery_counted = false;
     st.draft.clear();
-    if (st.prefilled)
-      if (const auto room = draft_room(st); room > 0)
-        st.draft = lookup_proposal(st.seq, room);
+    st.drafted = !st.prefilled;
+  }
+  if (!st.drafted) {
+    const auto room = draft_room(st);
+    if (room > 0 && st.opts.drafter) {
+      // Ask the draft model first; its answer (or its failure) sends the step.
+      const auto tag = ++st.awaited;
+      self->request(st.opts.drafter, st.opts.draft_timeout, atom::propose_atom_v, st.req.session, st.seq,
+                    static_cast<uint32_t>(room))
+        .then(
+          [=](std::vector<int32_t>& proposal) {
+            auto& st = self->state;
+            if (tag != st.awaited)
+              return;
+            if (proposal.size() > room)
+              proposal.resize(room);
+            st.draft = std::move(proposal);
+            st.drafted = true;
+            go_stepping(self);
+          },
+          [=](caf::error&) {
+            auto& st = self->state;
+            if (tag != st.awaited)
+              return;
+            st.drafted = true; // this step goes without proposals
+            go_stepping(self);
+          });
+      self->become(stepping(self));
+      return;
+    }
+    if (room > 0)
+      st.draft = lookup_proposal(st.seq, room);
+    st.drafted = true;
   }
   msg::step_request r;
   r.session = st.req.session;

@@ -36,7 +36,9 @@
 // in order, as if they had come one step each. Proposals never reach past a
 // pause point, max_tokens or the context, so a step ends at most where a plain
 // one would. A resend carries the same proposals; a hop that rebuilds gets the
-// accepted tokens only (the session never holds rejected ones).
+// accepted tokens only (the session never holds rejected ones). With a draft
+// model (SessionOptions::drafter) the session asks it for the proposals before
+// sending a step (still in the stepping phase; a route push asks again).
 //
 // Phases (one behavior each, switched with become):
 //   routing     a route request is in flight        -> stepping (route), backing_off (error), end (no_route)
@@ -51,6 +53,7 @@
 // superseded (a route push during a step, a timer after a push) is ignored: each
 // phase knows the one request it waits for.
 
+#include "actors/drafter.hpp"
 #include "actors/speculation.hpp"
 #include "messages/messages.hpp"
 
@@ -83,6 +86,10 @@ struct SessionOptions {
   std::chrono::milliseconds backoff{20};        ///< doubled per retry
   int64_t max_context = 0;                      ///< the model's max_seq_len
   std::chrono::milliseconds lease_renew{500};   ///< how often the shards' leases are renewed
+  /// Speculative decoding with a draft model (actors/drafter.hpp): proposals
+  /// come from it instead of prompt lookup. An invalid handle: lookup.
+  drafter_actor drafter;
+  std::chrono::milliseconds draft_timeout{5000}; ///< a slower answer: the step goes without proposals
 };
 
 enum class session_phase : uint8_t { routing, stepping, backing_off, paused, ended };
@@ -126,6 +133,7 @@ struct session_state {
   std::vector<msg::shard_actor> avoid; // shards this session could not reach (asks routes without them)
   std::vector<int32_t> draft;     // the pending step's proposals (speculative decoding; kept for its resends)
   DraftControl drafting;          // how many to propose (req.speculate: the most)
+  bool drafted = false;           // the pending step's proposals are chosen (a draft model answers asynchronously)
   std::optional<std::chrono::steady_clock::time_point> supervisor_lost; // when the supervisor went down
   std::chrono::steady_clock::time_point last_token_at;                  // when the last token came
   static inline const char* name = "strata.session";

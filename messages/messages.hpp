@@ -60,6 +60,8 @@ using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 constexpr heartbeat_atom heartbeat_atom_v = heartbeat_atom{};
 using status_atom = caf::atom_constant<caf::atom("status")>;
 constexpr status_atom status_atom_v = status_atom{};
+using propose_atom = caf::atom_constant<caf::atom("propose")>;
+constexpr propose_atom propose_atom_v = propose_atom{};
 } // namespace strata::atom
 
 namespace strata::msg {
@@ -642,6 +644,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(strata, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(strata, (strata::msg::supervisor_actor))
   CAF_ADD_TYPE_ID(strata, (strata::msg::shard_status))
   CAF_ADD_TYPE_ID(strata, (strata::msg::cluster_status))
+  CAF_ADD_TYPE_ID(strata, (std::vector<int32_t>))
 CAF_END_TYPE_ID_BLOCK(strata)
 
 namespace strata::msg {

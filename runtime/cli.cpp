@@ -60,6 +60,8 @@ int cmd_generate(int argc, char** argv) {
                                      " (freeze:I@S with --cluster)")
     .option("speculate", "K", "speculative decoding by prompt lookup: propose up to K (1-15) tokens per step "
                               "from the text so far; the output is the same (runs through shard actors)")
+    .option("draft-model", "PATH", "speculative decoding with this small model of the same tokenizer proposing "
+                                   "the tokens (loaded here; --speculate K: at most K per step, default 4)")
     .option("route-wait-ms", "MS", "with --cluster: how long to wait for a coordinator that went away to come back "
                                    "before failing with cluster_lost (default 10000)");
   add_network_options(a); // with --cluster
@@ -98,7 +100,11 @@ int cmd_generate(int argc, char** argv) {
       throw UsageError("--prompt-ids is empty");
   }
   model::set_num_threads(threads);
-  const auto speculate = static_cast<uint32_t>(a.integer("speculate", 0, 0, msg::max_draft));
+  auto speculate = static_cast<uint32_t>(a.integer("speculate", 0, 0, msg::max_draft));
+  if (a.has("draft-model") && !a.has("speculate"))
+    speculate = 4;
+  if (a.has("draft-model") && speculate == 0)
+    throw UsageError("--draft-model with --speculate 0 would never use it");
   const bool actors_mode = a.has("shards") || a.has("inject") || on_cluster || speculate > 0;
   caf::actor_system* csys = nullptr;
   msg::supervisor_actor coordinator;
@@ -177,14 +183,23 @@ int cmd_generate(int argc, char** argv) {
     std::unique_ptr<actors::actor_config> acfg;
     std::unique_ptr<caf::actor_system> lsys;
     std::unique_ptr<actors::LocalCluster> local;
+    actors::drafter_actor drafter;
     if (!on_cluster) {
       acfg = std::make_unique<actors::actor_config>();
       lsys = std::make_unique<caf::actor_system>(*acfg);
       actors::ClusterOptions copts;
       copts.load = load_options_from(a);
+      if (a.has("draft-model"))
+        copts.session.drafter = drafter = actors::spawn_drafter(*lsys, a.str("draft-model"), cfg.vocab_size);
       local = std::make_unique<actors::LocalCluster>(*lsys, model_spec, ranges, copts);
+    } else if (a.has("draft-model")) {
+      drafter = actors::spawn_drafter(*csys, a.str("draft-model"), cfg.vocab_size);
     }
     caf::actor_system& sys = on_cluster ? *csys : *lsys;
+    auto stop_drafter = caf::detail::make_scope_guard([&] {
+      if (drafter)
+        caf::anon_send_exit(drafter, caf::exit_reason::user_shutdown);
+    });
     const auto inject = actors::parse_injections(a.str("inject"), n_hops, on_cluster);
     msg::generation_request greq;
     greq.session = msg::mint_session_id("cli");
@@ -197,6 +212,7 @@ int cmd_generate(int argc, char** argv) {
     actors::SessionOptions sopts;
     sopts.max_context = cfg.max_seq_len;
     sopts.cluster_wait = std::chrono::milliseconds(a.integer("route-wait-ms", 10000, 1, 600000));
+    sopts.drafter = drafter;
     auto out = on_cluster
                  ? actors::run_generation(
                      sys, coordinator, greq, sopts, inject,
@@ -236,9 +252,9 @@ int cmd_generate(int argc, char** argv) {
                  static_cast<unsigned long long>(out.result.route_changes),
                  static_cast<unsigned long long>(out.result.retries));
     if (speculate > 0)
-      std::fprintf(stderr, "[strata] speculation: %llu proposed, %llu accepted (%.0f%%), %llu trips for %zu tokens "
+      std::fprintf(stderr, "[strata] speculation (%s): %llu proposed, %llu accepted (%.0f%%), %llu trips for %zu tokens "
                            "(%.2f trips per token)\n",
-                   static_cast<unsigned long long>(out.result.proposed),
+                   a.has("draft-model") ? "draft model" : "prompt lookup", static_cast<unsigned long long>(out.result.proposed),
                    static_cast<unsigned long long>(out.result.accepted),
                    out.result.proposed ? 100.0 * static_cast<double>(out.result.accepted) / static_cast<double>(out.result.proposed) : 0.0,
                    static_cast<unsigned long long>(out.result.steps), out.result.ids.size(),

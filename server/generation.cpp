@@ -209,6 +209,7 @@ void Generation::prepare_and_generate() {
   actors::SessionOptions so;
   so.max_context = m.cfg.max_seq_len;
   so.cluster_wait = srv_->opts.route_wait;
+  so.drafter = m.drafter;
   const auto n = static_cast<std::size_t>(req_.n);
   {
     std::lock_guard<std::mutex> lk(job_->mu);

@@ -20,6 +20,7 @@
 // drain period, then end the rest with an error event.
 
 #include "server/metrics.hpp"
+#include "model/transformer/shard.hpp"
 
 #include <caf/all.hpp>
 
@@ -47,7 +48,10 @@ struct ServerOptions {
   std::string tokenizer;                           ///< tokenizer path ("" = the model's default)
   std::string api_key;                             ///< "" = no authentication
   bool allow_inject = false;                       ///< POST /v1/cluster/inject (--allow-inject)
-  uint32_t speculate = 0;                          ///< proposals per step by prompt lookup (--speculate; 0: off)
+  uint32_t speculate = 0;                          ///< proposals per step (--speculate; 0: off)
+  /// The draft model that proposes them (--draft-model; loaded at start; null:
+  /// prompt lookup). Its vocabulary must be the cluster's model's.
+  std::shared_ptr<model::Shard> draft_model;
   std::string cors_origin;                         ///< the one origin CORS allows ("" = none)
   std::string served_model_name;                   ///< the model's id in the API ("" = file or directory name)
   std::string chat_template;                       ///< a template file overriding the model's own ("" = the model's)

@@ -37,9 +37,11 @@ int run_serve(int argc, char** argv) {
                                         "client is closed and its generation ended (default 1048576)")
     .option("api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/* (or env STRATA_API_KEY)")
     .option("allow-inject", "", "enable POST /v1/cluster/inject (kill/freeze/evict nodes; off by default)")
-    .option("speculate", "K", "speculative decoding by prompt lookup: each step proposes up to K (1-15) tokens from "
-                              "the text so far, verified in one trip; the output is unchanged (default 0: off; "
+    .option("speculate", "K", "speculative decoding: each step proposes up to K (1-15) tokens, verified in one trip "
+                              "through the pipeline; the output is unchanged (default 0: off; 4 with --draft-model; "
                               "requests with penalties or logprobs step one token at a time)")
+    .option("draft-model", "PATH", "a small model of the same tokenizer that proposes the tokens (loaded in this "
+                                   "process; without it proposals come from prompt lookup)")
     .option("served-model-name", "NAME", "the model's id in the API (default: its file or directory name)")
     .option("chat-template", "FILE", "a Jinja chat template (or a tokenizer_config.json) overriding the model's own")
     .option("allow-control-tokens-in-messages", "",
@@ -83,7 +85,12 @@ int run_serve(int argc, char** argv) {
     throw runtime::UsageError("STRATA_API_KEY is set but empty: give a key, or unset it to serve without one");
   o.api_key = a.has("api-key") ? a.str("api-key") : (env_key ? env_key : "");
   o.allow_inject = a.has("allow-inject");
-  o.speculate = static_cast<uint32_t>(a.integer("speculate", 0, 0, msg::max_draft));
+  o.speculate = static_cast<uint32_t>(a.integer("speculate", a.has("draft-model") ? 4 : 0, 0, msg::max_draft));
+  if (a.has("draft-model")) {
+    if (o.speculate == 0)
+      throw runtime::UsageError("--draft-model with --speculate 0 would never use it");
+    o.draft_model = std::shared_ptr<model::Shard>(model::Shard::load(a.str("draft-model")));
+  }
   o.cors_origin = a.str("cors-origin");
   o.served_model_name = a.str("served-model-name");
   o.chat_template = a.str("chat-template");

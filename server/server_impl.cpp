@@ -83,6 +83,15 @@ std::optional<ApiError> Server::Impl::ensure_model(ModelState& out) {
     }
     log::info(model.chat ? "chat template: " + model.chat->origin()
                          : "chat template: none found; chat uses the " + model.family + " format");
+    if (opts.draft_model) {
+      try {
+        model.drafter = actors::spawn_drafter(sys, opts.draft_model, model.cfg.vocab_size);
+      } catch (const std::exception& e) {
+        return api_error(500, std::string("cannot use the draft model: ") + e.what(), "server_error");
+      }
+      log::info("speculative decoding: up to " + std::to_string(opts.speculate) + " proposals per step from the draft model " +
+                opts.draft_model->config().identity);
+    }
     model.loaded = true;
   }
   out = model;

@@ -8,6 +8,7 @@
 #include "server/openai.hpp"
 #include "server/transport.hpp"
 
+#include "actors/drafter.hpp"
 #include "model/base/config.hpp"
 #include "model/text/chat_template.hpp"
 #include "model/text/tokenizer.hpp"
@@ -36,6 +37,7 @@ struct ModelState {
   std::shared_ptr<model::Tokenizer> tok;
   std::string family;
   std::shared_ptr<const model::ChatTemplate> chat; ///< the model's own template (null: the family's format)
+  actors::drafter_actor drafter;                   ///< --draft-model, spawned once the model is known
 };
 
 class Generation;

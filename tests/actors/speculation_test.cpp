@@ -212,24 +212,44 @@ struct FaultCase {
   std::string name;
 };
 
-class SpeculativeGreedy : public ::testing::TestWithParam<FaultCase> {};
+// Who proposes: prompt lookup, the model itself as its draft (every proposal
+// taken), or a draft that is mostly refused (stories260K's q4_0 file: a
+// quantized stories260K drifts far from its f32 self).
+enum class Proposer { lookup, self_draft, poor_draft };
 
-// Greedy with prompt lookup through 1 and 3 shards, with a fault at a step in
-// the middle of the generation (so the step after it carries proposals and
+std::string poor_draft_path() {
+  return test::have_shared("models/gguf/stories260K-q4_0.gguf") && test::have_shared("models/stories260K.bin")
+           ? test::shared_path("models/gguf/stories260K-q4_0.gguf")
+           : model_name();
+}
+
+class SpeculativeGreedy : public ::testing::TestWithParam<std::tuple<FaultCase, Proposer>> {};
+
+// Greedy speculation through 1 and 3 shards, with a fault at a step in the
+// middle of the generation (so the step after it carries proposals and
 // rebuilds): the ids equal the plain stateless run, and proposals were taken.
 TEST_P(SpeculativeGreedy, EqualsPlainDecodingUnderFaults) {
+  const auto& [fault, proposer] = GetParam();
   actors::actor_config cfg;
   caf::actor_system sys{cfg};
   const auto model = model_name();
-  LocalCluster c(sys, model, model::parse_layer_ranges(GetParam().shards));
+  actors::ClusterOptions opts;
+  if (proposer != Proposer::lookup)
+    opts.session.drafter = actors::spawn_drafter(sys, proposer == Proposer::self_draft ? model : poor_draft_path(),
+                                                 model::read_config(model).vocab_size);
+  LocalCluster c(sys, model, model::parse_layer_ranges(fault.shards), opts);
   const auto prompt = repeating_prompt(1, static_cast<int32_t>(c.config().vocab_size));
   const int64_t n = 120;
   const auto expected = test::stateless_ids(model, prompt, n);
-  auto out = c.generate(request(prompt, n, c.config(), 6), GetParam().inject);
+  auto out = c.generate(request(prompt, n, c.config(), 6), fault.inject);
+  if (opts.session.drafter)
+    caf::anon_send_exit(opts.session.drafter, caf::exit_reason::user_shutdown);
   ASSERT_TRUE(out.ok()) << sys.render(out.error);
   EXPECT_EQ(out.result.ids, expected);
-  EXPECT_GT(out.result.accepted, 0u) << "lookup found proposals the model took";
+  EXPECT_GT(out.result.accepted, 0u) << "proposals the model took";
   EXPECT_LT(out.result.steps, static_cast<uint64_t>(n)) << "fewer trips than tokens";
+  if (proposer == Proposer::self_draft)
+    EXPECT_EQ(out.result.accepted, out.result.proposed) << "the model agrees with itself";
   for (auto& s : c.stats())
     EXPECT_EQ(s.pool_used, 0u) << "every block back at the end";
 }
@@ -246,12 +266,19 @@ std::vector<FaultCase> fault_cases() {
   };
 }
 
-INSTANTIATE_TEST_SUITE_P(Routes, SpeculativeGreedy, ::testing::ValuesIn(fault_cases()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Routes, SpeculativeGreedy,
+                         ::testing::Combine(::testing::ValuesIn(fault_cases()),
+                                            ::testing::Values(Proposer::lookup, Proposer::self_draft, Proposer::poor_draft)),
+                         [](const auto& info) {
+                           const auto p = std::get<1>(info.param);
+                           return std::get<0>(info.param).name + (p == Proposer::lookup       ? "_Lookup"
+                                                                  : p == Proposer::self_draft ? "_SelfDraft"
+                                                                                              : "_PoorDraft");
+                         });
 
-// 8 sessions at once, half speculative, half plain, started as a crowd that
-// grows, while the middle hop is evicted and the route epoch bumped: each equals
-// the same request alone.
+// 8 sessions at once, half speculative (by lookup and with a draft model), half
+// plain, started as a crowd that grows, while the middle hop is evicted and the
+// route epoch bumped: each equals the same request alone.
 TEST(SpeculativeCrowd, EightSessionsMixingSpeculativeAndPlainEachEqualAlone) {
   actors::actor_config cfg;
   caf::actor_system sys{cfg};
@@ -259,6 +286,8 @@ TEST(SpeculativeCrowd, EightSessionsMixingSpeculativeAndPlainEachEqualAlone) {
   actors::ClusterOptions opts;
   opts.session.max_retries = 100;
   LocalCluster c(sys, model, model::parse_layer_ranges("0-1,2-3,4"), opts);
+  auto drafted = c.session_options();
+  drafted.drafter = actors::spawn_drafter(sys, poor_draft_path(), c.config().vocab_size);
   const auto vocab = static_cast<int32_t>(c.config().vocab_size);
   const int n = 8;
   const int64_t len = 80;
@@ -271,8 +300,11 @@ TEST(SpeculativeCrowd, EightSessionsMixingSpeculativeAndPlainEachEqualAlone) {
       return c.generate(req, {Injection{Injection::evict, 1, 20, msg::miss_reason::evicted_lru},
                               Injection{Injection::epoch, 0, 40, {}}},
                         on_token);
+    if (i % 4 == 2) // sessions 2 and 6 propose with a draft model, 0 and 4 by lookup
+      return actors::run_generation(sys, c.supervisor(), req, drafted, {}, {}, on_token);
     return c.generate(req, on_token);
   });
+  caf::anon_send_exit(drafted.drafter, caf::exit_reason::user_shutdown);
   uint64_t accepted = 0;
   for (int i = 0; i < n; ++i) {
     auto& o = outs[static_cast<std::size_t>(i)];

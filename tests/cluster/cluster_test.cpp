@@ -491,8 +491,8 @@ TEST(Cluster, NewArchitecturesAcrossProcessesWithFaultsEqualLlamaCpp) {
 // Across a simulated network (issue 27): every node behind a `strata
 // delay-proxy` at 25 ms one way (so one token's trip crosses 4 delays), the
 // nodes told to behave as on separate machines. Four clients at once, three of
-// them speculating (one with an eviction, one with an epoch bump at a step in
-// the middle), one plain: each client's ids equal the same request run alone in
+// them speculating (by lookup with an eviction, with a draft model and an epoch
+// bump at a step in the middle, by lookup), one plain: each client's ids equal the same request run alone in
 // one process, and the proxies carried the traffic.
 TEST(Cluster, ThroughDelayProxiesSpeculativeAndPlainClientsEqualAlone) {
   Cluster c;
@@ -514,8 +514,8 @@ TEST(Cluster, ThroughDelayProxiesSpeculativeAndPlainClientsEqualAlone) {
   const std::string text = "--prompt 'the cat sat on the mat, the cat sat on the mat, the cat sat on the' --max-tokens 40 --output ids";
   const auto alone = ids_line(run("generate --model builtin:tiny " + text));
   ASSERT_FALSE(alone.empty());
-  const std::vector<std::string> extra = {" --speculate 6 --inject evict:1@12", " --speculate 6 --inject epoch@20",
-                                          " --speculate 6", ""};
+  const std::vector<std::string> extra = {" --speculate 6 --inject evict:1@12",
+                                          " --draft-model builtin:tiny --inject epoch@20", " --speculate 6", ""};
   std::vector<std::unique_ptr<Process>> clients;
   for (auto& e : extra)
     clients.push_back(std::make_unique<Process>(std::vector<std::string>{

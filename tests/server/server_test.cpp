@@ -237,37 +237,47 @@ TEST_F(Server, MetricsParseAndMoveWithRequestsAndAnEviction) {
   EXPECT_GE(after["strata_time_to_first_token_seconds_count"] - before["strata_time_to_first_token_seconds_count"], 3);
 }
 
-// serve --speculate: 8 requests at once (streamed and not) to a speculating
-// server answer exactly what the plain server answers, and /metrics counts
-// the proposals and the trips.
+// serve --speculate (prompt lookup) and serve --draft-model (builtin:tiny as
+// its own draft): 8 requests at once (streamed and not) to a speculating server
+// answer exactly what the plain server answers, and /metrics counts the
+// proposals and the trips.
 TEST_F(Server, SpeculatingServeAnswersAsThePlainOneAndCountsProposals) {
-  Process spec({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--speculate", "6"});
-  const auto line = spec.wait_line("ready http ");
-  ASSERT_FALSE(line.empty());
-  const std::string sbase = "http://" + line.substr(11);
-  std::vector<std::string> prompts;
-  for (int i = 0; i < 8; ++i)
-    prompts.push_back("a b c " + std::to_string(i) + " a b c " + std::to_string(i) + " a b c");
-  std::vector<std::unique_ptr<Process>> running;
-  for (std::size_t i = 0; i < prompts.size(); ++i)
-    running.push_back(std::make_unique<Process>(std::vector<std::string>{
-      "/bin/sh", "-c",
-      "curl -sN -m 120 --data-binary " + quote(completion_body(prompts[i], 48, i % 2 == 0)) + " " + sbase +
-        "/v1/completions"}));
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    const auto body = running[i]->drain();
-    const std::string got = i % 2 == 0 ? sse_text(body) : json::parse(body)["choices"][0]["text"].get<std::string>();
-    const auto plain = json::parse(c().call("/v1/completions", completion_body(prompts[i], 48, false)).body);
-    EXPECT_EQ(got, plain["choices"][0]["text"].get<std::string>()) << prompts[i];
+  for (const std::vector<std::string> how : {std::vector<std::string>{"--speculate", "6"},
+                                             std::vector<std::string>{"--draft-model", "builtin:tiny"}}) {
+    SCOPED_TRACE(how[0]);
+    std::vector<std::string> args{exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0"};
+    args.insert(args.end(), how.begin(), how.end());
+    Process spec(args);
+    const auto line = spec.wait_line("ready http ");
+    ASSERT_FALSE(line.empty());
+    const std::string sbase = "http://" + line.substr(11);
+    std::vector<std::string> prompts;
+    for (int i = 0; i < 8; ++i)
+      prompts.push_back("a b c " + std::to_string(i) + " a b c " + std::to_string(i) + " a b c");
+    std::vector<std::unique_ptr<Process>> running;
+    for (std::size_t i = 0; i < prompts.size(); ++i)
+      running.push_back(std::make_unique<Process>(std::vector<std::string>{
+        "/bin/sh", "-c",
+        "curl -sN -m 120 --data-binary " + quote(completion_body(prompts[i], 48, i % 2 == 0)) + " " + sbase +
+          "/v1/completions"}));
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      const auto body = running[i]->drain();
+      const std::string got = i % 2 == 0 ? sse_text(body) : json::parse(body)["choices"][0]["text"].get<std::string>();
+      const auto plain = json::parse(c().call("/v1/completions", completion_body(prompts[i], 48, false)).body);
+      EXPECT_EQ(got, plain["choices"][0]["text"].get<std::string>()) << prompts[i];
+    }
+    auto m = scrape(sbase);
+    EXPECT_GT(m["strata_speculative_proposed_tokens_total"], 0);
+    EXPECT_LE(m["strata_speculative_accepted_tokens_total"], m["strata_speculative_proposed_tokens_total"]);
+    if (how[0] == "--draft-model")
+      EXPECT_EQ(m["strata_speculative_accepted_tokens_total"], m["strata_speculative_proposed_tokens_total"])
+        << "the model as its own draft: every proposal taken";
+    EXPECT_GT(m["strata_session_trips_total"], 0);
+    EXPECT_LT(m["strata_session_trips_total"], m["strata_session_tokens_total"]);
+    std::printf("speculating serve (%s): %.0f proposed, %.0f accepted, %.0f trips for %.0f tokens\n", how[0].c_str(),
+                m["strata_speculative_proposed_tokens_total"], m["strata_speculative_accepted_tokens_total"],
+                m["strata_session_trips_total"], m["strata_session_tokens_total"]);
   }
-  auto m = scrape(sbase);
-  EXPECT_GT(m["strata_speculative_proposed_tokens_total"], 0);
-  EXPECT_LE(m["strata_speculative_accepted_tokens_total"], m["strata_speculative_proposed_tokens_total"]);
-  EXPECT_GT(m["strata_session_trips_total"], 0);
-  EXPECT_LE(m["strata_session_trips_total"], m["strata_session_tokens_total"]);
-  std::printf("speculating serve: %.0f proposed, %.0f accepted, %.0f trips for %.0f tokens\n",
-              m["strata_speculative_proposed_tokens_total"], m["strata_speculative_accepted_tokens_total"],
-              m["strata_session_trips_total"], m["strata_session_tokens_total"]);
 }
 
 TEST_F(Server, ClientThatDisconnectsCancelsAndFreesCaches) {
