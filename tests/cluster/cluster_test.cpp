@@ -525,7 +525,7 @@ TEST(Cluster, ThroughDelayProxiesSpeculativeAndPlainClientsEqualAlone) {
     EXPECT_EQ(ids_line(out), alone) << "client " << i << " (" << extra[i] << "):\n" << out;
     EXPECT_EQ(clients[i]->wait_exit(), 0);
     if (extra[i].find("speculate") != std::string::npos)
-      EXPECT_NE(out.find("speculation: "), std::string::npos) << out;
+      EXPECT_NE(out.find("[strata] speculation ("), std::string::npos) << out;
   }
   for (auto& p : proxies) {
     p->stop(SIGTERM);
