@@ -13,6 +13,7 @@
 // stories260K when ../shared has it).
 
 #include "actors/cluster.hpp"
+#include "actors/drafter.hpp"
 #include "messages/session_id.hpp"
 #include "model/transformer/shard.hpp"
 #include "runtime/cluster.hpp"
@@ -27,6 +28,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -76,9 +78,10 @@ int wan_bench_main(int argc, char** argv) {
   }
   const std::vector<double> delays{0, 5, 25, 50};
   const std::vector<int> crowd{1, 8, 32};
-  const int64_t tokens = 32;
+  const int64_t tokens = 64;
   std::printf("# strata_bench wan: 3 node processes, each behind a delay proxy (one-way delay per link, both "
-              "ways); %lld tokens per session; speculation: prompt lookup, at most 8 proposals\n\n",
+              "ways); %lld tokens per session, greedy; speculation: at most 8 proposals per step, by prompt lookup, "
+              "or by a draft model in the client's process (stories260K: its q4_0 file)\n\n",
               static_cast<long long>(tokens));
   for (const auto& model : models) {
     const bool builtin = model.rfind("builtin:", 0) == 0;
@@ -122,7 +125,7 @@ int wan_bench_main(int argc, char** argv) {
     };
     // Prompts that repeat a phrase (so lookup has something to find, as in chat
     // histories and code), different per session.
-    auto prompt_of = [&](int i) {
+    std::function<std::vector<int32_t>(int)> prompt_of = [&](int i) {
       std::vector<int32_t> p;
       if (cfg.bos_id >= 0)
         p.push_back(cfg.bos_id);
@@ -131,7 +134,16 @@ int wan_bench_main(int argc, char** argv) {
           p.push_back(static_cast<int32_t>((1000 + 7919 * i + 104729 * j) % (cfg.vocab_size - 10) + 5));
       return p;
     };
-    auto run = [&](int n, uint32_t speculate) {
+    if (model.find("stories260K") != std::string::npos) // a story's first words (ids of stories260K's vocabulary)
+      prompt_of = [](int i) { return std::vector<int32_t>{1, 403, 407, static_cast<int32_t>(31 + 7 * i % 200), 263}; };
+    actors::drafter_actor drafter;
+    const std::string draft_file = "../shared/models/gguf/stories260K-q4_0.gguf";
+    if (model.find("stories260K") != std::string::npos && std::filesystem::exists(draft_file))
+      drafter = actors::spawn_drafter(sys, draft_file, cfg.vocab_size);
+    auto run = [&](int n, uint32_t speculate, bool with_draft) {
+      auto so_run = so;
+      if (with_draft)
+        so_run.drafter = drafter;
       const auto before = stats();
       std::atomic<int64_t> got{0};
       std::atomic<uint64_t> trips{0}, proposed{0}, accepted{0};
@@ -148,7 +160,7 @@ int wan_bench_main(int argc, char** argv) {
           r.speculate = speculate;
           const auto s0 = clk::now();
           bool first = true;
-          auto out = actors::run_generation(sys, sup, std::move(r), so, {}, {}, [&](const msg::token_event&) {
+          auto out = actors::run_generation(sys, sup, std::move(r), so_run, {}, {}, [&](const msg::token_event&) {
             if (first)
               ttft[static_cast<std::size_t>(i)] = ms_between(s0, clk::now());
             first = false;
@@ -174,7 +186,7 @@ int wan_bench_main(int argc, char** argv) {
       res.rows_per_round = rows_per_round(before, stats());
       return res;
     };
-    run(1, 0); // warm-up: every connection made
+    run(1, 0, false); // warm-up: every connection made
     std::printf("## %s (%s)\n\n| one-way delay ms | sessions | speculation | total tok/s | vs 1 session | median "
                 "TTFT ms | trips per token | accepted | rows per round (per hop) | failed |\n"
                 "|---|---|---|---|---|---|---|---|---|---|\n",
@@ -182,22 +194,25 @@ int wan_bench_main(int argc, char** argv) {
     for (double d : delays) {
       for (auto& p : proxies)
         p->set_delay(std::chrono::microseconds(static_cast<int64_t>(d * 1000)));
-      for (uint32_t spec : {0u, 8u}) {
+      for (int mode = 0; mode < (drafter ? 3 : 2); ++mode) {
+        const uint32_t spec = mode == 0 ? 0u : 8u;
         double one = 0;
         for (int n : crowd) {
-          const auto r = run(n, spec);
+          const auto r = run(n, spec, mode == 2);
           if (n == 1)
             one = r.tok_s;
           char acc[32] = "-";
           if (r.acceptance >= 0)
             std::snprintf(acc, sizeof acc, "%.0f%%", 100 * r.acceptance);
           std::printf("| %.0f | %d | %s | %.1f | %.2fx | %.0f | %.2f | %s | %s | %d |\n", d, n,
-                      spec ? "lookup" : "off", r.tok_s, one > 0 ? r.tok_s / one : 0.0, r.ttft_ms, r.trips_per_token, acc,
+                      mode == 0 ? "off" : mode == 1 ? "lookup" : "draft", r.tok_s, one > 0 ? r.tok_s / one : 0.0, r.ttft_ms, r.trips_per_token, acc,
                       r.rows_per_round.c_str(), r.failed);
           std::fflush(stdout);
         }
       }
     }
+    if (drafter)
+      caf::anon_send_exit(drafter, caf::exit_reason::user_shutdown);
     std::printf("\n");
   }
   return 0;
