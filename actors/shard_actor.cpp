@@ -342,7 +342,9 @@ void shard_state::round(self_ptr self) {
         for (std::size_t i = 0; i + 1 < req.blocks.size(); i += 2)
           ctx.ids.push_back(model::BlockId{req.blocks[i], req.blocks[i + 1]});
       }
-      const int64_t skip = store->share_prefix(ctx, L - 1);
+      // (Only blocks wholly before a speculative step's proposals: rows that may
+      // be cut back must never lie in a shared block.)
+      const int64_t skip = store->share_prefix(ctx, L - 1 - static_cast<int64_t>(req.draft));
       if (skip > 0) {
         q.done = skip;
         piece.begin = skip;

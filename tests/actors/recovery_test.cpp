@@ -21,7 +21,7 @@ using actors::Injection;
 using actors::LocalCluster;
 
 std::string model_name() {
-  return test::have_shared("models/stories260K.bin") ? test::shared_path("models/stories260K.bin") : "builtin:tiny";
+  return test::stories_or_tiny();
 }
 
 msg::generation_request request(std::vector<int32_t> prompt, int64_t n, const model::ModelConfig& cfg) {

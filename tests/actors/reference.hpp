@@ -4,6 +4,7 @@
 #include "runtime/generator.hpp"
 
 #include "messages/messages.hpp"
+#include "tests/support.hpp"
 
 #include <gtest/gtest.h>
 
@@ -15,6 +16,12 @@
 #include <vector>
 
 namespace strata::test {
+
+/// The model most actor tests run: stories260K from ../shared when it is there,
+/// builtin:tiny otherwise (a user's fresh clone).
+inline std::string stories_or_tiny() {
+  return have_shared("models/stories260K.bin") ? shared_path("models/stories260K.bin") : "builtin:tiny";
+}
 
 /// Greedy ids of `model` for `prompt`, n tokens, by single-process stateless
 /// recomputation (no cache, no actors): the reference every cached,

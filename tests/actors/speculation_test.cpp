@@ -24,7 +24,7 @@ using actors::Injection;
 using actors::LocalCluster;
 
 std::string model_name() {
-  return test::have_shared("models/stories260K.bin") ? test::shared_path("models/stories260K.bin") : "builtin:tiny";
+  return test::stories_or_tiny();
 }
 
 // A prompt that repeats itself, as stories do: lookup finds proposals at once.

@@ -65,16 +65,6 @@ struct Load {
 
 using stats_fn = std::function<std::vector<msg::shard_stats>()>;
 
-std::string rows_per_round(const std::vector<msg::shard_stats>& before, const std::vector<msg::shard_stats>& after) {
-  std::string out;
-  for (std::size_t i = 0; i < after.size() && i < before.size(); ++i) {
-    const double rounds = static_cast<double>(after[i].rounds - before[i].rounds);
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f", rounds > 0 ? static_cast<double>(after[i].batched_rows - before[i].batched_rows) / rounds : 0.0);
-    out += (out.empty() ? "" : " / ") + std::string(buf);
-  }
-  return out;
-}
 
 Load concurrent(int n, const generate_fn& gen, const stats_fn& stats) {
   const auto before = stats();
@@ -107,7 +97,7 @@ Load concurrent(int n, const generate_fn& gen, const stats_fn& stats) {
   l.itl_p50 = pct(all, 0.5);
   l.itl_p99 = pct(all, 0.99);
   l.failed = failed;
-  l.rows_per_round = rows_per_round(before, stats());
+  l.rows_per_round = bench::rows_per_round(before, stats());
   return l;
 }
 
@@ -256,13 +246,7 @@ int batch_bench_main(int argc, char** argv) {
     };
     gen(request(prompt_of(0), 4), {}); // warm-up: connections
     Table t{"3 node processes", {}};
-    stats_fn stats = [&] {
-      msg::route_info all;
-      std::vector<msg::shard_stats> out;
-      for (auto& v : runtime::list_shards(sys, sup, all))
-        out.push_back(v.stats);
-      return out;
-    };
+    stats_fn stats = [&] { return bench::cluster_stats(sys, sup); };
     for (int n : sizes)
       t.rows.emplace_back(n, concurrent(n, gen, stats));
     tables.push_back(t);

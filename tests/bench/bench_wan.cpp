@@ -52,17 +52,6 @@ struct Run {
   int failed = 0;
 };
 
-std::string rows_per_round(const std::vector<msg::shard_stats>& before, const std::vector<msg::shard_stats>& after) {
-  std::string out;
-  for (std::size_t i = 0; i < after.size() && i < before.size(); ++i) {
-    const double rounds = static_cast<double>(after[i].rounds - before[i].rounds);
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f",
-                  rounds > 0 ? static_cast<double>(after[i].batched_rows - before[i].batched_rows) / rounds : 0.0);
-    out += (out.empty() ? "" : " / ") + std::string(buf);
-  }
-  return out;
-}
 
 } // namespace
 
@@ -116,13 +105,7 @@ int wan_bench_main(int argc, char** argv) {
     auto sup = runtime::connect_coordinator(sys, runtime::parse_endpoint(pc.address, "cluster"));
     actors::SessionOptions so;
     so.max_context = cfg.max_seq_len;
-    auto stats = [&] {
-      msg::route_info all;
-      std::vector<msg::shard_stats> out;
-      for (auto& v : runtime::list_shards(sys, sup, all))
-        out.push_back(v.stats);
-      return out;
-    };
+    auto stats = [&] { return bench::cluster_stats(sys, sup); };
     // Prompts that repeat a phrase (so lookup has something to find, as in chat
     // histories and code), different per session.
     std::function<std::vector<int32_t>(int)> prompt_of = [&](int i) {
@@ -183,7 +166,7 @@ int wan_bench_main(int argc, char** argv) {
       if (proposed > 0)
         res.acceptance = static_cast<double>(accepted.load()) / static_cast<double>(proposed.load());
       res.failed = failed;
-      res.rows_per_round = rows_per_round(before, stats());
+      res.rows_per_round = bench::rows_per_round(before, stats());
       return res;
     };
     run(1, 0, false); // warm-up: every connection made

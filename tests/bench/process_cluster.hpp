@@ -2,8 +2,10 @@
 // Benchmarks only: a coordinator and shard-node processes on loopback; nodes
 // can be restarted.
 
+#include "runtime/cluster.hpp"
 #include "tests/cluster/process.hpp"
 
+#include <cstdio>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -73,5 +75,26 @@ struct ProcessCluster {
   }
 };
 
+/// Every registered shard's counters, as the coordinator lists them.
+inline std::vector<msg::shard_stats> cluster_stats(caf::actor_system& sys, const msg::supervisor_actor& sup) {
+  msg::route_info all;
+  std::vector<msg::shard_stats> out;
+  for (auto& v : runtime::list_shards(sys, sup, all))
+    out.push_back(v.stats);
+  return out;
+}
+
+/// Per hop, input rows per batched round between two snapshots: "1.5 / 2.0 / 2.2".
+inline std::string rows_per_round(const std::vector<msg::shard_stats>& before, const std::vector<msg::shard_stats>& after) {
+  std::string out;
+  for (std::size_t i = 0; i < after.size() && i < before.size(); ++i) {
+    const double rounds = static_cast<double>(after[i].rounds - before[i].rounds);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f",
+                  rounds > 0 ? static_cast<double>(after[i].batched_rows - before[i].batched_rows) / rounds : 0.0);
+    out += (out.empty() ? "" : " / ") + std::string(buf);
+  }
+  return out;
+}
 
 } // namespace strata::bench
