@@ -149,9 +149,9 @@ std::size_t draft_room(const session_state& st) {
 void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::step_reply& rep) {
   auto& st = self->state;
   st.overloads = 0;
+  const double ms = ms_since(t0);
   {
     // What steps take now, for the next deadlines.
-    const double ms = ms_since(t0);
     if (prefill) {
       const double per = ms / static_cast<double>(std::max<std::size_t>(1, st.inflight.tokens.size()));
       st.prefill_ms_per_token = st.prefill_ms_per_token == 0 ? per : 0.7 * st.prefill_ms_per_token + 0.3 * per;
@@ -159,6 +159,8 @@ void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::ste
       st.decode_ms = st.decode_ms == 0 ? ms : 0.7 * st.decode_ms + 0.3 * ms;
     }
   }
+  // A plain decode trip (no rebuild, not resent) tells the drafting control what a trip costs.
+  const double trip_ms = !prefill && st.inflight.rebuild == 0 && !st.resent ? ms : -1;
   st.result.recomputed_layer_tokens += rep.recomputed;
   if (rep.kind == static_cast<uint8_t>(msg::reply_kind::cache_miss)) {
     if (rep.miss < msg::miss_reason_count)
@@ -201,9 +203,11 @@ void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::ste
   if (!st.draft.empty()) {
     st.result.proposed += st.draft.size();
     st.result.accepted += rep.accepted.size();
-    st.drafting.observe(static_cast<uint32_t>(st.draft.size()), static_cast<uint32_t>(rep.accepted.size()));
-  } else {
-    st.drafting.plain_step();
+    // (The draft model's time counts as the proposals' cost, as their rows do.)
+    st.drafting.observe(static_cast<uint32_t>(st.draft.size()), static_cast<uint32_t>(rep.accepted.size()),
+                        trip_ms >= 0 ? trip_ms + st.draft_ms : -1);
+  } else if (!prefill) {
+    st.drafting.plain_step(trip_ms);
   }
   st.draft.clear();
   for (auto t : rep.accepted)
@@ -296,6 +300,7 @@ void go_stepping(session_self self) {
     st.step_pending = true;
     st.recovery_counted = false;
     st.draft.clear();
+    st.draft_ms = 0;
     st.drafted = !st.prefilled;
   }
   if (!st.drafted) {
@@ -303,6 +308,7 @@ void go_stepping(session_self self) {
     if (room > 0 && st.opts.drafter) {
       // Ask the draft model first; its answer (or its failure) sends the step.
       const auto tag = ++st.awaited;
+      const auto asked = clk::now();
       self->request(st.opts.drafter, st.opts.draft_timeout, atom::propose_atom_v, st.req.session, st.seq,
                     static_cast<uint32_t>(room))
         .then(
@@ -310,6 +316,7 @@ void go_stepping(session_self self) {
             auto& st = self->state;
             if (tag != st.awaited)
               return;
+            st.draft_ms = ms_since(asked);
             if (proposal.size() > room)
               proposal.resize(room);
             st.draft = std::move(proposal);

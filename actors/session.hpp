@@ -134,6 +134,7 @@ struct session_state {
   std::vector<int32_t> draft;     // the pending step's proposals (speculative decoding; kept for its resends)
   DraftControl drafting;          // how many to propose (req.speculate: the most)
   bool drafted = false;           // the pending step's proposals are chosen (a draft model answers asynchronously)
+  double draft_ms = 0;            // how long the draft model took to propose them (part of the step's cost)
   std::optional<std::chrono::steady_clock::time_point> supervisor_lost; // when the supervisor went down
   std::chrono::steady_clock::time_point last_token_at;                  // when the last token came
   static inline const char* name = "strata.session";

@@ -18,6 +18,15 @@
 //   what was taken plus one, none taken halves it; after `patience` steps in a
 //   row that took nothing it stops proposing for a while (2, 4, ... 64 steps),
 //   so a text that does not repeat costs the pipeline almost nothing extra.
+//   It also weighs the trip time: from the steps' durations it learns what a
+//   step without proposals takes (t, the trip) and what each proposed row adds
+//   (c; with a draft model, its time to propose counts in), and from the refusals the chance a ≥ 0 that a proposal is taken; k is
+//   then at most the k maximizing the expected tokens per millisecond,
+//   (1 + a + ... + a^k) / (t + k c); and where speculative steps have in fact
+//   cost more per token than a plain trip, none. Where proposals do not pay
+//   (a short trip, costly rows or drafts, little taken) it proposes nothing,
+//   trying again every 32 steps; one step in 16 goes without proposals to keep
+//   t current. Long trips make every proposal worth it.
 
 #include <cstdint>
 #include <span>
@@ -35,12 +44,21 @@ class DraftControl {
 public:
   explicit DraftControl(uint32_t max = 0, int patience = 3);
   /// Tokens to propose at the next step (0: step without proposals now).
-  uint32_t next() const { return cooldown_ > 0 ? 0 : k_; }
-  /// A step that proposed `proposed` tokens took `accepted` of them.
-  void observe(uint32_t proposed, uint32_t accepted);
-  /// A step went without proposals (none found, or cooling down).
-  void plain_step();
+  uint32_t next() const;
+  /// A step that proposed `proposed` tokens took `accepted` of them; `ms`: how
+  /// long the step took (< 0: unknown).
+  void observe(uint32_t proposed, uint32_t accepted, double ms = -1);
+  /// A step went without proposals (none found, cooling down, or not paying).
+  void plain_step(double ms = -1);
   uint32_t max() const { return max_; }
+  /// What it learnt (negative: not yet): a step's time without proposals, the
+  /// time one proposed row adds, the chance a proposal is taken.
+  double trip_ms() const { return trip_ms_; }
+  double row_ms() const { return row_ms_; }
+  double acceptance() const;
+  /// The k in [0, max] with the most expected tokens per millisecond (max
+  /// while the times are not known).
+  uint32_t paying() const;
 
 private:
   uint32_t max_ = 0;
@@ -49,6 +67,11 @@ private:
   int refused_in_row_ = 0;
   int cooldown_ = 0;
   int pause_ = 1; // the next cooldown's length / 2
+  double trip_ms_ = -1, row_ms_ = -1;
+  double taken_ = 0, refusals_ = 0; // decaying counts: proposals taken, steps that refused one
+  int unpaid_ = 0;                  // steps in a row that `paying` said 0 (every 32nd probes)
+  int spec_steps_ = 0;              // speculative steps since the last plain one
+  double spec_ms_per_token_ = -1;   // what speculative steps cost per token they yielded
 };
 
 } // namespace strata::actors

@@ -131,6 +131,43 @@ TEST(DraftControl, FollowsTheAcceptanceAndStopsWhereNothingIsTaken) {
   EXPECT_EQ(c.next(), 2u);
 }
 
+// Trip time against the cost of proposed rows: long trips make proposals pay,
+// a short trip with costly rows and little taken does not (then one probe every
+// 32 steps); until a plain trip was timed it proposes what acceptance says.
+TEST(DraftControl, WeighsTheTripAgainstWhatProposedRowsCost) {
+  {
+    actors::DraftControl c(8);
+    c.plain_step(100); // a 100 ms trip
+    for (int i = 0; i < 10; ++i)
+      c.observe(4, 2, 100 + 4 * 0.5); // rows cost 0.5 ms each; half taken
+    EXPECT_NEAR(c.trip_ms(), 100, 1e-9);
+    EXPECT_NEAR(c.row_ms(), 0.5, 1e-6);
+    EXPECT_GT(c.paying(), 4u) << "a long trip: proposing more pays even at this acceptance";
+    EXPECT_EQ(c.next(), 3u) << "... but acceptance says what was taken plus one";
+  }
+  {
+    actors::DraftControl c(8);
+    c.plain_step(2); // a 2 ms trip, rows that cost 1 ms each, a third taken
+    for (int i = 0; i < 6; ++i)
+      c.observe(3, i % 3 == 0 ? 1 : 0, 5);
+    EXPECT_EQ(c.paying(), 0u);
+    int proposing = 0;
+    for (int i = 0; i < 64; ++i) {
+      proposing += c.next() > 0 ? 1 : 0;
+      c.plain_step(2);
+    }
+    EXPECT_EQ(proposing, 2) << "only the probes every 32 steps";
+  }
+  {
+    actors::DraftControl c(6);
+    for (int i = 0; i < 8; ++i)
+      c.observe(6, 6); // no times known yet
+    EXPECT_EQ(c.next(), 0u) << "one plain step to time a trip";
+    c.plain_step(10);
+    EXPECT_EQ(c.next(), 6u);
+  }
+}
+
 // The rule keeps the model's distribution: over many draws, verify(logits, d)
 // emits each token as often as sample(logits) does, for a proposal the model
 // likes, one it does not, one outside the nucleus, under top-p and top-k.

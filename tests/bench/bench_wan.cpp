@@ -10,7 +10,7 @@
 // token, trips per token, acceptance, and the rows per round each hop ran.
 //
 // Usage: strata_bench wan [MODEL ...] (default: builtin:qwen2-0.5b as q8_0, then
-// stories260K when ../shared has it).
+// stories260K when ../shared has it); STRATA_WAN_DELAYS=0,25 runs only those delays.
 
 #include "actors/cluster.hpp"
 #include "actors/drafter.hpp"
@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -65,7 +66,18 @@ int wan_bench_main(int argc, char** argv) {
     if (std::filesystem::exists("../shared/models/stories260K.bin"))
       models.push_back("../shared/models/stories260K.bin");
   }
-  const std::vector<double> delays{0, 5, 25, 50};
+  std::vector<double> delays{0, 5, 25, 50};
+  if (const char* env = std::getenv("STRATA_WAN_DELAYS")) { // e.g. "0,25": only those
+    delays.clear();
+    for (std::string d; const char c : std::string(env) + ",")
+      if (c == ',') {
+        if (!d.empty())
+          delays.push_back(std::stod(d));
+        d.clear();
+      } else {
+        d += c;
+      }
+  }
   const std::vector<int> crowd{1, 8, 32};
   const int64_t tokens = 64;
   std::printf("# strata_bench wan: 3 node processes, each behind a delay proxy (one-way delay per link, both "
@@ -121,8 +133,13 @@ int wan_bench_main(int argc, char** argv) {
       prompt_of = [](int i) { return std::vector<int32_t>{1, 403, 407, static_cast<int32_t>(31 + 7 * i % 200), 263}; };
     actors::drafter_actor drafter;
     const std::string draft_file = "../shared/models/gguf/stories260K-q4_0.gguf";
-    if (model.find("stories260K") != std::string::npos && std::filesystem::exists(draft_file))
+    if (model.find("stories260K") != std::string::npos && std::filesystem::exists(draft_file)) {
+      // One math thread for the draft in this process: the nodes share this
+      // machine's two cores, and idle math threads spinning here would take
+      // them (on separate machines the client has its own).
+      model::set_num_threads(1);
       drafter = actors::spawn_drafter(sys, draft_file, cfg.vocab_size);
+    }
     auto run = [&](int n, uint32_t speculate, bool with_draft) {
       auto so_run = so;
       if (with_draft)
@@ -170,6 +187,8 @@ int wan_bench_main(int argc, char** argv) {
       return res;
     };
     run(1, 0, false); // warm-up: every connection made
+    if (drafter)
+      run(1, 8, true); // ... and the draft model's first use (its pool, its threads)
     std::printf("## %s (%s)\n\n| one-way delay ms | sessions | speculation | total tok/s | vs 1 session | median "
                 "TTFT ms | trips per token | accepted | rows per round (per hop) | failed |\n"
                 "|---|---|---|---|---|---|---|---|---|---|\n",

@@ -492,13 +492,14 @@ TEST(Cluster, NewArchitecturesAcrossProcessesWithFaultsEqualLlamaCpp) {
 // delay-proxy` at 25 ms one way (so one token's trip crosses 4 delays), the
 // nodes told to behave as on separate machines. Four clients at once, three of
 // them speculating (by lookup with an eviction, with a draft model and an epoch
-// bump at a step in the middle, by lookup), one plain: each client's ids equal the same request run alone in
+// bump, by lookup with hop 1's node killed, each at a step in the middle; a
+// replica takes over), one plain: each client's ids equal the same request run alone in
 // one process, and the proxies carried the traffic.
 TEST(Cluster, ThroughDelayProxiesSpeculativeAndPlainClientsEqualAlone) {
   Cluster c;
   ASSERT_FALSE(c.address.empty());
   std::vector<std::unique_ptr<Process>> proxies;
-  for (auto layers : {"0-1", "2-3", "4"}) {
+  for (auto layers : {"0-1", "2-3", "2-3", "4"}) { // 2-3 twice: a replica takes over from the killed one
     const auto port = free_port();
     proxies.push_back(std::make_unique<Process>(std::vector<std::string>{
       "/bin/sh", "-c",
@@ -515,7 +516,8 @@ TEST(Cluster, ThroughDelayProxiesSpeculativeAndPlainClientsEqualAlone) {
   const auto alone = ids_line(run("generate --model builtin:tiny " + text));
   ASSERT_FALSE(alone.empty());
   const std::vector<std::string> extra = {" --speculate 6 --inject evict:1@12",
-                                          " --draft-model builtin:tiny --inject epoch@20", " --speculate 6", ""};
+                                          " --draft-model builtin:tiny --inject epoch@20",
+                                          " --speculate 6 --inject kill:1@16", ""};
   std::vector<std::unique_ptr<Process>> clients;
   for (auto& e : extra)
     clients.push_back(std::make_unique<Process>(std::vector<std::string>{
