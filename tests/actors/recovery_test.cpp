@@ -20,10 +20,6 @@ namespace {
 using actors::Injection;
 using actors::LocalCluster;
 
-std::string model_name() {
-  return test::stories_or_tiny();
-}
-
 msg::generation_request request(std::vector<int32_t> prompt, int64_t n, const model::ModelConfig& cfg) {
   msg::generation_request r;
   r.session = msg::mint_session_id("recovery");
@@ -64,7 +60,7 @@ constexpr int64_t hop_layers[3] = {2, 2, 1};
 TEST_P(TargetedRecovery, OnlyTheLostLayersAreRecomputedAndTheTextIsUnchanged) {
   actors::actor_config cfg;
   caf::actor_system sys{cfg};
-  const auto model = model_name();
+  const auto model = test::stories_or_tiny();
   actors::ClusterOptions opts;
   opts.limits.prefix_cache = false; // exact counts: nothing may come from the prefix cache
   LocalCluster c(sys, model, model::parse_layer_ranges("0-1,2-3,4"), opts);
@@ -164,7 +160,7 @@ struct PrefixCache : ::testing::Test {
 // they generate: every text equals its lone stateless run, and the prefix was
 // taken from the cache instead of computed.
 TEST_F(PrefixCache, SixteenSessionsShareAPrefixThroughEvictionsAndAKill) {
-  const auto model = model_name();
+  const auto model = test::stories_or_tiny();
   actors::ClusterOptions opts;
   opts.session.max_retries = 1000;
   LocalCluster probe(sys, model, model::parse_layer_ranges("0-1,2-3,4"));

@@ -23,10 +23,6 @@ namespace {
 using actors::Injection;
 using actors::LocalCluster;
 
-std::string model_name() {
-  return test::stories_or_tiny();
-}
-
 // A prompt that repeats itself, as stories do: lookup finds proposals at once.
 std::vector<int32_t> repeating_prompt(int salt, int32_t vocab) {
   std::vector<int32_t> p{1};
@@ -209,7 +205,7 @@ TEST(SpeculativeSampling, VerifyEmitsTokensDistributedAsSample) {
 // decoding, and the pool holds the same blocks (the proposals crossed a block
 // boundary; that block went back).
 TEST(SpeculativeRollback, RejectedRowsLeaveTheCacheAsIfTheyNeverCame) {
-  const auto model = model_name();
+  const auto model = test::stories_or_tiny();
   auto shard = model::Shard::load(model);
   const auto V = static_cast<std::size_t>(shard->config().vocab_size);
   std::vector<int32_t> prompt;
@@ -257,7 +253,7 @@ enum class Proposer { lookup, self_draft, poor_draft };
 std::string poor_draft_path() {
   return test::have_shared("models/gguf/stories260K-q4_0.gguf") && test::have_shared("models/stories260K.bin")
            ? test::shared_path("models/gguf/stories260K-q4_0.gguf")
-           : model_name();
+           : test::stories_or_tiny();
 }
 
 class SpeculativeGreedy : public ::testing::TestWithParam<std::tuple<FaultCase, Proposer>> {};
@@ -269,7 +265,7 @@ TEST_P(SpeculativeGreedy, EqualsPlainDecodingUnderFaults) {
   const auto& [fault, proposer] = GetParam();
   actors::actor_config cfg;
   caf::actor_system sys{cfg};
-  const auto model = model_name();
+  const auto model = test::stories_or_tiny();
   actors::ClusterOptions opts;
   if (proposer != Proposer::lookup)
     opts.session.drafter = actors::spawn_drafter(sys, proposer == Proposer::self_draft ? model : poor_draft_path(),
@@ -319,7 +315,7 @@ INSTANTIATE_TEST_SUITE_P(Routes, SpeculativeGreedy,
 TEST(SpeculativeCrowd, EightSessionsMixingSpeculativeAndPlainEachEqualAlone) {
   actors::actor_config cfg;
   caf::actor_system sys{cfg};
-  const auto model = model_name();
+  const auto model = test::stories_or_tiny();
   actors::ClusterOptions opts;
   opts.session.max_retries = 100;
   LocalCluster c(sys, model, model::parse_layer_ranges("0-1,2-3,4"), opts);
@@ -364,7 +360,7 @@ TEST(SpeculativeCrowd, EightSessionsMixingSpeculativeAndPlainEachEqualAlone) {
 TEST(SpeculativeSampling, SampledTokensFollowThePlainDistribution) {
   actors::actor_config cfg;
   caf::actor_system sys{cfg};
-  const auto model = model_name();
+  const auto model = test::stories_or_tiny();
   LocalCluster c(sys, model, model::parse_layer_ranges("0-2,3-4"));
   const auto prompt = repeating_prompt(2, static_cast<int32_t>(c.config().vocab_size));
   for (float top_p : {1.0f, 0.9f}) {
