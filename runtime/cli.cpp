@@ -116,6 +116,7 @@ int cmd_generate(int argc, char** argv) {
     coordinator = connect_coordinator(*csys, parse_endpoint(a.str("cluster"), "cluster"));
     // The coordinator answers no_route after its own route wait (at most 60 s);
     // the request fails sooner when the coordinator goes away meanwhile.
+    log::debug("connected to the coordinator; asking it for a route");
     auto plan = ask_watched<msg::route_info>(*csys, coordinator, std::chrono::seconds(75), atom::route_atom_v,
                                              std::vector<msg::shard_actor>{});
     if (!plan)
