@@ -139,10 +139,11 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
   if (!head && req.tokens.size() != req.draft) // later hops see only the proposals' ids (the tail verifies them)
     return caf::make_error(ec::bad_shape, "a step past the head carries " + std::to_string(req.tokens.size()) +
                                             " token ids for " + std::to_string(req.draft) + " proposals");
-  for (auto id : head ? std::vector<int32_t>{} : req.tokens) // (the head's forward pass checks its own)
-    if (id < 0 || id >= shard->config().vocab_size)
-      return caf::make_error(ec::bad_request, "token id " + std::to_string(id) + " is outside the vocabulary of " +
-                                                std::to_string(shard->config().vocab_size));
+  if (!head) // the proposals' ids (the head's forward pass checks its own tokens)
+    for (auto id : req.tokens)
+      if (id < 0 || id >= shard->config().vocab_size)
+        return caf::make_error(ec::bad_request, "token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                                  std::to_string(shard->config().vocab_size));
   if (req.draft > msg::max_draft || static_cast<int64_t>(req.draft) >= T)
     return caf::make_error(ec::bad_request, "step proposes " + std::to_string(req.draft) + " tokens in " +
                                               std::to_string(T) + " rows (at most " + std::to_string(msg::max_draft) +
