@@ -94,6 +94,11 @@ bool take_token(session_self self, int32_t token) {
     finish(self, "stop");
     return false;
   }
+  if (st.constraint && !st.constraint->accept(token)) {
+    fail(self, caf::make_error(ec::model_error, "session '" + st.req.session + "': the tail sent token " +
+                                                  std::to_string(token) + ", which the grammar does not allow"));
+    return false;
+  }
   st.seq.push_back(token);
   st.result.ids.push_back(token);
   if (st.req.sampling.penalized())
@@ -103,6 +108,10 @@ bool take_token(session_self self, int32_t token) {
   ev.top_ids = std::move(st.last_top_ids);
   ev.top_logprobs = std::move(st.last_top_logprobs);
   self->send(st.client, std::move(ev));
+  if (st.constraint && st.constraint->complete() && !st.constraint->can_continue()) {
+    finish(self, "stop"); // the grammar is done: nothing but a stop token could follow
+    return false;
+  }
   if (static_cast<int64_t>(st.result.ids.size()) >= st.req.max_tokens) {
     finish(self, "length");
     return false;
@@ -133,7 +142,7 @@ void after_tokens(session_self self) {
 // so many that the step could run past a pause point, max_tokens or the context.
 std::size_t draft_room(const session_state& st) {
   const auto& sp = st.req.sampling;
-  if (st.req.speculate == 0 || sp.penalized() || sp.logprobs >= 0)
+  if (st.req.speculate == 0 || sp.penalized() || sp.logprobs >= 0 || st.constraint)
     return 0;
   const auto n = static_cast<int64_t>(st.result.ids.size());
   int64_t room = std::min<int64_t>(st.drafting.next(), msg::max_draft);
@@ -218,6 +227,48 @@ void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::ste
 }
 
 void send_step(session_self self);
+
+// Constrained decoding: the tokens the grammar allows next (and the stop tokens
+// once the text is complete), as ids when few, else as bits. False (the
+// session failed) when the grammar allows no token of the vocabulary.
+bool allow_tokens(session_self self, msg::sampling_state& sp) {
+  auto& st = self->state;
+  std::shared_ptr<const model::TokenBits> mask;
+  try {
+    mask = st.constraint->allowed();
+  } catch (const model::Error& e) {
+    fail(self, caf::make_error(ec::bad_request, "session '" + st.req.session + "': grammar: " + e.message()));
+    return false;
+  }
+  const auto V = static_cast<std::size_t>(st.opts.vocabulary->size());
+  std::size_t n = 0;
+  for (auto w : *mask)
+    n += static_cast<std::size_t>(__builtin_popcountll(w));
+  const bool complete = st.constraint->complete();
+  if (n == 0 && !(complete && !st.req.stop_ids.empty())) {
+    fail(self, caf::make_error(ec::bad_request, "session '" + st.req.session +
+                                                  "': the grammar allows no token of the vocabulary after " +
+                                                  std::to_string(st.result.ids.size()) + " generated tokens"));
+    return false;
+  }
+  sp.allowed_ids.clear();
+  sp.allowed_bits.clear();
+  if (n + st.req.stop_ids.size() <= V / 32) {
+    for (std::size_t w = 0; w < mask->size(); ++w)
+      for (uint64_t b = (*mask)[w]; b != 0; b &= b - 1)
+        sp.allowed_ids.push_back(static_cast<int32_t>(w * 64 + static_cast<std::size_t>(__builtin_ctzll(b))));
+    if (complete)
+      sp.allowed_ids.insert(sp.allowed_ids.end(), st.req.stop_ids.begin(), st.req.stop_ids.end());
+  } else {
+    sp.allowed_bits = *mask;
+    if (complete)
+      for (auto id : st.req.stop_ids)
+        if (id >= 0 && static_cast<std::size_t>(id) < V)
+          sp.allowed_bits[static_cast<std::size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+  }
+  return true;
+}
+
 void go_overloaded(session_self self, const caf::error& why);
 
 void on_step_error(session_self self, caf::error& err) {
@@ -355,6 +406,8 @@ void go_stepping(session_self self) {
       r.sampling.penalty_counts.push_back(n);
     }
   }
+  if (st.constraint && !allow_tokens(self, r.sampling))
+    return;
   const auto L = static_cast<int64_t>(st.seq.size());
   if (!st.prefilled) {
     // The prompt's prefill (again, if it failed): every hop opens its cache.
@@ -604,6 +657,16 @@ behavior session(session_self self, msg::supervisor_actor supervisor, msg::sessi
                   " proposes more than the " + std::to_string(msg::max_draft) + " tokens a step may carry");
   if (st.req.prompt.empty())
     return refuse("session '" + st.req.session + "': the prompt is empty");
+  if (!st.req.grammar.empty()) {
+    if (!opts.vocabulary)
+      return refuse("session '" + st.req.session + "': a grammar needs the tokenizer's vocabulary, which this " +
+                    "process was not given");
+    try {
+      st.constraint = std::make_shared<model::ConstraintMatcher>(opts.vocabulary->constraint(st.req.grammar));
+    } catch (const model::Error& e) {
+      return refuse("session '" + st.req.session + "': " + e.message());
+    }
+  }
   if (opts.max_context > 0 && static_cast<int64_t>(st.req.prompt.size()) > opts.max_context)
     return refuse("session '" + st.req.session + "': the prompt has " + std::to_string(st.req.prompt.size()) +
                   " tokens, more than the context of " + std::to_string(opts.max_context));

@@ -56,6 +56,7 @@
 #include "actors/drafter.hpp"
 #include "actors/speculation.hpp"
 #include "messages/messages.hpp"
+#include "model/text/token_mask.hpp"
 
 #include <caf/all.hpp>
 
@@ -90,6 +91,10 @@ struct SessionOptions {
   /// come from it instead of prompt lookup. An invalid handle: lookup.
   drafter_actor drafter;
   std::chrono::milliseconds draft_timeout{5000}; ///< a slower answer: the step goes without proposals
+  /// The tokenizer's vocabulary, for constrained decoding (generation_request::
+  /// grammar); null: such requests are refused. Shared by every session of a
+  /// process, with the grammars compiled over it.
+  std::shared_ptr<model::TokenVocabulary> vocabulary;
 };
 
 enum class session_phase : uint8_t { routing, stepping, backing_off, paused, ended };
@@ -135,6 +140,7 @@ struct session_state {
   DraftControl drafting;          // how many to propose (req.speculate: the most)
   bool drafted = false;           // the pending step's proposals are chosen (a draft model answers asynchronously)
   double draft_ms = 0;            // how long the draft model took to propose them (part of the step's cost)
+  std::shared_ptr<model::ConstraintMatcher> constraint; // req.grammar's state after the generated tokens
   std::optional<std::chrono::steady_clock::time_point> supervisor_lost; // when the supervisor went down
   std::chrono::steady_clock::time_point last_token_at;                  // when the last token came
   static inline const char* name = "strata.session";

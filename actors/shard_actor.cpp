@@ -148,8 +148,9 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
     return caf::make_error(ec::bad_request, "step proposes " + std::to_string(req.draft) + " tokens in " +
                                               std::to_string(T) + " rows (at most " + std::to_string(msg::max_draft) +
                                               ", and fewer than the rows)");
-  if (req.draft > 0 && (req.sampling.penalized() || req.sampling.logprobs >= 0))
-    return caf::make_error(ec::bad_request, "a speculative step carries no penalties and asks no logprobs");
+  if (req.draft > 0 && (req.sampling.penalized() || req.sampling.logprobs >= 0 || req.sampling.constrained()))
+    return caf::make_error(ec::bad_request,
+                           "a speculative step carries no penalties or allowed tokens and asks no logprobs");
   const auto mode = static_cast<step_mode>(req.mode);
   if (mode == step_mode::prefill && req.past_len != 0)
     return caf::make_error(ec::bad_request, "a prefill must start at position 0");
@@ -476,10 +477,13 @@ void shard_state::round(self_ptr self) {
               }
               r.accepted.push_back(proposed);
             }
-          } else if (sp.penalized()) {
+          } else if (sp.penalized() || sp.constrained()) {
             std::vector<float> logits(res.out.logits.begin(), res.out.logits.end());
-            model::apply_penalties(logits, sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty,
-                                   sp.penalty_ids, sp.penalty_counts);
+            if (sp.penalized())
+              model::apply_penalties(logits, sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty,
+                                     sp.penalty_ids, sp.penalty_counts);
+            if (sp.constrained())
+              model::apply_allowed(logits, sp.allowed_ids, sp.allowed_bits);
             r.token = sampler.sample(logits);
           } else {
             r.token = sampler.sample(res.out.logits);

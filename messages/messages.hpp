@@ -402,6 +402,13 @@ struct sampling_state {
   /// a prompt token that only the repetition penalty sees).
   std::vector<int32_t> penalty_ids;
   std::vector<int32_t> penalty_counts;
+  /// Constrained decoding (structured outputs): the tokens the step may emit,
+  /// as ids or as bits over the vocabulary (bit i of word i / 64); both empty:
+  /// any. The session computes them from its grammar state each step; the tail
+  /// masks every other token's logit to -inf before sampling.
+  std::vector<int32_t> allowed_ids;
+  std::vector<uint64_t> allowed_bits;
+  bool constrained() const { return !allowed_ids.empty() || !allowed_bits.empty(); }
   bool penalized() const { return presence_penalty != 0 || frequency_penalty != 0 || repetition_penalty != 1; }
 };
 
@@ -409,7 +416,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_state& x) {
   return f(caf::meta::type_name("sampling_state"), raw(x.temperature), x.top_k, raw(x.top_p), x.rng_state,
            raw(x.min_p), raw(x.presence_penalty), raw(x.frequency_penalty), raw(x.repetition_penalty), x.logprobs,
-           guard(x.penalty_ids), guard(x.penalty_counts));
+           guard(x.penalty_ids), guard(x.penalty_counts), guard(x.allowed_ids), guard(x.allowed_bits));
 }
 
 enum class step_mode : uint8_t { prefill = 0, decode = 1 };
@@ -614,12 +621,16 @@ struct generation_request {
   /// the model takes. Not with penalties or logprobs (the session then steps
   /// one token at a time).
   uint32_t speculate = 0;
+  /// Constrained decoding: a grammar (model/text/grammar.hpp's text form; empty:
+  /// none) every generated text follows. Needs a session whose options carry
+  /// the tokenizer's vocabulary. Steps one token at a time.
+  std::string grammar;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
   return f(caf::meta::type_name("generation_request"), x.session, guard(x.prompt), x.max_tokens, x.sampling,
-           guard(x.stop_ids), guard(x.pause_after), x.speculate);
+           guard(x.stop_ids), guard(x.pause_after), x.speculate, x.grammar);
 }
 
 } // namespace strata::msg

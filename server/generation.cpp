@@ -1,4 +1,5 @@
 #include "server/generation.hpp"
+#include "server/tool_grammar.hpp"
 
 #include "messages/session_id.hpp"
 #include "model/transformer/sampler.hpp"
@@ -190,11 +191,27 @@ void Generation::prepare_and_generate() {
     if (!err && max_tokens < 1)
       err = check_context(n, 1, m.cfg.max_seq_len);
   }
+  // Constrained decoding: a forced tool call in the template's syntax, or the response_format's grammar.
+  std::string grammar = req_.grammar;
+  if (!err && req_.chat && (req_.tool_choice == "required" || req_.tool_choice == "named")) {
+    if (!m.chat)
+      err = bad_field("tool_choice", "'tool_choice' = " + req_.tool_choice + " needs the model's chat template (it has none)");
+    else
+      try {
+        grammar = tool_call_grammar(tool_syntax_of(m.chat->text()), req_.tools,
+                                    req_.tool_choice == "named" ? req_.tool_choice_name : "", req_.parallel_tool_calls);
+      } catch (const model::Error& e) {
+        err = bad_field("tools", e.message());
+      }
+  }
+  if (!err && !grammar.empty() && !m.vocabulary)
+    err = bad_field("response_format", "structured output needs the model's tokenizer (start serve with --tokenizer)");
   if (err) {
     net::post(conn_->executor(), [self = shared_from_this(), e = *err] { self->fail_before_start(e); });
     return;
   }
   msg::generation_request g;
+  g.grammar = grammar;
   g.session = msg::mint_session_id("http");
   g.prompt = prompt;
   g.max_tokens = max_tokens;
@@ -210,6 +227,8 @@ void Generation::prepare_and_generate() {
   so.max_context = m.cfg.max_seq_len;
   so.cluster_wait = srv_->opts.route_wait;
   so.drafter = m.drafter;
+  if (!grammar.empty())
+    so.vocabulary = m.vocabulary->get();
   const auto n = static_cast<std::size_t>(req_.n);
   {
     std::lock_guard<std::mutex> lk(job_->mu);

@@ -1,6 +1,9 @@
 #include "server/openai.hpp"
 #include "server/ordered_json.hpp"
 
+#include "model/base/error.hpp"
+#include "model/text/json_schema.hpp"
+
 #include <cctype>
 
 #include <algorithm>
@@ -123,10 +126,47 @@ std::optional<ApiError> unsupported(const json& j) {
                  })})
     if (r)
       return r;
-  if (j.contains("response_format") && !j["response_format"].is_null()) {
-    const auto& f = j["response_format"];
-    if (!f.is_object() || f.value("type", "") != "text")
-      return bad("response_format", "'response_format' = " + f.dump() + " is not supported (only {\"type\": \"text\"})");
+  return std::nullopt;
+}
+
+bool too_deep(const ojson& root);
+
+// response_format: text, json_object, or json_schema {name, schema, strict}:
+// the schema is compiled here, so one it cannot honour is a 400 naming the keyword.
+std::optional<ApiError> parse_response_format(const ojson& j, ApiRequest& r) {
+  if (!j.contains("response_format") || j["response_format"].is_null())
+    return std::nullopt;
+  const auto& f = j["response_format"];
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+    return bad("response_format", "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
+  const auto type = f["type"].get<std::string>();
+  if (type == "text")
+    return std::nullopt;
+  if (type == "json_object") {
+    r.grammar = model::json_object_grammar();
+    return std::nullopt;
+  }
+  if (type != "json_schema")
+    return bad("response_format.type", "'response_format.type' = \"" + type +
+                                         "\" is not supported (text, json_object and json_schema are)");
+  if (!f.contains("json_schema") || !f["json_schema"].is_object())
+    return bad("response_format.json_schema", "'response_format.json_schema' must be an object {name, schema, strict}");
+  const auto& js = f["json_schema"];
+  if (!js.contains("name") || !js["name"].is_string() || js["name"].get<std::string>().empty() ||
+      js["name"].get<std::string>().size() > 64)
+    return bad("response_format.json_schema.name", "'response_format.json_schema.name' must be a string of 1-64 characters");
+  if (js.contains("strict") && !js["strict"].is_null() && !js["strict"].is_boolean())
+    return bad("response_format.json_schema.strict", "'response_format.json_schema.strict' must be a boolean");
+  if (!js.contains("schema") || js["schema"].is_null()) {
+    r.grammar = model::json_object_grammar();
+    return std::nullopt;
+  }
+  if (too_deep(js["schema"]))
+    return bad("response_format.json_schema.schema", "'response_format.json_schema.schema' is nested deeper than 32 levels");
+  try {
+    r.grammar = model::json_schema_grammar(js["schema"], "response_format.json_schema.schema");
+  } catch (const model::Error& e) {
+    return bad("response_format.json_schema.schema", e.message());
   }
   return std::nullopt;
 }
@@ -300,15 +340,42 @@ std::optional<ApiError> parse_tools(const ojson& j, ApiRequest& r) {
     const auto& c = j["tool_choice"];
     if (r.tools.is_null())
       return bad("tool_choice", "'tool_choice' needs 'tools'");
-    if (!c.is_string() || (c != "auto" && c != "none"))
-      return bad("tool_choice", "'tool_choice' = " + c.dump() +
-                                  " is not supported: strata does not constrain decoding to a tool call yet (auto and "
-                                  "none are)");
-    r.tool_choice = c.get<std::string>();
+    if (c.is_string() && (c == "auto" || c == "none" || c == "required")) {
+      r.tool_choice = c.get<std::string>();
+    } else if (c.is_object() && c.value("type", "") == "function" && c.contains("function") &&
+               c["function"].is_object() && c["function"].contains("name") && c["function"]["name"].is_string()) {
+      r.tool_choice = "named";
+      r.tool_choice_name = c["function"]["name"].get<std::string>();
+      const bool offered = std::any_of(r.tools.begin(), r.tools.end(), [&](const ojson& t) {
+        return t["function"]["name"] == r.tool_choice_name;
+      });
+      if (!offered)
+        return bad("tool_choice.function.name", "'tool_choice.function.name': \"" + r.tool_choice_name +
+                                                  "\" is not one of the tools");
+    } else {
+      return bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                                "\"function\": {\"name\": ...}}, not " + c.dump());
+    }
   }
-  if (j.contains("parallel_tool_calls") && !j["parallel_tool_calls"].is_null() && !j["parallel_tool_calls"].is_boolean())
-    return bad("parallel_tool_calls", std::string("'parallel_tool_calls' must be a boolean, not ") +
-                                        type_name(j["parallel_tool_calls"]));
+  if (j.contains("parallel_tool_calls") && !j["parallel_tool_calls"].is_null()) {
+    if (!j["parallel_tool_calls"].is_boolean())
+      return bad("parallel_tool_calls", std::string("'parallel_tool_calls' must be a boolean, not ") +
+                                          type_name(j["parallel_tool_calls"]));
+    r.parallel_tool_calls = j["parallel_tool_calls"].get<bool>();
+  }
+  // A forced call is decoded under its parameters' schema: one it cannot honour is a 400 now.
+  if (r.tool_choice == "required" || r.tool_choice == "named")
+    for (std::size_t k = 0; k < r.tools.size(); ++k) {
+      const auto& f = r.tools[k]["function"];
+      if (!f.contains("parameters") || f["parameters"].is_null())
+        continue;
+      const std::string p = "tools[" + std::to_string(k) + "].function.parameters";
+      try {
+        (void)model::json_schema_grammar(f["parameters"], p);
+      } catch (const model::Error& e) {
+        return bad(p, e.message());
+      }
+    }
   return std::nullopt;
 }
 
@@ -337,10 +404,13 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool cha
       return bad("model", std::string("'model' must be a string, not ") + type_name(j["model"]));
     r.model = j["model"].get<std::string>();
   }
+  // Schemas and chat fields are read in the order the client wrote their keys:
+  // templates print tool definitions and arguments as they come, and structured
+  // output follows a schema's properties in its order.
+  const ojson oj = parse_ordered(body);
+  if (auto e = parse_response_format(oj, r))
+    return *e;
   if (chat) {
-    // The chat fields are read in the order the client wrote their keys:
-    // templates print tool definitions and arguments as they come.
-    const ojson oj = parse_ordered(body);
     if (auto e = parse_messages(oj, r.messages))
       return *e;
     if (auto e = parse_tools(oj, r))

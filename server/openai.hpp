@@ -67,7 +67,15 @@ struct ApiRequest {
   /// tools: [{type: "function", function: {name, description?, parameters?}}] as
   /// sent (key order kept); null when none. They reach the template as `tools`.
   nlohmann::ordered_json tools;
-  std::string tool_choice = "auto";    ///< auto: calls in the reply are returned as tool_calls; none: as text
+  /// auto: calls in the reply are returned as tool_calls; none: as text;
+  /// required: the reply is one or more calls; named: a call of tool_choice_name
+  /// (both enforced by constrained decoding in the template's call syntax).
+  std::string tool_choice = "auto";
+  std::string tool_choice_name;
+  bool parallel_tool_calls = true;     ///< required: several calls may follow each other
+  /// response_format json_object / json_schema: the grammar (model/text/grammar.hpp)
+  /// every reply follows; empty: free text.
+  std::string grammar;
   bool add_generation_prompt = true;   ///< end the prompt where the assistant's answer starts
   bool continue_final_message = false; ///< end the prompt inside the final (assistant) message
 };

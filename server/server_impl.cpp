@@ -70,6 +70,11 @@ std::optional<ApiError> Server::Impl::ensure_model(ModelState& out) {
                               " tokens but the cluster's model has a vocabulary of " +
                               std::to_string(model.cfg.vocab_size),
                        "server_error");
+    if (model.tok) {
+      model.vocabulary = std::make_shared<LazyVocabulary>();
+      model.vocabulary->tok = model.tok;
+      model.vocabulary->model_vocab = model.cfg.vocab_size;
+    }
     model.id = opts.served_model_name.empty() ? default_served_name(facts.model) : opts.served_model_name;
     model.family = chat_family(model.cfg);
     try {

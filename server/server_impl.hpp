@@ -11,6 +11,7 @@
 #include "actors/drafter.hpp"
 #include "model/base/config.hpp"
 #include "model/text/chat_template.hpp"
+#include "model/text/token_mask.hpp"
 #include "model/text/tokenizer.hpp"
 
 #include <atomic>
@@ -30,6 +31,21 @@ ApiError bad_field(const std::string& field, const std::string& message);
 int64_t unix_now();
 
 /// What the server knows of the cluster's model, loaded on first use.
+/// The tokenizer's vocabulary for constrained decoding, built on first use
+/// (a 150k-token vocabulary takes a moment) and shared by every session.
+struct LazyVocabulary {
+  std::shared_ptr<model::Tokenizer> tok;
+  int64_t model_vocab = 0;
+  std::shared_ptr<model::TokenVocabulary> get() {
+    std::call_once(once_, [&] { v_ = std::make_shared<model::TokenVocabulary>(*tok, model_vocab); });
+    return v_;
+  }
+
+private:
+  std::once_flag once_;
+  std::shared_ptr<model::TokenVocabulary> v_;
+};
+
 struct ModelState {
   bool loaded = false;
   std::string id;
@@ -38,6 +54,7 @@ struct ModelState {
   std::string family;
   std::shared_ptr<const model::ChatTemplate> chat; ///< the model's own template (null: the family's format)
   actors::drafter_actor drafter;                   ///< --draft-model, spawned once the model is known
+  std::shared_ptr<LazyVocabulary> vocabulary;      ///< null without a tokenizer
 };
 
 class Generation;

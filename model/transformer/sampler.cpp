@@ -3,6 +3,7 @@
 #include "model/base/error.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 
 namespace strata::model {
@@ -162,6 +163,35 @@ void apply_penalties(std::span<float> logits, float presence, float frequency, f
     if (counts[i] > 0)
       l -= presence + frequency * static_cast<float>(counts[i]);
   }
+}
+
+void apply_allowed(std::span<float> logits, std::span<const int32_t> ids, std::span<const uint64_t> bits) {
+  const std::size_t V = logits.size();
+  if (!bits.empty()) {
+    if (bits.size() != (V + 63) / 64)
+      throw Error(errc::bad_argument, "the allowed-token bits cover " + std::to_string(bits.size() * 64) +
+                                        " tokens, not the vocabulary of " + std::to_string(V));
+    bool any = false;
+    for (std::size_t i = 0; i < V; ++i) {
+      if ((bits[i >> 6] >> (i & 63)) & 1)
+        any = true;
+      else
+        logits[i] = -std::numeric_limits<float>::infinity();
+    }
+    if (!any)
+      throw Error(errc::bad_argument, "the allowed-token bits allow no token");
+    return;
+  }
+  std::vector<char> keep(V, 0);
+  for (int32_t id : ids) {
+    if (id < 0 || static_cast<std::size_t>(id) >= V)
+      throw Error(errc::bad_argument, "allowed token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                        std::to_string(V));
+    keep[static_cast<std::size_t>(id)] = 1;
+  }
+  for (std::size_t i = 0; i < V; ++i)
+    if (!keep[i])
+      logits[i] = -std::numeric_limits<float>::infinity();
 }
 
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int32_t k) {

@@ -63,6 +63,12 @@ private:
 void apply_penalties(std::span<float> logits, float presence, float frequency, float repetition,
                      std::span<const int32_t> ids, std::span<const int32_t> counts);
 
+/// Constrained decoding: every token not allowed gets logit -inf. Allowed are
+/// the ids listed, or (when `bits` is not empty) the set bits over the
+/// vocabulary. Throws Error(bad_argument) for an id outside the logits, bits
+/// of another size, or bits that allow nothing.
+void apply_allowed(std::span<float> logits, std::span<const int32_t> ids, std::span<const uint64_t> bits);
+
 /// A token's log-probability under softmax(logits), and the `k` most likely
 /// tokens' (most likely first; ties: the lower id), as OpenAI's logprobs report.
 struct TokenLogprobs {

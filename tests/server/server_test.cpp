@@ -556,6 +556,163 @@ TEST_F(Server, AToolRoundThroughAHermesTemplateAnswersWithTheModelsText) {
   std::filesystem::remove_all(dir);
 }
 
+// A serve with a Hermes-style template (tools, <tool_call> syntax) on the shared cluster.
+struct HermesServe {
+  std::filesystem::path dir;
+  std::unique_ptr<Process> served;
+  std::string base;
+  explicit HermesServe(const std::string& cluster) {
+    dir = std::filesystem::temp_directory_path() / ("strata-structured-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "hermes.jinja")
+      << "{% if tools %}<tools>{% for t in tools %}{{ t.function | tojson }}{% endfor %}</tools>\n{% endif %}"
+         "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}"
+         "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}\n{% endfor %}"
+         "{% if add_generation_prompt %}<|assistant|>{% endif %}";
+    served = std::make_unique<Process>(std::vector<std::string>{exe, "serve", "--cluster", cluster, "--http", "127.0.0.1:0",
+                                                                "--allow-inject", "--chat-template",
+                                                                (dir / "hermes.jinja").string()});
+    const auto line = served->wait_line("ready http ");
+    base = line.empty() ? "" : "http://" + line.substr(11);
+  }
+  ~HermesServe() { std::filesystem::remove_all(dir); }
+  std::string call(const std::string& path, const json& b, const std::string& extra = "") const {
+    return sh("curl -s -m 120 " + extra + " --data-binary " + quote(b.dump()) + " " + base + path);
+  }
+};
+
+TEST_F(Server, StructuredOutputsAndForcedToolCallsThroughTheOfficialClientValidate) {
+  const std::filesystem::path npm = std::filesystem::path(STRATA_BINARY_DIR) / "npm";
+  for (const char* p : {"openai", "ajv", "ajv-formats", "zod"})
+    if (!have("node") || !std::filesystem::exists(npm / "node_modules" / p))
+      GTEST_SKIP() << "the npm package " << p << " is not installed in " << npm << " (scripts/test installs it)";
+  HermesServe h(c().cluster);
+  ASSERT_FALSE(h.base.empty());
+  std::filesystem::copy_file(STRATA_STRUCTURED_SCRIPT, npm / "structured_client.mjs",
+                             std::filesystem::copy_options::overwrite_existing);
+  const auto out = sh("node " + (npm / "structured_client.mjs").string() + " " + h.base + "/v1");
+  auto j = json::parse(out.substr(std::min(out.find('{'), out.size())), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  // 100 seeded generations over 10 schemas, 8 at a time: all finish and validate (ajv).
+  EXPECT_EQ(j["schema_runs"], 100);
+  EXPECT_EQ(j["schema_valid"], 100) << j["schema_failures"].dump(1);
+  EXPECT_GT(j["distinct_texts"].get<int>(), 50) << "seeded sampling, not one canned reply";
+  EXPECT_EQ(j["zod_ok"], true) << j["zod_parsed"];
+  if (j["json_object_finish"] == "stop")
+    EXPECT_TRUE(json::parse(j["json_object_text"].get<std::string>(), nullptr, false).is_object()) << j["json_object_text"];
+  // tool_choice required: one call (parallel_tool_calls false) of an offered tool, arguments valid.
+  EXPECT_EQ(j["required_finish"], "tool_calls");
+  ASSERT_EQ(j["required_calls"].size(), 1u) << j;
+  EXPECT_EQ(j["required_calls"][0]["valid"], true) << j["required_calls"];
+  EXPECT_TRUE(j["required_content"].is_null()) << j["required_content"];
+  ASSERT_EQ(j["named_calls"].size(), 1u) << j;
+  EXPECT_EQ(j["named_calls"][0]["name"], "time");
+  EXPECT_EQ(j["named_calls"][0]["valid"], true);
+  // Streamed deltas assemble into the same call as the whole reply (same seed).
+  ASSERT_EQ(j["stream_calls"].size(), 1u) << j;
+  EXPECT_EQ(j["stream_calls"][0]["name"], j["required_calls"][0]["name"]);
+  EXPECT_EQ(j["stream_calls"][0]["arguments"], j["required_calls"][0]["arguments"]);
+  EXPECT_EQ(j["stream_finish"], "tool_calls");
+  EXPECT_EQ(j["answer_is_text"], true);
+  EXPECT_NE(j["bad_schema"].get<std::string>().find("400"), std::string::npos) << j["bad_schema"];
+  EXPECT_NE(j["bad_schema"].get<std::string>().find("'pattern' is not supported"), std::string::npos) << j["bad_schema"];
+}
+
+TEST_F(Server, ConstrainedAndFreeRequestsInACrowdWithFaultsEqualEachAlone) {
+  HermesServe h(c().cluster);
+  ASSERT_FALSE(h.base.empty());
+  const json schema = json::parse(R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 8}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
+      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}}, "required": ["name", "n", "tags"]})");
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "lookup",
+      "parameters": {"type": "object", "properties": {"q": {"type": "string", "maxLength": 6}}, "required": ["q"]}}}])");
+  std::vector<json> bodies;
+  for (int k = 0; k < 8; ++k) {
+    json b = {{"messages", {{{"role", "user"}, {"content", "Question " + std::to_string(k)}}}},
+              {"max_tokens", 200}, {"temperature", 0.8}, {"seed", 40 + k}, {"stream", k % 2 == 1}};
+    if (k < 4)
+      b["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "r"}, {"schema", schema}}}};
+    else if (k < 6)
+      b["tools"] = tools, b["tool_choice"] = "required";
+    bodies.push_back(b);
+  }
+  // What each request gives alone (not streamed): content, or its calls.
+  auto answer = [](const json& reply) {
+    const auto& m = reply["choices"][0]["message"];
+    return m.contains("tool_calls") ? m["tool_calls"][0]["function"].dump() : m["content"].dump();
+  };
+  auto streamed_answer = [](const std::string& sse) {
+    std::string content, name, args;
+    std::istringstream in(sse);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("data: {", 0) != 0)
+        continue;
+      const auto d = json::parse(line.substr(6))["choices"][0]["delta"];
+      if (d.contains("content") && d["content"].is_string())
+        content += d["content"].get<std::string>();
+      for (const auto& tc : d.value("tool_calls", json::array())) {
+        name += tc["function"].value("name", "");
+        args += tc["function"].value("arguments", "");
+      }
+    }
+    return name.empty() ? json(content).dump() : json({{"name", name}, {"arguments", args}}).dump();
+  };
+  std::vector<std::string> alone;
+  for (auto b : bodies) {
+    b["stream"] = false;
+    const auto r = json::parse(h.call("/v1/chat/completions", b), nullptr, false);
+    ASSERT_TRUE(r.contains("choices")) << r;
+    alone.push_back(answer(r));
+    if (b.contains("response_format")) {
+      const auto v = json::parse(r["choices"][0]["message"]["content"].get<std::string>(), nullptr, false);
+      ASSERT_TRUE(v.is_object() && v.contains("name") && v.contains("n") && v.contains("tags")) << r;
+      EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+    }
+  }
+  std::vector<std::unique_ptr<Process>> crowd;
+  for (auto& b : bodies)
+    crowd.push_back(std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c", "curl -sN -m 120 --data-binary " + quote(b.dump()) + " " + h.base + "/v1/chat/completions"}));
+  const std::string json_type = "-H 'Content-Type: application/json'";
+  EXPECT_EQ(h.call("/v1/cluster/inject", {{"kind", "evict"}, {"node", 0}}, json_type).find("error"), std::string::npos);
+  EXPECT_EQ(h.call("/v1/cluster/inject", {{"kind", "epoch"}}, json_type).find("error"), std::string::npos);
+  for (std::size_t k = 0; k < crowd.size(); ++k) {
+    const auto out = crowd[k]->drain();
+    const auto got = bodies[k]["stream"] ? streamed_answer(out) : answer(json::parse(out));
+    EXPECT_EQ(got, alone[k]) << "request " << k << ": " << out;
+  }
+  // Bad schemas and tool choices: a 400 naming the field.
+  const json ask = {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"max_tokens", 4}};
+  auto status_of = [&](json b) {
+    const auto out = sh("curl -s -m 60 -o /dev/null -w '%{http_code}' --data-binary " + quote(b.dump()) + " " + h.base +
+                        "/v1/chat/completions");
+    const auto body = h.call("/v1/chat/completions", b);
+    return out + " " + body;
+  };
+  json b1 = ask;
+  b1["response_format"] = json::parse(R"({"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object",
+      "properties": {"a": {"type": "number", "multipleOf": 3}}}}})");
+  const auto r1 = status_of(b1);
+  EXPECT_EQ(r1.substr(0, 3), "400") << r1;
+  EXPECT_NE(r1.find("response_format.json_schema.schema.properties.a: 'multipleOf' is not supported"), std::string::npos) << r1;
+  json b2 = ask;
+  b2["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"schema", schema}}}};
+  EXPECT_NE(status_of(b2).find("response_format.json_schema.name"), std::string::npos);
+  json b3 = ask;
+  b3["response_format"] = {{"type", "yaml"}};
+  EXPECT_NE(status_of(b3).find("response_format.type"), std::string::npos);
+  json b4 = ask;
+  b4["tools"] = tools;
+  b4["tool_choice"] = {{"type", "function"}, {"function", {{"name", "nope"}}}};
+  EXPECT_NE(status_of(b4).find("tool_choice.function.name"), std::string::npos);
+  json b5 = ask;
+  b5["tools"] = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string", "pattern": "x"}}}}}])");
+  b5["tool_choice"] = "required";
+  const auto r5 = status_of(b5);
+  EXPECT_EQ(r5.substr(0, 3), "400") << r5;
+  EXPECT_NE(r5.find("tools[0].function.parameters.properties.s: 'pattern' is not supported"), std::string::npos) << r5;
+}
+
 TEST_F(Server, LogprobsChoicesAndPenalties) {
   // Completions' logprobs: greedy takes the most likely token, every token has
   // its entry, the tokens spell the text.
