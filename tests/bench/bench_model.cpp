@@ -332,12 +332,15 @@ int cluster_bench_main(int argc, char** argv); // bench_cluster.cpp
 int batch_bench_main(int argc, char** argv);   // bench_batch.cpp
 int prefix_bench_main(int argc, char** argv);  // bench_prefix.cpp
 int wan_bench_main(int argc, char** argv);     // bench_wan.cpp
+int grammar_bench_main(int argc, char** argv); // bench_grammar.cpp
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::string what = argc > 1 ? argv[1] : "model";
   if (what == "wan")
     return wan_bench_main(argc, argv);
+  if (what == "grammar")
+    return grammar_bench_main(argc, argv);
   if (what == "arch")
     return arch_bench_main(argc, argv);
   if (what == "types")

@@ -240,5 +240,35 @@ TEST(TokenMask, EqualsTheAutomatonOnTheLlama2Vocabulary) {
   expect_mask_is_brute_force(vocab, *tok, model::json_schema_grammar(schema, "s"), 3, 2);
 }
 
+TEST(TokenMask, EqualsTheAutomatonOnTheQwenVocabulary) {
+  STRATA_REQUIRE_SHARED("models/qwen-tokenizer.json");
+  auto tok = model::Tokenizer::load(test::shared_path("models/qwen-tokenizer.json"));
+  model::TokenVocabulary vocab(*tok, 151936);
+  const auto schema = ojson::parse(R"({"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"enum": ["x", "y"]}}, "n": {"type": "number"}}, "required": ["name", "tags", "n"]})");
+  expect_mask_is_brute_force(vocab, *tok, model::json_schema_grammar(schema, "s"), 1, 3);
+  // Control tokens stay out unless the grammar spells them; <tool_call> (not a
+  // control token in Qwen's tokenizer) is an ordinary token.
+  auto c = vocab.constraint("root ::= \"<tool_call>\" [a-z]+ \"<|im_end|>\"");
+  model::ConstraintMatcher m(c);
+  const auto im_end = tok->encode("<|im_end|>", false);
+  const auto tool_call = tok->encode("<tool_call>", false);
+  ASSERT_EQ(im_end.size(), 1u);
+  ASSERT_EQ(tool_call.size(), 1u);
+  EXPECT_TRUE(vocab.control(im_end[0]));
+  EXPECT_FALSE(vocab.control(tool_call[0]));
+  auto first = m.allowed();
+  EXPECT_TRUE(((*first)[static_cast<std::size_t>(tool_call[0]) >> 6] >> (tool_call[0] & 63)) & 1);
+  EXPECT_TRUE(m.accept(tool_call[0]));
+  EXPECT_TRUE(m.accept(tok->encode("abc", false)[0]));
+  EXPECT_TRUE(m.accept(im_end[0])) << "spelled by the grammar: allowed";
+  EXPECT_TRUE(m.complete());
+  auto free = vocab.constraint(model::json_object_grammar());
+  model::ConstraintMatcher f(free);
+  EXPECT_TRUE(f.accept(tok->encode("{\"", false)[0]));
+  const auto in_string = f.allowed();
+  EXPECT_FALSE(((*in_string)[static_cast<std::size_t>(im_end[0]) >> 6] >> (im_end[0] & 63)) & 1)
+    << "a control token inside a JSON string: never";
+}
+
 } // namespace
 } // namespace strata
