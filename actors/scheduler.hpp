@@ -52,6 +52,12 @@ struct QueuedStep {
   bool rebuilt = false;       ///< this hop opens a fresh cache (a prefill, or a rebuild)
   uint64_t recomputed = 0;    ///< layer-tokens this hop recomputed for positions before past_len
   std::vector<float> hidden;  ///< non-head: the input rows (rows, dim)
+  /// The tail, prompt log-probabilities: row i's target (token i + 1; -1 for
+  /// the last row), and what the pieces so far scored.
+  std::vector<int32_t> row_targets;
+  std::vector<float> prompt_logprobs;
+  std::vector<int32_t> prompt_top_ids;
+  std::vector<float> prompt_top_logprobs;
 };
 
 class StepScheduler {

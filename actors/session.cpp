@@ -219,6 +219,18 @@ void on_step_reply(session_self self, bool prefill, clk::time_point t0, msg::ste
     st.drafting.plain_step(trip_ms);
   }
   st.draft.clear();
+  if (st.req.prompt_logprobs >= 0 && st.result.prompt_logprobs.empty() && prefill) {
+    const auto n = st.req.prompt.size() - 1, k = static_cast<std::size_t>(st.req.prompt_logprobs);
+    if (rep.prompt_logprobs.size() != n || rep.prompt_top_ids.size() != n * k || rep.prompt_top_logprobs.size() != n * k)
+      return fail(self, caf::make_error(ec::model_error, "session '" + st.req.session + "': the tail scored " +
+                                                           std::to_string(rep.prompt_logprobs.size()) + " of the " +
+                                                           std::to_string(n) + " prompt tokens after the first"));
+    st.result.prompt_logprobs = std::move(rep.prompt_logprobs);
+    st.result.prompt_top_ids = std::move(rep.prompt_top_ids);
+    st.result.prompt_top_logprobs = std::move(rep.prompt_top_logprobs);
+  }
+  if (st.req.max_tokens <= 0) // only the prompt's log-probabilities were asked for
+    return finish(self, "length");
   for (auto t : rep.accepted)
     if (!take_token(self, t))
       return;
@@ -429,6 +441,9 @@ void go_stepping(session_self self) {
   r.tokens.assign(st.seq.begin() + from, st.seq.end());
   r.tokens.insert(r.tokens.end(), st.draft.begin(), st.draft.end());
   r.draft = static_cast<uint32_t>(st.draft.size());
+  // The prompt's log-probabilities come with the first prefill that goes through.
+  if (st.req.prompt_logprobs >= 0 && r.mode == static_cast<uint8_t>(msg::step_mode::prefill) && !st.prefilled)
+    r.prompt_logprobs = st.req.prompt_logprobs;
   r.positions = model::consecutive_positions(from, L - from + static_cast<int64_t>(st.draft.size()));
   if (st.prefilled && (r.rebuild != 0 || r.mode == static_cast<uint8_t>(msg::step_mode::prefill)) &&
       !st.recovery_counted) {
@@ -670,7 +685,10 @@ behavior session(session_self self, msg::supervisor_actor supervisor, msg::sessi
   if (opts.max_context > 0 && static_cast<int64_t>(st.req.prompt.size()) > opts.max_context)
     return refuse("session '" + st.req.session + "': the prompt has " + std::to_string(st.req.prompt.size()) +
                   " tokens, more than the context of " + std::to_string(opts.max_context));
-  if (st.req.max_tokens <= 0) {
+  if (st.req.prompt_logprobs < -1 || st.req.prompt_logprobs > 20)
+    return refuse("session '" + st.req.session + "': prompt_logprobs " + std::to_string(st.req.prompt_logprobs) +
+                  " must be in [-1, 20]");
+  if (st.req.max_tokens <= 0 && st.req.prompt_logprobs < 0) {
     st.phase = session_phase::ended;
     st.result.finish = "length";
     self->send(client, st.result);

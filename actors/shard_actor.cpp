@@ -136,9 +136,16 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
   if (T == 0 || (head && static_cast<int64_t>(req.tokens.size()) != T))
     return caf::make_error(ec::bad_shape, "step carries " + std::to_string(req.tokens.size()) + " tokens and " +
                                             std::to_string(T) + " positions");
-  if (!head && req.tokens.size() != req.draft) // later hops see only the proposals' ids (the tail verifies them)
+  if (req.prompt_logprobs < -1 || req.prompt_logprobs > 20 ||
+      (req.prompt_logprobs >= 0 && (req.mode != static_cast<uint8_t>(step_mode::prefill) || req.draft > 0)))
+    return caf::make_error(ec::bad_request, "prompt_logprobs " + std::to_string(req.prompt_logprobs) +
+                                              " must be -1, or 0-20 on a prefill without proposals");
+  // Later hops see only the proposals' ids (the tail verifies them), or every
+  // token of a prefill that asks for prompt log-probabilities (the tail scores them).
+  if (!head && req.tokens.size() != (req.prompt_logprobs >= 0 ? static_cast<std::size_t>(T) : req.draft))
     return caf::make_error(ec::bad_shape, "a step past the head carries " + std::to_string(req.tokens.size()) +
-                                            " token ids for " + std::to_string(req.draft) + " proposals");
+                                            " token ids for " + std::to_string(req.draft) + " proposals" +
+                                            (req.prompt_logprobs >= 0 ? " and " + std::to_string(T) + " scored rows" : ""));
   if (!head) // the proposals' ids (the head's forward pass checks its own tokens)
     for (auto id : req.tokens)
       if (id < 0 || id >= shard->config().vocab_size)
@@ -346,7 +353,9 @@ void shard_state::round(self_ptr self) {
       }
       // (Only blocks wholly before a speculative step's proposals: rows that may
       // be cut back must never lie in a shared block.)
-      const int64_t skip = store->share_prefix(ctx, L - 1 - static_cast<int64_t>(req.draft));
+      // (Nor on a tail that scores the prompt: it needs every row's logits.)
+      const int64_t skip =
+        store->share_prefix(ctx, tail && req.prompt_logprobs >= 0 ? 0 : L - 1 - static_cast<int64_t>(req.draft));
       if (skip > 0) {
         q.done = skip;
         piece.begin = skip;
@@ -391,6 +400,14 @@ void shard_state::round(self_ptr self) {
       // output rows in the cache blocks and pass them on from there.
       st.emit = tail && piece.last();
       st.logit_rows = static_cast<int64_t>(q.req.draft) + 1; // the scheduler keeps them in the last piece
+      if (tail && q.req.prompt_logprobs >= 0) { // row i scores token i + 1 of the prompt
+        if (q.row_targets.empty()) {
+          q.row_targets.assign(q.req.tokens.begin() + 1, q.req.tokens.end());
+          q.row_targets.push_back(-1);
+        }
+        st.row_targets = std::span<const int32_t>(q.row_targets).subspan(static_cast<std::size_t>(piece.begin), n);
+        st.row_top = q.req.prompt_logprobs;
+      }
       batched_rows += n;
     }
     ++rounds;
@@ -418,6 +435,12 @@ void shard_state::round(self_ptr self) {
         continue;
       }
       q.done = piece.end;
+      if (!res.out.row_logprobs.empty()) { // prompt log-probabilities of this piece's rows
+        q.prompt_logprobs.insert(q.prompt_logprobs.end(), res.out.row_logprobs.begin(), res.out.row_logprobs.end());
+        q.prompt_top_ids.insert(q.prompt_top_ids.end(), res.out.row_top_ids.begin(), res.out.row_top_ids.end());
+        q.prompt_top_logprobs.insert(q.prompt_top_logprobs.end(), res.out.row_top_logprobs.begin(),
+                                     res.out.row_top_logprobs.end());
+      }
       {
         // Work done, and the part of it that recomputed positions a lost cache held.
         const int64_t p0 = q.from + piece.begin, p1 = q.from + piece.end;
@@ -500,6 +523,13 @@ void shard_state::round(self_ptr self) {
           continue;
         }
         r.rng_state = sampler.state();
+        if (q.req.prompt_logprobs >= 0 && !q.prompt_logprobs.empty()) { // the last row scored nothing
+          const auto k = static_cast<std::size_t>(q.req.prompt_logprobs);
+          r.prompt_logprobs.assign(q.prompt_logprobs.begin(), q.prompt_logprobs.end() - 1);
+          r.prompt_top_ids.assign(q.prompt_top_ids.begin(), q.prompt_top_ids.end() - static_cast<std::ptrdiff_t>(k));
+          r.prompt_top_logprobs.assign(q.prompt_top_logprobs.begin(),
+                                       q.prompt_top_logprobs.end() - static_cast<std::ptrdiff_t>(k));
+        }
         ctx->replay_reply = r;
         q.promise.deliver(std::move(r));
       } else {
@@ -524,7 +554,7 @@ void shard_state::pass_on(QueuedStep& q, const SessionCacheStore::Context& ctx) 
   const int64_t send_from = next_rebuilds ? 0 : req.past_len;
   const int64_t dim = shard->config().dim;
   msg::step_request next = req;
-  if (next.tokens.size() > req.draft) // the proposals travel on to the tail, which verifies them
+  if (next.tokens.size() > req.draft && req.prompt_logprobs < 0) // the proposals travel on to the tail, which verifies them
     next.tokens.erase(next.tokens.begin(), next.tokens.end() - static_cast<std::ptrdiff_t>(req.draft));
   next.hop_index = next_hop_index;
   next.positions = model::consecutive_positions(send_from, L - send_from);

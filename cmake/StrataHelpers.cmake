@@ -9,14 +9,19 @@ function(strata_library)
   target_link_libraries(${L_NAME} PUBLIC ${L_DEPS} PRIVATE ${L_PRIVATE_DEPS})
 endfunction()
 
-# strata_test(NAME <target> SOURCES ... DEPS ... LABELS ... [SERIAL])
+# strata_test(NAME <target> SOURCES ... DEPS ... LABELS ... [SERIAL | PROCESSES])
 # SERIAL: run its tests one at a time, alone (multi-process tests whose
 # heartbeat deadlines must not compete with the rest of the suite for 2 cores).
+# PROCESSES: one at a time among themselves (each starts a cluster of
+# processes), but beside single-process tests.
 function(strata_test)
-  cmake_parse_arguments(T "SERIAL" "NAME" "SOURCES;DEPS;LABELS" ${ARGN})
-  set(serial FALSE)
+  cmake_parse_arguments(T "SERIAL;PROCESSES" "NAME" "SOURCES;DEPS;LABELS" ${ARGN})
+  set(props LABELS "${T_LABELS}")
   if(T_SERIAL)
-    set(serial TRUE)
+    list(APPEND props RUN_SERIAL TRUE)
+  endif()
+  if(T_PROCESSES)
+    list(APPEND props RESOURCE_LOCK processes)
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
   # Test code is assertions and calls into the (fully optimized) libraries: -O1
@@ -29,6 +34,6 @@ function(strata_test)
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
   gtest_discover_tests(${T_NAME}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-    PROPERTIES LABELS "${T_LABELS}" RUN_SERIAL ${serial}
+    PROPERTIES ${props}
     DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -462,6 +462,11 @@ struct step_request {
   std::vector<uint64_t> blocks;
   uint64_t recomputed = 0;
   uint32_t draft = 0; ///< proposed tokens at the end of the rows (speculative decoding)
+  /// Prompt log-probabilities (a prefill): -1 none; k in [0, 20]: the tail
+  /// returns, for every prompt token after the first, its log-probability
+  /// given the tokens before it and the k most likely there
+  /// (step_reply::prompt_*). Later hops then get the step's tokens too.
+  int32_t prompt_logprobs = -1;
 };
 
 /// Proposed tokens one step may carry (the tail's logits per row, and the
@@ -475,7 +480,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_request& x) {
   return f(caf::meta::type_name("step_request"), x.session, x.key, x.epoch, x.step_id, x.mode, x.past_len,
            guard(x.positions), guard(x.tokens), x.hidden, x.recipe, guard(x.route), x.hop_index, x.sampling,
-           x.rebuild, x.blocks_from, guard(x.blocks), x.recomputed, x.draft);
+           x.rebuild, x.blocks_from, guard(x.blocks), x.recomputed, x.draft, x.prompt_logprobs);
 }
 
 /// Why a shard holds no usable cache for a request.
@@ -510,13 +515,18 @@ struct step_reply {
   /// Speculative steps: the proposed tokens the tail took (a prefix of the
   /// step's draft rows); `token` is the model's own next token after them.
   std::vector<int32_t> accepted;
+  /// step_request::prompt_logprobs: one entry per prompt token after the first,
+  /// and k ids / log-probabilities per such token.
+  std::vector<float> prompt_logprobs;
+  std::vector<int32_t> prompt_top_ids;
+  std::vector<float> prompt_top_logprobs;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_reply& x) {
   return f(caf::meta::type_name("step_reply"), x.session, x.epoch, x.step_id, x.kind, x.token, x.rng_state, x.miss,
            x.miss_hop, x.detail, x.recomputed, raw(x.logprob), guard(x.top_ids), guard(x.top_logprobs),
-           guard(x.accepted));
+           guard(x.accepted), guard(x.prompt_logprobs), guard(x.prompt_top_ids), guard(x.prompt_top_logprobs));
 }
 
 /// A shard's counters, for `status` and metrics.
@@ -596,13 +606,19 @@ struct generation_result {
   uint64_t full_layer_tokens = 0;   ///< what a full re-prefill of every layer would have recomputed instead
   uint64_t proposed = 0;            ///< speculative decoding: tokens proposed
   uint64_t accepted = 0;            ///< ... of them the model took
+  /// generation_request::prompt_logprobs: as step_reply's (the prompt's tokens
+  /// after the first, each with k alternatives).
+  std::vector<float> prompt_logprobs;
+  std::vector<int32_t> prompt_top_ids;
+  std::vector<float> prompt_top_logprobs;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_result& x) {
   return f(caf::meta::type_name("generation_result"), x.session, guard(x.ids), x.finish, raw(x.prefill_ms), raw(x.total_ms),
            x.steps, x.reprefills, x.retries, guard(x.misses), x.route_changes, x.recomputed_tokens,
-           x.recomputed_layer_tokens, x.full_layer_tokens, x.proposed, x.accepted);
+           x.recomputed_layer_tokens, x.full_layer_tokens, x.proposed, x.accepted, guard(x.prompt_logprobs),
+           guard(x.prompt_top_ids), guard(x.prompt_top_logprobs));
 }
 
 /// A generation's request: prompt ids, limits, sampling.
@@ -625,12 +641,16 @@ struct generation_request {
   /// none) every generated text follows. Needs a session whose options carry
   /// the tokenizer's vocabulary. Steps one token at a time.
   std::string grammar;
+  /// Prompt log-probabilities (echo, log-likelihood scoring): -1 none; k in
+  /// [0, 20] (generation_result::prompt_*). With max_tokens 0 the session runs
+  /// the prompt and ends without a token.
+  int32_t prompt_logprobs = -1;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
   return f(caf::meta::type_name("generation_request"), x.session, guard(x.prompt), x.max_tokens, x.sampling,
-           guard(x.stop_ids), guard(x.pause_after), x.speculate, x.grammar);
+           guard(x.stop_ids), guard(x.pause_after), x.speculate, x.grammar, x.prompt_logprobs);
 }
 
 } // namespace strata::msg

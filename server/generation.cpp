@@ -212,6 +212,12 @@ void Generation::prepare_and_generate() {
   }
   msg::generation_request g;
   g.grammar = grammar;
+  if (req_.echo) {
+    prompt_ids_ = prompt;
+    echo_text_ = req_.prompt_is_ids ? (m.tok ? m.tok->decode(prompt) : std::string()) : req_.prompt;
+    if (req_.logprobs >= 0)
+      g.prompt_logprobs = req_.logprobs;
+  }
   g.session = msg::mint_session_id("http");
   g.prompt = prompt;
   g.max_tokens = max_tokens;
@@ -379,6 +385,50 @@ json Generation::logprobs_json(const json& entries, const Choice& c, std::size_t
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
+// echo: the prompt's tokens before the completion's in the legacy lists; the
+// first prompt token has no log-probability (null), as OpenAI returns it.
+json Generation::echoed_logprobs(const Choice& c, const json& completion) const {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  const auto k = static_cast<std::size_t>(std::max(req_.logprobs, 0));
+  std::size_t at = 0;
+  int32_t prev = -1;
+  auto spell = [&](int32_t id, int32_t before) {
+    try {
+      return model_.tok ? model_.tok->token_bytes(id, before) : std::to_string(id);
+    } catch (const std::exception&) {
+      return std::string();
+    }
+  };
+  for (std::size_t j = 0; j < prompt_ids_.size(); ++j) {
+    const std::string t = spell(prompt_ids_[j], prev);
+    tokens.push_back(t);
+    offsets.push_back(at);
+    at += t.size();
+    if (j == 0 || j - 1 >= c.scored.prompt_logprobs.size()) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+    } else {
+      lps.push_back(c.scored.prompt_logprobs[j - 1]);
+      json top = json::object();
+      for (std::size_t q = 0; q < k; ++q) {
+        const auto idx = (j - 1) * k + q;
+        if (idx < c.scored.prompt_top_ids.size() && c.scored.prompt_top_ids[idx] >= 0)
+          top[spell(c.scored.prompt_top_ids[idx], prev)] = c.scored.prompt_top_logprobs[idx];
+      }
+      tops.push_back(top);
+    }
+    prev = prompt_ids_[j];
+  }
+  const std::size_t shift = echo_text_.size();
+  for (std::size_t j = 0; j < completion["tokens"].size(); ++j) {
+    tokens.push_back(completion["tokens"][j]);
+    lps.push_back(completion["token_logprobs"][j]);
+    tops.push_back(completion["top_logprobs"][j]);
+    offsets.push_back(shift + completion["text_offset"][j].get<std::size_t>());
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
 json Generation::chunk(std::size_t i, const std::string& piece, const char* finish, bool role, const json* call) {
   auto& c = choices_[i];
   json choice = {{"index", i}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
@@ -542,6 +592,9 @@ void Generation::on_done(std::size_t i, const msg::generation_result& r, const s
   if (i >= choices_.size() || choices_[i].finish)
     return;
   auto& c = choices_[i];
+  c.scored.prompt_logprobs = r.prompt_logprobs;
+  c.scored.prompt_top_ids = r.prompt_top_ids;
+  c.scored.prompt_top_logprobs = r.prompt_top_logprobs;
   if (c.dec)
     deliver(i, c.stop->push(c.dec->finish()));
   if (!c.stop->stopped())
@@ -584,7 +637,9 @@ void Generation::complete() {
   for (std::size_t i = 0; i < choices_.size(); ++i) {
     const auto& c = choices_[i];
     json choice = {{"index", i}, {"finish_reason", c.finish ? c.finish : "stop"}};
-    const json lp = req_.logprobs >= 0 ? logprobs_json(c.logprobs, c, 0) : json(nullptr);
+    json lp = req_.logprobs >= 0 ? logprobs_json(c.logprobs, c, 0) : json(nullptr);
+    if (req_.echo && !req_.chat && req_.logprobs >= 0)
+      lp = echoed_logprobs(c, lp);
     if (req_.chat) {
       choice["message"] = {{"role", "assistant"},
                            {"content", c.text.empty() && !c.tool_calls.empty() ? json(nullptr) : json(c.text)}};
@@ -592,7 +647,7 @@ void Generation::complete() {
         choice["message"]["tool_calls"] = c.tool_calls;
     }
     else
-      choice["text"] = c.text;
+      choice["text"] = req_.echo ? echo_text_ + c.text : c.text;
     choice["logprobs"] = lp;
     list.push_back(std::move(choice));
   }

@@ -47,6 +47,7 @@ struct Choice {
   const char* finish = nullptr; // set once the choice has ended
   std::optional<ToolCallParser> tools;               // when the request offers tools (tool_choice auto)
   nlohmann::json tool_calls = nlohmann::json::array(); // {id, type, function: {name, arguments}} found so far
+  msg::generation_result scored;                     // echo: the prompt's log-probabilities (prompt_* fields)
 };
 
 class Generation : public std::enable_shared_from_this<Generation> {
@@ -86,6 +87,7 @@ private:
   void log_line(int status);
   nlohmann::json usage() const;
   nlohmann::json logprobs_json(const nlohmann::json& entries, const Choice& c, std::size_t first) const;
+  nlohmann::json echoed_logprobs(const Choice& c, const nlohmann::json& completion) const;
   nlohmann::json chunk(std::size_t i, const std::string& piece, const char* finish, bool role = false,
                        const nlohmann::json* call = nullptr);
   nlohmann::json envelope(const char* object, nlohmann::json choices) const;
@@ -104,6 +106,8 @@ private:
   std::string id_, created_model_;
   int64_t created_ = 0;
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  std::vector<int32_t> prompt_ids_; // echo: the prompt's tokens and text
+  std::string echo_text_;
   std::vector<Choice> choices_;
   std::size_t choices_done_ = 0, drivers_left_ = 0;
   std::string finish_reason_; // for the request log

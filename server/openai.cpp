@@ -119,7 +119,7 @@ std::optional<ApiError> unsupported(const json& j) {
   // (Extensions vLLM and llama-server accept that would change the sampling are
   // refused the same way, never ignored.)
   for (auto r : {neutral("best_of", is_one), neutral("typical_p", is_unit), neutral("length_penalty", is_unit),
-                 neutral("ignore_eos", is_false), neutral("mirostat", is_zero), neutral("echo", is_false),
+                 neutral("ignore_eos", is_false), neutral("mirostat", is_zero),
                  neutral("logit_bias", is_empty),
                  neutral("functions", is_empty), neutral("suffix", [](const json& v) {
                    return v.is_string() && v.get<std::string>().empty();
@@ -469,10 +469,23 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool cha
   for (const char* name : {"max_tokens", "max_completion_tokens"})
     if (j.contains(name) && !j[name].is_null()) {
       int64_t v = 0;
-      if (auto e = integer(j, name, v, 1, int64_t{1} << 31))
+      if (auto e = integer(j, name, v, 0, int64_t{1} << 31))
         return *e;
       r.max_tokens = v;
     }
+  // echo (completions): the prompt comes back before the completion, with its
+  // log-probabilities under logprobs (what log-likelihood evaluation reads).
+  if (j.contains("echo") && !j["echo"].is_null()) {
+    if (!j["echo"].is_boolean())
+      return bad("echo", std::string("'echo' must be a boolean, not ") + type_name(j["echo"]));
+    r.echo = j["echo"].get<bool>();
+    if (r.echo && chat)
+      return bad("echo", "'echo' is a completions field: chat replies do not repeat the conversation");
+    if (r.echo && j.contains("stream") && j["stream"].is_boolean() && j["stream"].get<bool>())
+      return bad("echo", "'echo' with 'stream' is not supported (send it without stream)");
+  }
+  if (r.max_tokens && *r.max_tokens == 0 && !r.echo)
+    return bad("max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo': the prompt scored alone)");
   if (auto e = number(j, "temperature", r.temperature, 0.0, 2.0, false))
     return *e;
   if (auto e = number(j, "top_p", r.top_p, 0.0, 1.0, true))

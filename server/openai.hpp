@@ -60,6 +60,7 @@ struct ApiRequest {
   float repetition_penalty = 1;   ///< (0, 10]
   std::vector<std::string> stop;
   bool stream = false;
+  bool echo = false;                   ///< completions: the prompt before the text (and its logprobs)
   bool include_usage = false;          ///< stream_options.include_usage
   std::string model;
   /// chat_template_kwargs: extra template variables, keys in the order sent.

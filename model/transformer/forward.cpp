@@ -13,6 +13,7 @@
 #include "model/formats/quant.hpp"
 #include "model/kernels/attention.hpp"
 #include "model/kernels/kernels.hpp"
+#include "model/transformer/sampler.hpp"
 #include "model/transformer/shard_impl.hpp"
 
 #include <ATen/Parallel.h>
@@ -612,6 +613,47 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
       for (std::size_t e = 0; e < emit.size(); ++e) {
         const int64_t end = e + 1 < emit.size() ? first_out[e + 1] : S;
         out[emit[e]->index].out.logits.assign(lg + first_out[e] * cfg.vocab_size, lg + end * cfg.vocab_size);
+      }
+    }
+    // Prompt log-probabilities: every row of such a sequence, a few rows at a
+    // time through the classifier, reduced at once to what was asked.
+    for (auto& q : plan.seqs) {
+      const auto& st = batch[q.index];
+      if (st.row_targets.empty())
+        continue;
+      auto& o = out[q.index].out;
+      const int64_t k = std::clamp<int64_t>(st.row_top, 0, 20);
+      o.row_logprobs.assign(static_cast<std::size_t>(q.rows), 0.0f);
+      o.row_top_ids.assign(static_cast<std::size_t>(q.rows * k), -1);
+      o.row_top_logprobs.assign(static_cast<std::size_t>(q.rows * k), 0.0f);
+      constexpr int64_t chunk = 16;
+      float* xn = grow(ws.xn, chunk * D);
+      float* lg = grow(ws.logits, chunk * cfg.vocab_size);
+      for (int64_t r0 = 0; r0 < q.rows; r0 += chunk) {
+        const int64_t n = std::min(chunk, q.rows - r0);
+        for (int64_t r = 0; r < n; ++r)
+          rmsnorm(xn + r * D, x + (q.row0 + r0 + r) * D, w.final_norm.data_ptr<float>(), D,
+                  static_cast<float>(cfg.norm_eps));
+        detail::matmul_rows(w.classifier, xn, lg, cfg.vocab_size, n, false);
+        for (int64_t r = 0; r < n; ++r) {
+          float* row = lg + r * cfg.vocab_size;
+          if (cfg.final_softcap > 0) {
+            const auto cap = static_cast<float>(cfg.final_softcap), inv = 1.0f / cap;
+            for (int64_t i = 0; i < cfg.vocab_size; ++i)
+              row[i] = cap * std::tanh(row[i] * inv);
+          }
+          const auto i = static_cast<std::size_t>(r0 + r);
+          const int32_t target = i < st.row_targets.size() ? st.row_targets[i] : -1;
+          if (target < 0 && k == 0)
+            continue;
+          auto lp = token_logprobs(std::span<const float>(row, static_cast<std::size_t>(cfg.vocab_size)),
+                                   target >= 0 && target < cfg.vocab_size ? target : 0, static_cast<int32_t>(k));
+          o.row_logprobs[i] = target >= 0 ? lp.logprob : 0.0f;
+          for (std::size_t j = 0; j < lp.top_ids.size(); ++j) {
+            o.row_top_ids[i * static_cast<std::size_t>(k) + j] = lp.top_ids[j];
+            o.row_top_logprobs[i * static_cast<std::size_t>(k) + j] = lp.top_logprobs[j];
+          }
+        }
       }
     }
   } else {

@@ -38,6 +38,11 @@ struct ShardOutput {
   Activation hidden;         // (T, dim), non-tail shards
   std::vector<float> logits; // (logit_rows x vocab), tail shard
   bool has_logits() const { return !logits.empty(); }
+  /// SeqStep::row_targets: per row, the target's log-probability (0 where the
+  /// target is -1) and the row_top most likely ids and log-probabilities.
+  std::vector<float> row_logprobs;
+  std::vector<int32_t> row_top_ids;      ///< rows x row_top
+  std::vector<float> row_top_logprobs;   ///< rows x row_top
 };
 
 /// One sequence of a batched forward call: its input rows at `positions`
@@ -54,6 +59,11 @@ struct SeqStep {
   /// The tail: logits for this many last rows (speculative decoding verifies a
   /// proposal at each of them); at most the rows of the step.
   int64_t logit_rows = 1;
+  /// The tail, prompt log-probabilities: when not empty (one id per row, -1 for
+  /// none), every row goes through the classifier (a few rows at a time) and
+  /// only its log-softmax at the target and its `row_top` best are kept.
+  std::span<const int32_t> row_targets;
+  int32_t row_top = 0;
 };
 
 /// What one sequence of a batch got: an error (nothing of its cache changed) or

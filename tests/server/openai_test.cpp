@@ -93,7 +93,20 @@ TEST(OpenAI, EveryRuleNamesTheField) {
   EXPECT_EQ(err(R"({"prompt":"x","mirostat":2})").param, "mirostat");
   EXPECT_TRUE(std::holds_alternative<ApiRequest>(
     parse_request(R"({"prompt":"x","repetition_penalty":1.0,"typical_p":1,"ignore_eos":false,"mirostat":0})", false)));
-  EXPECT_EQ(err(R"({"prompt":"x","response_format":{"type":"json_object"}})").param, "response_format");
+  EXPECT_EQ(err(R"({"prompt":"x","response_format":{"type":"yaml"}})").param, "response_format.type");
+  EXPECT_EQ(err(R"({"prompt":"x","response_format":"json"})").param, "response_format");
+  EXPECT_EQ(err(R"({"prompt":"x","response_format":{"type":"json_schema"}})").param, "response_format.json_schema");
+  EXPECT_EQ(err(R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"schema":{}}}})").param,
+            "response_format.json_schema.name");
+  EXPECT_EQ(err(R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n","strict":1}}})").param,
+            "response_format.json_schema.strict");
+  EXPECT_EQ(err(R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"string","pattern":"a"}}}})")
+              .message,
+            "response_format.json_schema.schema: 'pattern' is not supported");
+  for (const char* ok : {R"({"prompt":"x","response_format":{"type":"json_object"}})",
+                         R"({"prompt":"x","response_format":{"type":"text"}})",
+                         R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"object"},"strict":true}}})"})
+    EXPECT_TRUE(std::holds_alternative<ApiRequest>(parse_request(ok, false))) << ok;
   EXPECT_EQ(err(R"({"prompt":"x","model":3})").param, "model");
   EXPECT_EQ(err(R"({})", true).param, "messages");
   EXPECT_EQ(err(R"({"messages":[]})", true).param, "messages");

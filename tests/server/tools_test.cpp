@@ -141,11 +141,17 @@ TEST(Tools, EveryToolRuleNamesTheField) {
             "tools[1].function.name");
   EXPECT_EQ(err(user + R"("tools":[{"type":"function","function":{"name":"f","parameters":"object"}}]})").param,
             "tools[0].function.parameters");
-  // What would force a call needs constrained decoding: refused, not hoped for.
-  EXPECT_EQ(err(body_with(tool_round, {{"tool_choice", "required"}}).dump()).param, "tool_choice");
-  EXPECT_EQ(err(body_with(tool_round, {{"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}).dump())
+  // A forced call: of an offered tool, in a known form, under parameters the grammar can honour.
+  EXPECT_EQ(err(body_with(tool_round, {{"tool_choice", {{"type", "function"}, {"function", {{"name", "get_time"}}}}}}).dump())
               .param,
-            "tool_choice");
+            "tool_choice.function.name");
+  EXPECT_EQ(err(body_with(tool_round, {{"tool_choice", "always"}}).dump()).param, "tool_choice");
+  EXPECT_EQ(err(body_with(tool_round, {{"tool_choice", {{"type", "function"}}}}).dump()).param, "tool_choice");
+  for (const auto& choice : {ojson("required"), ojson{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}) {
+    auto r = parse_request(body_with(tool_round, {{"tool_choice", choice}}).dump(), true);
+    ASSERT_TRUE(std::holds_alternative<ApiRequest>(r)) << choice;
+    EXPECT_EQ(std::get<ApiRequest>(r).tool_choice, choice.is_string() ? "required" : "named");
+  }
   EXPECT_EQ(err(user + R"("tool_choice":"auto"})").param, "tool_choice") << "tool_choice without tools";
   EXPECT_EQ(err(user + R"("tools":[],"chat_template_kwargs":{"tools":[]},"parallel_tool_calls":"yes"})").param,
             "parallel_tool_calls");
