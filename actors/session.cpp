@@ -107,6 +107,11 @@ bool take_token(session_self self, int32_t token) {
   ev.logprob = st.last_logprob;
   ev.top_ids = std::move(st.last_top_ids);
   ev.top_logprobs = std::move(st.last_top_logprobs);
+  if (ev.index == 0 && !st.result.prompt_logprobs.empty()) { // a stream echoes the prompt first
+    ev.prompt_logprobs = st.result.prompt_logprobs;
+    ev.prompt_top_ids = st.result.prompt_top_ids;
+    ev.prompt_top_logprobs = st.result.prompt_top_logprobs;
+  }
   self->send(st.client, std::move(ev));
   if (st.constraint && st.constraint->complete() && !st.constraint->can_continue()) {
     finish(self, "stop"); // the grammar is done: nothing but a stop token could follow

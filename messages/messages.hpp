@@ -581,12 +581,17 @@ struct token_event {
   float logprob = 0;               ///< when the request asked for logprobs
   std::vector<int32_t> top_ids;    ///< top_logprobs: most likely first
   std::vector<float> top_logprobs;
+  /// The first event of a generation that asked for prompt_logprobs: the
+  /// prompt's (as generation_result's), so a stream can echo it first.
+  std::vector<float> prompt_logprobs;
+  std::vector<int32_t> prompt_top_ids;
+  std::vector<float> prompt_top_logprobs;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {
   return f(caf::meta::type_name("token_event"), x.session, x.index, x.token, raw(x.logprob), guard(x.top_ids),
-           guard(x.top_logprobs));
+           guard(x.top_logprobs), guard(x.prompt_logprobs), guard(x.prompt_top_ids), guard(x.prompt_top_logprobs));
 }
 
 /// The end of a generation.

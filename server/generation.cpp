@@ -380,7 +380,7 @@ json Generation::logprobs_json(const json& entries, const Choice& c, std::size_t
     for (auto& t : e["top_logprobs"])
       top[t["token"].get<std::string>()] = t["logprob"];
     tops.push_back(top);
-    offsets.push_back(first + k < c.offsets.size() ? c.offsets[first + k] : 0);
+    offsets.push_back((first + k < c.offsets.size() ? c.offsets[first + k] : 0) + (req_.echo ? echo_text_.size() : 0));
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
@@ -419,14 +419,25 @@ json Generation::echoed_logprobs(const Choice& c, const json& completion) const 
     }
     prev = prompt_ids_[j];
   }
-  const std::size_t shift = echo_text_.size();
-  for (std::size_t j = 0; j < completion["tokens"].size(); ++j) {
+  for (std::size_t j = 0; completion.is_object() && j < completion["tokens"].size(); ++j) {
     tokens.push_back(completion["tokens"][j]);
     lps.push_back(completion["token_logprobs"][j]);
     tops.push_back(completion["top_logprobs"][j]);
-    offsets.push_back(shift + completion["text_offset"][j].get<std::size_t>());
+    offsets.push_back(completion["text_offset"][j]); // (already after the prompt's text)
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+void Generation::send_echo(std::size_t i) {
+  auto& c = choices_[i];
+  if (!streaming() || c.echoed)
+    return;
+  c.echoed = true;
+  json choice = {{"index", i},
+                 {"text", echo_text_},
+                 {"finish_reason", nullptr},
+                 {"logprobs", req_.logprobs >= 0 ? echoed_logprobs(c, json(nullptr)) : json(nullptr)}};
+  conn_->send_event(dump(envelope("text_completion", json::array({choice}))));
 }
 
 json Generation::chunk(std::size_t i, const std::string& piece, const char* finish, bool role, const json* call) {
@@ -501,6 +512,12 @@ void Generation::on_token(std::size_t i, const msg::token_event& ev) {
   if (state_ != State::answering || i >= choices_.size() || choices_[i].finish)
     return;
   auto& c = choices_[i];
+  if (req_.echo && !c.echoed) {
+    c.scored.prompt_logprobs = ev.prompt_logprobs;
+    c.scored.prompt_top_ids = ev.prompt_top_ids;
+    c.scored.prompt_top_logprobs = ev.prompt_top_logprobs;
+    send_echo(i);
+  }
   const auto now = clk::now();
   srv_->metrics.token(std::chrono::duration<double>(now - last_token_).count(), completion_tokens_ == 0);
   last_token_ = now;
@@ -595,6 +612,8 @@ void Generation::on_done(std::size_t i, const msg::generation_result& r, const s
   c.scored.prompt_logprobs = r.prompt_logprobs;
   c.scored.prompt_top_ids = r.prompt_top_ids;
   c.scored.prompt_top_logprobs = r.prompt_top_logprobs;
+  if (req_.echo)
+    send_echo(i); // (max_tokens 0: no token came)
   if (c.dec)
     deliver(i, c.stop->push(c.dec->finish()));
   if (!c.stop->stopped())

@@ -48,6 +48,7 @@ struct Choice {
   std::optional<ToolCallParser> tools;               // when the request offers tools (tool_choice auto)
   nlohmann::json tool_calls = nlohmann::json::array(); // {id, type, function: {name, arguments}} found so far
   msg::generation_result scored;                     // echo: the prompt's log-probabilities (prompt_* fields)
+  bool echoed = false;                               // a stream sent the prompt's chunk
 };
 
 class Generation : public std::enable_shared_from_this<Generation> {
@@ -88,6 +89,7 @@ private:
   nlohmann::json usage() const;
   nlohmann::json logprobs_json(const nlohmann::json& entries, const Choice& c, std::size_t first) const;
   nlohmann::json echoed_logprobs(const Choice& c, const nlohmann::json& completion) const;
+  void send_echo(std::size_t i); // streamed echo: the prompt's chunk, once, before the completion's
   nlohmann::json chunk(std::size_t i, const std::string& piece, const char* finish, bool role = false,
                        const nlohmann::json* call = nullptr);
   nlohmann::json envelope(const char* object, nlohmann::json choices) const;

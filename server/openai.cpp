@@ -481,8 +481,6 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool cha
     r.echo = j["echo"].get<bool>();
     if (r.echo && chat)
       return bad("echo", "'echo' is a completions field: chat replies do not repeat the conversation");
-    if (r.echo && j.contains("stream") && j["stream"].is_boolean() && j["stream"].get<bool>())
-      return bad("echo", "'echo' with 'stream' is not supported (send it without stream)");
   }
   if (r.max_tokens && *r.max_tokens == 0 && !r.echo)
     return bad("max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo': the prompt scored alone)");

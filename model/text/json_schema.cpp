@@ -1,6 +1,7 @@
 #include "model/text/json_schema.hpp"
 
 #include "model/base/error.hpp"
+#include "model/text/regex_grammar.hpp"
 
 #include <array>
 #include <cmath>
@@ -32,7 +33,7 @@ const std::set<std::string>& known_keywords() {
                                        "allOf",     "$ref",      "nullable", "properties", "required",
                                        "additionalProperties",   "items",    "minItems",  "maxItems",
                                        "minLength", "maxLength", "format",   "minimum",   "maximum",
-                                       "exclusiveMinimum",       "exclusiveMaximum"};
+                                       "exclusiveMinimum",       "exclusiveMaximum", "pattern"};
   return k;
 }
 
@@ -81,16 +82,18 @@ std::string JsonGrammar::primitive(const std::string& name) {
   std::string body;
   if (name == "ws") {
     body = R"(( " " | "\n" [ \t]{0,20} )?)";
+  } else if (name == "mb") {
+    // One well-formed non-ASCII UTF-8 character.
+    const std::string cont = "[\\x80-\\xbf]";
+    body = "[\\xc2-\\xdf] " + cont + " | \"\\xe0\" [\\xa0-\\xbf] " + cont + " | [\\xe1-\\xec\\xee\\xef] " + cont + " " + cont +
+           " | \"\\xed\" [\\x80-\\x9f] " + cont + " | \"\\xf0\" [\\x90-\\xbf] " + cont + " " + cont +
+           " | [\\xf1-\\xf3] " + cont + " " + cont + " " + cont + " | \"\\xf4\" [\\x80-\\x8f] " + cont + " " + cont;
   } else if (name == "char") {
     // One code point of a JSON string: printable ASCII but " and \, an escape
     // (\u of anything but a surrogate), or a well-formed UTF-8 sequence.
-    const std::string cont = "[\\x80-\\xbf]";
-    body = "[\\x20-\\x21\\x23-\\x5b\\x5d-\\x7f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-C] " + primitive("hex") +
-           " " + primitive("hex") + " " + primitive("hex") + " | [dD] [0-7] " + primitive("hex") + " " +
-           primitive("hex") + " | [eEfF] " + primitive("hex") + " " + primitive("hex") + " " + primitive("hex") +
-           " ) ) | [\\xc2-\\xdf] " + cont + " | \"\\xe0\" [\\xa0-\\xbf] " + cont + " | [\\xe1-\\xec\\xee\\xef] " +
-           cont + " " + cont + " | \"\\xed\" [\\x80-\\x9f] " + cont + " | \"\\xf0\" [\\x90-\\xbf] " + cont + " " +
-           cont + " | [\\xf1-\\xf3] " + cont + " " + cont + " " + cont + " | \"\\xf4\" [\\x80-\\x8f] " + cont + " " + cont;
+    const std::string h = primitive("hex");
+    body = "[\\x20-\\x21\\x23-\\x5b\\x5d-\\x7f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-C] " + h + " " + h + " " + h +
+           " | [dD] [0-7] " + h + " " + h + " | [eEfF] " + h + " " + h + " " + h + " ) ) | " + primitive("mb");
   } else if (name == "hex") {
     body = "[0-9a-fA-F]";
   } else if (name == "string") {
@@ -341,6 +344,15 @@ std::string JsonGrammar::array(const ojson& s, const std::string& path, int dept
 }
 
 std::string JsonGrammar::string(const ojson& s, const std::string& path) {
+  if (s.contains("pattern")) {
+    if (!s["pattern"].is_string())
+      refuse(path + ".pattern", "must be a string");
+    for (const char* k : {"minLength", "maxLength", "format"})
+      if (s.contains(k))
+        refuse(path, std::string("'") + k + "' together with 'pattern' is not supported");
+    const std::string body = regex_grammar(s["pattern"].get<std::string>(), primitive("char"), primitive("mb"), path);
+    return "\"\\\"\" " + body + " \"\\\"\"";
+  }
   if (s.contains("format")) {
     if (!s["format"].is_string())
       refuse(path + ".format", "must be a string");

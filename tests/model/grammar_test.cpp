@@ -5,11 +5,13 @@
 #include "model/text/json_schema.hpp"
 #include "model/text/token_mask.hpp"
 #include "model/text/tokenizer.hpp"
+#include "tests/model/grammar_support.hpp"
 #include "tests/support.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <random>
+#include <regex>
 
 namespace strata {
 namespace {
@@ -30,28 +32,7 @@ bool complete(model::GrammarAutomaton& a, std::string_view text) {
   return a.accepting(a.next(a.start(), text));
 }
 
-// A random sentence: bytes drawn among those the grammar allows, ending at
-// the first accepting state reached after `min_len` bytes (or when nothing
-// may follow). Empty when the walk ran past `max_len` bytes.
-std::string random_sentence(model::GrammarAutomaton& a, std::mt19937& rng, std::size_t min_len, std::size_t max_len) {
-  std::string out;
-  int32_t s = a.start();
-  while (out.size() < max_len) {
-    if (a.accepting(s) && (out.size() >= min_len || !a.can_continue(s)))
-      return out;
-    std::vector<int> ok;
-    for (int b = 0; b < 256; ++b)
-      if (a.next(s, static_cast<uint8_t>(b)) != model::GrammarAutomaton::dead)
-        ok.push_back(b);
-    if (ok.empty())
-      return {};
-    // Prefer closing bytes now and then, so that sentences end.
-    const int b = ok[std::uniform_int_distribution<std::size_t>(0, ok.size() - 1)(rng)];
-    out.push_back(static_cast<char>(b));
-    s = a.next(s, static_cast<uint8_t>(b));
-  }
-  return {};
-}
+using test::random_sentence;
 
 TEST(Grammar, RefusesWhatItCannotMatchByName) {
   EXPECT_NE(refusal([] { model::Grammar::parse("root ::= foo"); }).find("unknown rule 'foo'"), std::string::npos);
@@ -157,7 +138,12 @@ TEST(JsonGrammar, RefusesKeywordsItCannotHonourByName) {
   auto why = [](const char* schema) {
     return refusal([&] { model::json_schema_grammar(ojson::parse(schema), "response_format.json_schema.schema"); });
   };
-  EXPECT_EQ(why(R"({"type": "string", "pattern": "^a+$"})"), "response_format.json_schema.schema: 'pattern' is not supported");
+  EXPECT_EQ(why(R"({"type": "string", "pattern": "^(?=a)b$"})"),
+            "response_format.json_schema.schema: 'pattern' is not supported here: lookarounds and named groups");
+  EXPECT_NE(why(R"({"type": "string", "pattern": "(a)\\1"})").find("escape '\\1'"), std::string::npos);
+  EXPECT_NE(why(R"({"type": "string", "pattern": "a^b"})").find("anchors inside"), std::string::npos);
+  EXPECT_NE(why(R"({"type": "string", "pattern": "[a-"})").find("without ']'"), std::string::npos);
+  EXPECT_NE(why(R"({"type": "string", "pattern": "a", "maxLength": 3})").find("together with 'pattern'"), std::string::npos);
   EXPECT_NE(why(R"({"type": "object", "properties": {"x": {"type": "number", "minimum": 1.5}}})")
               .find("response_format.json_schema.schema.properties.x: 'minimum' is supported for integers only"),
             std::string::npos);
@@ -172,6 +158,53 @@ TEST(JsonGrammar, RefusesKeywordsItCannotHonourByName) {
   EXPECT_NE(why(R"({"not": {}})").find("'not' is not supported"), std::string::npos);
   // Annotations pass.
   EXPECT_EQ(why(R"({"title": "T", "description": "d", "type": "boolean", "default": true})"), "(accepted)");
+}
+
+// UTF-8 to code points.
+std::wstring widen(const std::string& s) {
+  std::wstring out;
+  for (std::size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    const std::size_t n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+    uint32_t cp = n == 1 ? b : b & (0x7F >> n);
+    for (std::size_t k = 1; k < n && i + k < s.size(); ++k)
+      cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    out.push_back(static_cast<wchar_t>(cp));
+    i += n;
+  }
+  return out;
+}
+
+// Every random string a pattern's grammar writes, decoded, matches the regex
+// (std::regex, ECMAScript: the dialect JSON Schema names).
+TEST(JsonGrammar, PatternStringsMatchTheirRegex) {
+  std::mt19937 rng(11);
+  for (const char* pattern : {"^[A-Z]{2}-\\d{3,4}$", "^(foo|bar)+baz?$", "^[^\"\\\\]{1,5}$", "^\\w+@\\w+\\.(com|org)$",
+                              "^[a-c\\s]*x$", "^\\D\\S\\W$", "^(?:ab|cd){2}$", "\\d\\d", "^\\$[0-9]+(\\.[0-9]{2})?$",
+                              "^[\\x20-\\x7e]{3}$"}) {
+    const auto schema = ojson{{"type", "string"}, {"pattern", pattern}};
+    model::GrammarAutomaton a(model::Grammar::parse(model::json_schema_grammar(schema, "s")));
+    // (wide: the regex counts code points, as JavaScript's does for these)
+    const std::wregex re(widen(pattern), std::regex::ECMAScript);
+    int made = 0;
+    for (int i = 0; i < 40; ++i) {
+      const std::string s = random_sentence(a, rng, 0, 2000);
+      if (s.empty())
+        continue;
+      ++made;
+      const auto v = nlohmann::json::parse(s, nullptr, false);
+      ASSERT_TRUE(v.is_string()) << pattern << ": " << s;
+      EXPECT_TRUE(std::regex_search(widen(v.get<std::string>()), re)) << pattern << ": " << s;
+    }
+    EXPECT_GT(made, 20) << pattern;
+  }
+  // '.' is one character (code point), never a line end.
+  model::GrammarAutomaton dot(model::Grammar::parse(model::json_schema_grammar(ojson{{"type", "string"}, {"pattern", "^a.b$"}}, "s")));
+  EXPECT_TRUE(complete(dot, "\"a\xc3\xa9" "b\""));
+  EXPECT_TRUE(complete(dot, "\"a\\\"b\""));
+  EXPECT_FALSE(complete(dot, "\"a\\nb\""));
+  EXPECT_FALSE(complete(dot, "\"ab\""));
+  EXPECT_FALSE(complete(dot, "\"axyb\""));
 }
 
 // The mask equals asking the automaton token by token.

@@ -35,8 +35,9 @@ const schemas = [
   {$defs: {leaf: {type: 'object', properties: {v: {type: 'boolean'}}, required: ['v'], additionalProperties: false}},
    type: 'object', properties: {a: {$ref: '#/$defs/leaf'}, b: {type: 'array', items: {$ref: '#/$defs/leaf'}, maxItems: 2}},
    required: ['a', 'b'], additionalProperties: false},
-  {type: 'object', properties: {tag: {const: 'fixed'}, count: {type: 'integer', minimum: 1}, note: {type: 'string', maxLength: 4}},
-   required: ['tag', 'count'], additionalProperties: false},
+  {type: 'object', properties: {tag: {const: 'fixed'}, count: {type: 'integer', minimum: 1}, note: {type: 'string', maxLength: 4},
+   code: {type: 'string', pattern: '^[A-Z]{2}-\\d{3}(\\.[a-z]+)?$'}},
+   required: ['tag', 'count', 'code'], additionalProperties: false},
 ];
 
 // 100 seeded generations (10 per schema), eight at a time.
@@ -143,7 +144,7 @@ if (call) {
 try {
   await client.chat.completions.create({
     model, max_tokens: 5, messages: ask,
-    response_format: {type: 'json_schema', json_schema: {name: 'p', schema: {type: 'string', pattern: '^a+$'}}},
+    response_format: {type: 'json_schema', json_schema: {name: 'p', schema: {type: 'number', multipleOf: 3}}},
   });
   out.bad_schema = 'accepted';
 } catch (e) {

@@ -4,11 +4,14 @@
 // calls as the whole reply.
 
 #include "server/tool_calls.hpp"
+#include "server/tool_grammar.hpp"
+#include "tests/model/grammar_support.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <random>
+#include <regex>
 
 namespace strata::server {
 namespace {
@@ -143,6 +146,55 @@ TEST(ToolCalls, MistralCallsAfterTheMarker) {
   const std::string broken = "Sure. [TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": ";
   EXPECT_EQ(whole(ToolSyntax::mistral, broken).content, broken);
   expect_same_in_pieces(ToolSyntax::mistral, broken);
+}
+
+// A forced call (tool_choice required / named) is decoded under a grammar in
+// the template's syntax: every sentence of it reads back as calls of the
+// offered tools, with arguments valid under their schemas, and no content.
+TEST(ToolGrammar, EverySentenceReadsBackAsValidCallsInEachSyntax) {
+  const auto tools = nlohmann::ordered_json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string", "maxLength": 8}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+      "required": ["city"]}}},
+    {"type": "function", "function": {"name": "search", "parameters": {"type": "object",
+      "properties": {"q": {"type": "string", "pattern": "^[a-z ]{1,12}$"}}, "required": ["q"]}}},
+    {"type": "function", "function": {"name": "ping"}}])");
+  std::mt19937 rng(5);
+  for (auto syntax : {ToolSyntax::hermes, ToolSyntax::llama3, ToolSyntax::mistral})
+    for (const char* only : {"", "search"})
+      for (bool parallel : {false, true}) {
+        model::GrammarAutomaton a(model::Grammar::parse(tool_call_grammar(syntax, tools, only, parallel)));
+        int made = 0;
+        for (int i = 0; i < 30; ++i) {
+          const std::string reply = test::random_sentence(a, rng, 0, 3000);
+          if (reply.empty())
+            continue;
+          ++made;
+          const auto got = whole(syntax, reply, {"get_weather", "search", "ping"});
+          EXPECT_EQ(got.content, "") << to_string(syntax) << ": " << reply;
+          ASSERT_GE(got.calls.size(), 1u) << to_string(syntax) << ": " << reply;
+          if (!parallel)
+            EXPECT_EQ(got.calls.size(), 1u) << reply;
+          for (const auto& c : got.calls) {
+            if (*only)
+              EXPECT_EQ(c.name, only);
+            const auto args = nlohmann::json::parse(c.arguments, nullptr, false);
+            ASSERT_TRUE(args.is_object()) << c.arguments;
+            if (c.name == "get_weather") {
+              ASSERT_TRUE(args.contains("city")) << c.arguments;
+              EXPECT_LE(args["city"].get<std::string>().size(), 32u);
+              if (args.contains("days"))
+                EXPECT_TRUE(args["days"] >= 1 && args["days"] <= 7) << c.arguments;
+            } else if (c.name == "search") {
+              ASSERT_TRUE(args.contains("q")) << c.arguments;
+              EXPECT_TRUE(std::regex_match(args["q"].get<std::string>(), std::regex("[a-z ]{1,12}"))) << c.arguments;
+            } else {
+              EXPECT_EQ(c.name, "ping");
+            }
+          }
+        }
+        EXPECT_GT(made, 10) << to_string(syntax);
+      }
 }
 
 } // namespace
