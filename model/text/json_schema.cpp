@@ -37,6 +37,23 @@ const std::set<std::string>& known_keywords() {
   return k;
 }
 
+// A count range (minItems / maxItems, minLength / maxLength): each in [0, 10000];
+// the maximum -1 when absent.
+std::pair<int64_t, int64_t> bounds(const ojson& s, const char* lo, const char* hi, const std::string& path) {
+  auto count = [&](const char* k, int64_t dflt) {
+    if (!s.contains(k))
+      return dflt;
+    const auto& v = s[k];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 10000)
+      refuse(path + "." + k, "must be an integer in [0, 10000]");
+    return v.get<int64_t>();
+  };
+  const int64_t mn = count(lo, 0), mx = count(hi, -1);
+  if (mx >= 0 && mx < mn)
+    refuse(path + "." + hi, std::string("is below ") + lo);
+  return {mn, mx};
+}
+
 std::string quoted_json(const ojson& v) {
   return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
 }
@@ -318,17 +335,7 @@ std::string JsonGrammar::array(const ojson& s, const std::string& path, int dept
   }
   if (s.contains("uniqueItems") && s["uniqueItems"].is_boolean() && s["uniqueItems"].get<bool>())
     refuse(path, "'uniqueItems' is not supported");
-  auto count = [&](const char* k, int64_t dflt) {
-    if (!s.contains(k))
-      return dflt;
-    const auto& v = s[k];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 10000)
-      refuse(path + "." + k, "must be an integer in [0, 10000]");
-    return v.get<int64_t>();
-  };
-  const int64_t mn = count("minItems", 0), mx = count("maxItems", -1);
-  if (mx >= 0 && mx < mn)
-    refuse(path + ".maxItems", "is below minItems");
+  const auto [mn, mx] = bounds(s, "minItems", "maxItems", path);
   if (mx == 0)
     return "\"[\" " + w + " \"]\"";
   const std::string one = item + " " + w;
@@ -376,17 +383,7 @@ std::string JsonGrammar::string(const ojson& s, const std::string& path) {
         refuse(path, std::string("'") + k + "' together with 'format' is not supported");
     return "\"\\\"\" " + body + " \"\\\"\"";
   }
-  auto count = [&](const char* k, int64_t dflt) {
-    if (!s.contains(k))
-      return dflt;
-    const auto& v = s[k];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 10000)
-      refuse(path + "." + k, "must be an integer in [0, 10000]");
-    return v.get<int64_t>();
-  };
-  const int64_t mn = count("minLength", 0), mx = count("maxLength", -1);
-  if (mx >= 0 && mx < mn)
-    refuse(path + ".maxLength", "is below minLength");
+  const auto [mn, mx] = bounds(s, "minLength", "maxLength", path);
   if (mn == 0 && mx < 0)
     return primitive("string");
   const std::string reps =

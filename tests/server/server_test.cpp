@@ -35,36 +35,18 @@ struct Served {
     coordinator = std::make_unique<Process>(
       std::vector<std::string>{exe, "node", "--coordinator", "--listen", "127.0.0.1:0", "--route-wait-ms", "15000"});
     cluster = coordinator->wait_line("ready coordinator ").substr(18);
-    // The nodes start side by side (one after the other they took 2.8 s of a test's 6).
-    for (auto layers : {"0-1", "2-3", "2-3", "4"})
+    // One after the other: tests inject by the coordinator's node index (node 1
+    // is the first "2-3", which has a replica), so the order they join is fixed.
+    for (auto layers : {"0-1", "2-3", "2-3", "4"}) {
       nodes.push_back(std::make_unique<Process>(std::vector<std::string>{
         exe, "node", "--listen", "127.0.0.1:0", "--join", cluster, "--model", "builtin:tiny", "--layers", layers,
         "--threads", "1"}));
-    for (auto& n : nodes)
-      n->wait_line("ready node ");
+      nodes.back()->wait_line("ready node ");
+    }
     server = std::make_unique<Process>(std::vector<std::string>{exe, "serve", "--cluster", cluster, "--http", "127.0.0.1:0",
                                                                 "--max-body", "65536", "--allow-inject"});
     const auto line = server->wait_line("ready http ");
     base = line.empty() ? "" : "http://" + line.substr(11);
-    // nodes[i] is the coordinator's node i (tests inject by index): order them
-    // as it lists them (a node id ends in its process id).
-    const auto listed = json::parse(call("/v1/cluster").body, nullptr, false);
-    if (listed.is_object() && listed["shards"].size() == nodes.size()) {
-      std::vector<std::size_t> order;
-      for (const auto& sh : listed["shards"]) {
-        const auto id = sh["node"].get<std::string>();
-        const auto pid = std::atoi(id.c_str() + id.rfind('#') + 1);
-        for (std::size_t k = 0; k < nodes.size(); ++k)
-          if (nodes[k]->pid() == pid)
-            order.push_back(k);
-      }
-      if (order.size() == nodes.size()) {
-        std::vector<std::unique_ptr<Process>> ordered;
-        for (auto k : order)
-          ordered.push_back(std::move(nodes[k]));
-        nodes = std::move(ordered);
-      }
-    }
   }
   Http call(const std::string& path, const std::string& body = "", const std::string& extra = "") const {
     const std::string data = body.empty() ? "" : " --data-binary " + quote(body);
@@ -502,23 +484,39 @@ TEST_F(Server, ChatTemplateFileRendersTheChatAndApplyTemplateShowsIt) {
   std::filesystem::remove_all(dir);
 }
 
+// A serve with a Hermes-style template (tools, <tool_call> syntax) on the shared cluster.
+struct HermesServe {
+  std::filesystem::path dir;
+  std::unique_ptr<Process> served;
+  std::string base;
+  explicit HermesServe(const std::string& cluster) {
+    dir = std::filesystem::temp_directory_path() / ("strata-structured-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "hermes.jinja")
+      << "{% if tools %}<tools>{% for t in tools %}{{ t.function | tojson }}{% endfor %}</tools>\n{% endif %}"
+         "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}"
+         "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}\n{% endfor %}"
+         "{% if add_generation_prompt %}<|assistant|>{% endif %}";
+    served = std::make_unique<Process>(std::vector<std::string>{exe, "serve", "--cluster", cluster, "--http", "127.0.0.1:0",
+                                                                "--allow-inject", "--chat-template",
+                                                                (dir / "hermes.jinja").string()});
+    const auto line = served->wait_line("ready http ");
+    base = line.empty() ? "" : "http://" + line.substr(11);
+  }
+  ~HermesServe() { std::filesystem::remove_all(dir); }
+  std::string call(const std::string& path, const json& b, const std::string& extra = "") const {
+    return sh("curl -s -m 120 " + extra + " --data-binary " + quote(b.dump()) + " " + base + path);
+  }
+};
+
 TEST_F(Server, AToolRoundThroughAHermesTemplateAnswersWithTheModelsText) {
   // A template that takes tools and writes Hermes calls: a tool round renders,
   // and the reply goes through the tool-call parser. The random model writes no
   // call, so its text comes back whole: streamed equals not streamed, no
   // tool_calls, an ordinary finish_reason.
-  const auto dir = std::filesystem::temp_directory_path() / ("strata-tools-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir / "hermes.jinja")
-    << "{% if tools %}<tools>{% for t in tools %}{{ t.function | tojson }}{% endfor %}</tools>\n{% endif %}"
-       "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}"
-       "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}\n{% endfor %}"
-       "{% if add_generation_prompt %}<|assistant|>{% endif %}";
-  Process served({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--allow-inject", "--chat-template",
-                  (dir / "hermes.jinja").string()});
-  const auto line = served.wait_line("ready http ");
-  ASSERT_FALSE(line.empty());
-  const std::string base = "http://" + line.substr(11);
+  HermesServe h(c().cluster);
+  ASSERT_FALSE(h.base.empty());
+  const std::string& base = h.base;
   const json body = json::parse(R"({"messages": [
       {"role": "user", "content": "Weather?"},
       {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
@@ -574,33 +572,7 @@ TEST_F(Server, AToolRoundThroughAHermesTemplateAnswersWithTheModelsText) {
                                           : json::parse(out)["choices"][0]["message"]["content"].get<std::string>();
     EXPECT_EQ(text, alone[k]) << "request " << k << ": " << out;
   }
-  std::filesystem::remove_all(dir);
 }
-
-// A serve with a Hermes-style template (tools, <tool_call> syntax) on the shared cluster.
-struct HermesServe {
-  std::filesystem::path dir;
-  std::unique_ptr<Process> served;
-  std::string base;
-  explicit HermesServe(const std::string& cluster) {
-    dir = std::filesystem::temp_directory_path() / ("strata-structured-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    std::ofstream(dir / "hermes.jinja")
-      << "{% if tools %}<tools>{% for t in tools %}{{ t.function | tojson }}{% endfor %}</tools>\n{% endif %}"
-         "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}"
-         "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}\n{% endfor %}"
-         "{% if add_generation_prompt %}<|assistant|>{% endif %}";
-    served = std::make_unique<Process>(std::vector<std::string>{exe, "serve", "--cluster", cluster, "--http", "127.0.0.1:0",
-                                                                "--allow-inject", "--chat-template",
-                                                                (dir / "hermes.jinja").string()});
-    const auto line = served->wait_line("ready http ");
-    base = line.empty() ? "" : "http://" + line.substr(11);
-  }
-  ~HermesServe() { std::filesystem::remove_all(dir); }
-  std::string call(const std::string& path, const json& b, const std::string& extra = "") const {
-    return sh("curl -s -m 120 " + extra + " --data-binary " + quote(b.dump()) + " " + base + path);
-  }
-};
 
 TEST_F(Server, StructuredOutputsAndForcedToolCallsThroughTheOfficialClientValidate) {
   const std::filesystem::path npm = std::filesystem::path(STRATA_BINARY_DIR) / "npm";
