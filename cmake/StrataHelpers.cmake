@@ -13,7 +13,7 @@ endfunction()
 # SERIAL: run its tests one at a time, alone (multi-process tests whose
 # heartbeat deadlines must not compete with the rest of the suite for 2 cores).
 # PROCESSES: one at a time among themselves (each starts a cluster of
-# processes), but beside single-process tests.
+# processes), but beside single-process tests, and before them.
 function(strata_test)
   cmake_parse_arguments(T "SERIAL;PROCESSES" "NAME" "SOURCES;DEPS;LABELS" ${ARGN})
   set(props LABELS "${T_LABELS}")
@@ -21,7 +21,9 @@ function(strata_test)
     list(APPEND props RUN_SERIAL TRUE)
   endif()
   if(T_PROCESSES)
-    list(APPEND props RESOURCE_LOCK processes)
+    # Started first (CTest runs costlier tests first; a fresh build has no
+    # timings yet), so that single-process tests fill the other core meanwhile.
+    list(APPEND props RESOURCE_LOCK processes COST 1000)
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
   # Test code is assertions and calls into the (fully optimized) libraries: -O1
