@@ -385,6 +385,15 @@ json Generation::logprobs_json(const json& entries, const Choice& c, std::size_t
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
+// A token's text after `prev` (logprobs entries); "" for an id the tokenizer lacks.
+std::string Generation::spell(int32_t id, int32_t prev) const {
+  try {
+    return model_.tok ? model_.tok->token_bytes(id, prev) : std::to_string(id);
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
 // echo: the prompt's tokens before the completion's in the legacy lists; the
 // first prompt token has no log-probability (null), as OpenAI returns it.
 json Generation::echoed_logprobs(const Choice& c, const json& completion) const {
@@ -392,13 +401,6 @@ json Generation::echoed_logprobs(const Choice& c, const json& completion) const 
   const auto k = static_cast<std::size_t>(std::max(req_.logprobs, 0));
   std::size_t at = 0;
   int32_t prev = -1;
-  auto spell = [&](int32_t id, int32_t before) {
-    try {
-      return model_.tok ? model_.tok->token_bytes(id, before) : std::to_string(id);
-    } catch (const std::exception&) {
-      return std::string();
-    }
-  };
   for (std::size_t j = 0; j < prompt_ids_.size(); ++j) {
     const std::string t = spell(prompt_ids_[j], prev);
     tokens.push_back(t);
@@ -524,11 +526,7 @@ void Generation::on_token(std::size_t i, const msg::token_event& ev) {
   ++completion_tokens_;
   if (req_.logprobs >= 0 && model_.tok) {
     const auto entry = [&](int32_t id, float lp) {
-      std::string t;
-      try {
-        t = model_.tok->token_bytes(id, c.prev);
-      } catch (const std::exception&) {
-      }
+      const std::string t = spell(id, c.prev);
       json bytes = json::array();
       for (unsigned char b : t)
         bytes.push_back(b);

@@ -89,6 +89,7 @@ private:
   nlohmann::json usage() const;
   nlohmann::json logprobs_json(const nlohmann::json& entries, const Choice& c, std::size_t first) const;
   nlohmann::json echoed_logprobs(const Choice& c, const nlohmann::json& completion) const;
+  std::string spell(int32_t id, int32_t prev) const;
   void send_echo(std::size_t i); // streamed echo: the prompt's chunk, once, before the completion's
   nlohmann::json chunk(std::size_t i, const std::string& piece, const char* finish, bool role = false,
                        const nlohmann::json* call = nullptr);

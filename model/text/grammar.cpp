@@ -46,7 +46,7 @@ public:
         fail(pos_, "unexpected '" + std::string(1, s_[pos_]) + "'");
     }
     // Lower every body (and the helper rules repetitions make) into elements.
-    for (std::size_t r = 0; r < bodies_.size(); ++r)
+    for (std::size_t r = 0; r < heads.size(); ++r) // (helper rules are lowered with the rule that made them)
       lower_rule(static_cast<int32_t>(r), bodies_[r]);
     check_recursion();
     return g;
@@ -121,13 +121,7 @@ private:
         std::size_t p = pos_ + 1;
         while (p < s_.size() && (s_[p] == ' ' || s_[p] == '\t' || s_[p] == '\r' || s_[p] == '\n'))
           ++p;
-        std::size_t q = p;
-        while (q < s_.size() && name_char(s_[q]))
-          ++q;
-        std::size_t r = q;
-        while (r < s_.size() && (s_[r] == ' ' || s_[r] == '\t'))
-          ++r;
-        if (q > p && s_.substr(r, 3) == "::=") {
+        if (rule_start_at(p)) {
           pos_ = p;
           return;
         }
@@ -189,15 +183,17 @@ private:
     return a;
   }
 
-  bool at_rule_start() const {
-    std::size_t q = pos_;
+  // Whether a rule ("name ::=") starts at offset p.
+  bool rule_start_at(std::size_t p) const {
+    std::size_t q = p;
     while (q < s_.size() && name_char(s_[q]))
       ++q;
     std::size_t r = q;
     while (r < s_.size() && (s_[r] == ' ' || s_[r] == '\t'))
       ++r;
-    return q > pos_ && s_.substr(r, 3) == "::=";
+    return q > p && s_.substr(r, 3) == "::=";
   }
+  bool at_rule_start() const { return rule_start_at(pos_); }
 
   Expr parse_sequence(int depth) {
     Expr seq;
@@ -354,7 +350,6 @@ private:
 
   int32_t new_rule() {
     g_->rules_.emplace_back();
-    bodies_.emplace_back();
     return static_cast<int32_t>(g_->rules_.size() - 1);
   }
 

@@ -8,6 +8,7 @@
 #include "model/text/grammar.hpp"
 #include "model/text/tokenizer.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -34,7 +35,7 @@ public:
   /// The state after token `id` (dead: the grammar refuses it).
   int32_t after(int32_t state, int32_t id, bool first);
   /// Masks computed (not found kept) so far: for benchmarks and tests.
-  uint64_t walks() const { return walks_; }
+  uint64_t walks() const { return walks_.load(); }
 
 private:
   const TokenVocabulary& vocab_;
@@ -43,7 +44,7 @@ private:
   std::mutex mu_;
   std::list<int64_t> lru_;
   std::unordered_map<int64_t, std::pair<std::shared_ptr<const TokenBits>, std::list<int64_t>::iterator>> masks_;
-  uint64_t walks_ = 0;
+  std::atomic<uint64_t> walks_{0};
 };
 
 /// A session's place in a constraint: the automaton state after its tokens.

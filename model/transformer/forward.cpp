@@ -583,6 +583,14 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
     batch[q.index].cache->commit(q.past + q.rows);
 
   if (tail) {
+    // gemma2: logits = c tanh(logits / c)
+    const auto softcap = [&](float* lg, int64_t count) {
+      if (cfg.final_softcap <= 0)
+        return;
+      const auto cap = static_cast<float>(cfg.final_softcap), inv = 1.0f / cap;
+      for (int64_t i = 0; i < count; ++i)
+        lg[i] = cap * std::tanh(lg[i] * inv);
+    };
     // The last row of every emitting sequence through the final norm and the
     // classifier, stacked: the classifier is read once for all of them.
     std::vector<const Seq*> emit;
@@ -605,11 +613,7 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
                   static_cast<float>(cfg.norm_eps));
       }
       detail::matmul_rows(w.classifier, xn, lg, cfg.vocab_size, S, false);
-      if (cfg.final_softcap > 0) { // gemma2: logits = c tanh(logits / c)
-        const auto cap = static_cast<float>(cfg.final_softcap), inv = 1.0f / cap;
-        for (int64_t i = 0; i < S * cfg.vocab_size; ++i)
-          lg[i] = cap * std::tanh(lg[i] * inv);
-      }
+      softcap(lg, S * cfg.vocab_size);
       for (std::size_t e = 0; e < emit.size(); ++e) {
         const int64_t end = e + 1 < emit.size() ? first_out[e + 1] : S;
         out[emit[e]->index].out.logits.assign(lg + first_out[e] * cfg.vocab_size, lg + end * cfg.vocab_size);
@@ -635,13 +639,9 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
           rmsnorm(xn + r * D, x + (q.row0 + r0 + r) * D, w.final_norm.data_ptr<float>(), D,
                   static_cast<float>(cfg.norm_eps));
         detail::matmul_rows(w.classifier, xn, lg, cfg.vocab_size, n, false);
+        softcap(lg, n * cfg.vocab_size);
         for (int64_t r = 0; r < n; ++r) {
-          float* row = lg + r * cfg.vocab_size;
-          if (cfg.final_softcap > 0) {
-            const auto cap = static_cast<float>(cfg.final_softcap), inv = 1.0f / cap;
-            for (int64_t i = 0; i < cfg.vocab_size; ++i)
-              row[i] = cap * std::tanh(row[i] * inv);
-          }
+          const float* row = lg + r * cfg.vocab_size;
           const auto i = static_cast<std::size_t>(r0 + r);
           const int32_t target = i < st.row_targets.size() ? st.row_targets[i] : -1;
           if (target < 0 && k == 0)
