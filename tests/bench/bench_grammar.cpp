@@ -8,6 +8,8 @@
 //    (warm). Plus the tail's share: masking 151,936 logits.
 // 2. End to end: builtin:qwen2-0.5b in-process (one shard actor), one session of
 //    64 tokens, free and constrained alternately, 3 rounds: ms per token.
+// 3. The same in a crowd: 4 sessions at once, free and constrained alternately
+//    (total tok/s), each constrained session checked against it alone.
 
 #include "actors/cluster.hpp"
 #include "messages/session_id.hpp"
@@ -23,6 +25,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 using namespace strata;
 using clk = std::chrono::steady_clock;
@@ -130,7 +133,6 @@ int grammar_bench_main(int argc, char** argv) {
     r.max_tokens = 64;
     if (constrained)
       r.grammar = grammar;
-    const auto s0 = clk::now();
     clk::time_point first{};
     auto out = cl.generate(std::move(r), [&](const msg::token_event& ev) {
       if (ev.index == 0)
@@ -141,7 +143,6 @@ int grammar_bench_main(int argc, char** argv) {
       return std::pair<double, std::size_t>{0, 0};
     }
     const auto n = out.result.ids.size();
-    (void)s0;
     return std::pair<double, std::size_t>{n > 1 ? bench::ms_between(first, clk::now()) / static_cast<double>(n - 1) : 0, n};
   };
   std::printf("\n| round | free ms/token (tokens) | constrained ms/token (tokens) | constrained / free |\n|---|---|---|---|\n");
@@ -157,5 +158,48 @@ int grammar_bench_main(int argc, char** argv) {
   }
   std::printf("\nconstrained / free, ms per token: %.3f (means of 3 alternating rounds)\n",
               free_sum > 0 ? con_sum / free_sum : 0);
-  return 0;
+
+  // 3. A crowd: 4 sessions at once (different prompts, greedy), free and
+  // constrained alternately; total tokens per second, and whether each
+  // constrained session's tokens equal the same request alone.
+  constexpr int crowd = 4;
+  auto request = [&](int i, bool constrained) {
+    msg::generation_request r;
+    r.session = msg::mint_session_id("bench");
+    r.prompt = tok->encode("Write order " + std::to_string(i) + " as JSON:", false);
+    r.max_tokens = 48;
+    if (constrained)
+      r.grammar = grammar;
+    return r;
+  };
+  std::vector<std::vector<int32_t>> alone(crowd);
+  for (int i = 0; i < crowd; ++i)
+    alone[static_cast<std::size_t>(i)] = cl.generate(request(i, true)).result.ids;
+  auto run_crowd = [&](bool constrained, bool* same) {
+    std::vector<std::vector<int32_t>> ids(crowd);
+    const auto t0 = clk::now();
+    std::vector<std::thread> threads;
+    for (int i = 0; i < crowd; ++i)
+      threads.emplace_back([&, i] { ids[static_cast<std::size_t>(i)] = cl.generate(request(i, constrained)).result.ids; });
+    for (auto& t : threads)
+      t.join();
+    const double ms = bench::ms_between(t0, clk::now());
+    std::size_t n = 0;
+    for (int i = 0; i < crowd; ++i) {
+      n += ids[static_cast<std::size_t>(i)].size();
+      if (same && ids[static_cast<std::size_t>(i)] != alone[static_cast<std::size_t>(i)])
+        *same = false;
+    }
+    return std::pair<double, std::size_t>{ms > 0 ? 1000.0 * static_cast<double>(n) / ms : 0, n};
+  };
+  std::printf("\n| round | %d sessions free tok/s (tokens) | constrained tok/s (tokens) | constrained / free |\n|---|---|---|---|\n",
+              crowd);
+  bool same = true;
+  for (int round = 0; round < 2; ++round) {
+    const auto [f, fn] = run_crowd(false, nullptr);
+    const auto [g, gn] = run_crowd(true, &same);
+    std::printf("| %d | %.1f (%zu) | %.1f (%zu) | %.3f |\n", round + 1, f, fn, g, gn, f > 0 ? g / f : 0);
+  }
+  std::printf("\nconstrained sessions in the crowd = the same request alone: %s\n", same ? "yes" : "NO");
+  return same ? 0 : 1;
 }

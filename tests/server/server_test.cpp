@@ -751,6 +751,51 @@ TEST_F(Server, EchoScoresThePromptAsTheGenerationDid) {
   ASSERT_GE(m, 6u);
   for (std::size_t k = 0; k < 6; ++k)
     EXPECT_EQ(b["logprobs"]["token_logprobs"][m - 6 + k], glp["token_logprobs"][k]);
+  // A crowd: 4 echo requests at once (scoring alone and generating, streamed and
+  // not) while node 0's caches are evicted and the route epoch bumped: each
+  // gives the text and scores it gives alone.
+  std::vector<json> crowd_bodies;
+  std::vector<json> alone_scores;
+  for (int k = 0; k < 4; ++k) {
+    json b = {{"prompt", prompt + " " + std::to_string(k)}, {"max_tokens", k % 2 == 0 ? 0 : 8}, {"echo", true},
+              {"logprobs", 1}, {"temperature", 0}};
+    const auto a = json::parse(c().call("/v1/completions", b.dump()).body)["choices"][0];
+    alone_scores.push_back(json{{"text", a["text"]}, {"lp", a["logprobs"]["token_logprobs"]}});
+    b["stream"] = k >= 2;
+    crowd_bodies.push_back(b);
+  }
+  std::vector<std::unique_ptr<Process>> crowd;
+  for (auto& b : crowd_bodies)
+    crowd.push_back(std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c", "curl -sN -m 60 --data-binary " + quote(b.dump()) + " " + c().base + "/v1/completions"}));
+  EXPECT_EQ(c().call("/v1/cluster/inject", R"({"kind": "evict", "node": 0})", "-H 'Content-Type: application/json'").status, 200);
+  EXPECT_EQ(c().call("/v1/cluster/inject", R"({"kind": "epoch"})", "-H 'Content-Type: application/json'").status, 200);
+  for (std::size_t k = 0; k < crowd.size(); ++k) {
+    const auto out = crowd[k]->drain();
+    std::string got_text;
+    json got_lp = json::array();
+    if (crowd_bodies[k]["stream"]) {
+      std::istringstream events(out);
+      for (std::string line; std::getline(events, line);)
+        if (line.rfind("data: {", 0) == 0) {
+          const auto ev = json::parse(line.substr(6));
+          if (ev["choices"].empty())
+            continue;
+          got_text += ev["choices"][0]["text"].get<std::string>();
+          if (ev["choices"][0]["logprobs"].is_object())
+            for (auto& x : ev["choices"][0]["logprobs"]["token_logprobs"])
+              got_lp.push_back(x);
+        }
+    } else {
+      const auto ch = json::parse(out)["choices"][0];
+      got_text = ch["text"];
+      got_lp = ch["logprobs"]["token_logprobs"];
+    }
+    EXPECT_EQ(got_text, alone_scores[k]["text"]) << "request " << k << ": " << out;
+    ASSERT_EQ(got_lp.size(), alone_scores[k]["lp"].size()) << "request " << k;
+    for (std::size_t t = 1; t < got_lp.size(); ++t)
+      EXPECT_NEAR(got_lp[t].get<double>(), alone_scores[k]["lp"][t].get<double>(), 1e-4) << "request " << k << " token " << t;
+  }
   // Where echo has no meaning: a 400 naming the field.
   // Streamed: the prompt's chunk (with its scores) first, then the completion's.
   auto streamed = c().call(
