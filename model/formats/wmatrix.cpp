@@ -2,6 +2,7 @@
 
 #include "model/base/error.hpp"
 #include "model/formats/wmatrix.hpp"
+#include "model/formats/packed.hpp"
 
 #include <memory>
 #include <string>
@@ -33,7 +34,7 @@ WMatrix convert(const WMatrix& m, WType type) {
   out.rows = m.rows;
   out.cols = m.cols;
   for (int64_t r = 0; r < m.rows; ++r) {
-    dequantize(m.type, m.row(r), row.data(), m.cols);
+    dequantize_rows(m, r, 1, row.data());
     quantize(type, row.data(), buf->data() + out.row_bytes() * static_cast<std::size_t>(r), m.cols);
   }
   out.data = buf->data();

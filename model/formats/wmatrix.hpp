@@ -21,6 +21,9 @@ struct WMatrix {
   int64_t cols = 0;
   const uint8_t* data = nullptr;
   std::shared_ptr<const void> keep;
+  /// The rows are in a kernel's packed layout (packed.hpp), not the type's
+  /// plain blocks: read them through packed.hpp's functions.
+  bool packed = false;
 
   std::size_t row_bytes() const { return model::row_bytes(type, cols); }
   std::size_t bytes() const { return row_bytes() * static_cast<std::size_t>(rows); }

@@ -6,6 +6,7 @@
 // recognise this CPU and falls back to its generic kernel (see docs/benchmarks.md).
 
 #include "model/kernels/kernels.hpp"
+#include "model/formats/packed.hpp"
 #include "model/kernels/kernels_q.hpp"
 #include "model/kernels/vec.hpp"
 
@@ -116,11 +117,11 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void rows_kernel_q(
   const int64_t cols = W.cols;
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4) {
-    dequantize(W.type, W.row(r), buf, 4 * cols);
+    dequantize_rows(W, r, 4, buf);
     block4<false>(buf, X, Y + r, ldy, M, cols, accumulate);
   }
   for (; r < r1; ++r) {
-    dequantize(W.type, W.row(r), buf, cols);
+    dequantize_rows(W, r, 1, buf);
     for (int64_t m = 0; m < M; ++m)
       tile<1, 1>(buf, X, Y + r, ldy, m, cols, accumulate);
   }
@@ -271,7 +272,7 @@ void gemm_prepared(const WMatrix& W, const Prepared& p, float* Y, int64_t ldy, i
   for (int64_t r0 = 0; r0 < W.rows; r0 += slab) {
     const int64_t n = std::min(slab, W.rows - r0);
     at::parallel_for(0, n, 16, [&](int64_t a, int64_t b) {
-      dequantize(W.type, W.row(r0 + a), buf + a * cols, (b - a) * cols);
+      dequantize_rows(W, r0 + a, b - a, buf + a * cols);
     });
     sgemm(buf, p.x, Y + r0, ldy, M, n, cols, accumulate);
   }

@@ -4,12 +4,15 @@
 
 #include "model/kernels/kernels_q.hpp"
 
+#include "model/formats/packed.hpp"
 #include "model/formats/quant.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace strata::model::detail {
 
@@ -17,6 +20,8 @@ namespace strata::model::detail {
 void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc);
 void fused_rows_bf16(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc);
 void fused_rows_avx2(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc);
+void quant_q8_0_avx512(const float* x, int64_t n, int8_t* q, float* d, float* s, int16_t* sums32);
+void quant_q8_K_avx512(const float* x, int64_t n, int8_t* q, float* d, int32_t* sums);
 
 namespace {
 
@@ -78,6 +83,30 @@ void quant_q8_K(const float* x, int64_t n, int8_t* q, float* d, int32_t* sums) {
   }
 }
 
+// QuantActs::qi and ::corr from q and sums32 (the activations of packed q8_0).
+// Groups of 8 blocks (the last one of nb % 8 = L, its lanes from L on zero) go
+// in pairs, step by step (step s of group 2p, then of 2p + 1: one 64-byte
+// vector), a last odd group alone.
+void interleave_q8_0(QuantActs& a) {
+  const int64_t nb = a.cols / 32, groups = (nb + pack_group - 1) / pack_group, stride = groups * 256;
+  a.qi.assign(static_cast<std::size_t>(a.rows * stride), 0);
+  a.corr.resize(static_cast<std::size_t>(a.rows * nb));
+  for (int64_t m = 0; m < a.rows; ++m) {
+    const int8_t* q = a.q.data() + m * a.cols;
+    int8_t* out = a.qi.data() + m * stride;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t within = g % 2, step = (within == 0 && g + 1 == groups) ? 32 : 64;
+      const int64_t L = std::min<int64_t>(pack_group, nb - pack_group * g);
+      int8_t* base = out + 256 * (g - within) + 32 * within;
+      for (int s = 0; s < 8; ++s)
+        for (int64_t j = 0; j < L; ++j)
+          std::memcpy(base + step * s + 4 * j, q + 32 * (pack_group * g + j) + 4 * s, 4);
+    }
+  }
+  for (std::size_t i = 0; i < a.corr.size(); ++i)
+    a.corr[i] = -128 * static_cast<int32_t>(a.sums32[i]);
+}
+
 uint16_t to_bf16(float f) {
   uint32_t b;
   std::memcpy(&b, &f, 4);
@@ -125,28 +154,45 @@ void quantize_acts(WType t, const float* X, int64_t M, int64_t cols, QuantActs& 
     return;
   }
   out.q.resize(static_cast<std::size_t>(M * cols));
+  // The vector quantizers give the same bytes; the scalar ones run under the
+  // other kernel settings (a test compares them).
+  const bool vec = has_vnni() && isa_setting.load(std::memory_order_relaxed) == FusedIsa::best;
   if (acts_block(t) == 32) {
     out.d.resize(static_cast<std::size_t>(M * (cols / 32)));
     out.sums32.resize(static_cast<std::size_t>(M * (cols / 32)));
     out.s.resize(static_cast<std::size_t>(M * (cols / 32)));
-    for (int64_t m = 0; m < M; ++m)
-      quant_q8_0(X + m * cols, cols, out.q.data() + m * cols, out.d.data() + m * (cols / 32),
-                 out.s.data() + m * (cols / 32));
-    for (std::size_t i = 0; i < out.sums32.size(); ++i) {
-      int32_t s = 0;
-      for (int j = 0; j < 32; ++j)
-        s += out.q[32 * i + static_cast<std::size_t>(j)];
-      out.sums32[i] = static_cast<int16_t>(s);
+    for (int64_t m = 0; m < M; ++m) {
+      const auto nb = m * (cols / 32);
+      if (vec) {
+        quant_q8_0_avx512(X + m * cols, cols, out.q.data() + m * cols, out.d.data() + nb, out.s.data() + nb,
+                          out.sums32.data() + nb);
+        continue;
+      }
+      quant_q8_0(X + m * cols, cols, out.q.data() + m * cols, out.d.data() + nb, out.s.data() + nb);
+      for (int64_t i = nb; i < nb + cols / 32; ++i) {
+        int32_t s = 0;
+        for (int j = 0; j < 32; ++j)
+          s += out.q[static_cast<std::size_t>(32 * i + j)];
+        out.sums32[static_cast<std::size_t>(i)] = static_cast<int16_t>(s);
+      }
     }
+    interleave_q8_0(out); // for packed q8_0 parts, which share these activations with the other 32-value types
   } else {
     out.d.resize(static_cast<std::size_t>(M * (cols / 256)));
     out.sums.resize(static_cast<std::size_t>(M * (cols / 16)));
     out.sums32.resize(static_cast<std::size_t>(M * (cols / 32)));
     for (int64_t m = 0; m < M; ++m)
-      quant_q8_K(X + m * cols, cols, out.q.data() + m * cols, out.d.data() + m * (cols / 256),
-                 out.sums.data() + m * (cols / 16));
+      (vec ? quant_q8_K_avx512 : quant_q8_K)(X + m * cols, cols, out.q.data() + m * cols,
+                                             out.d.data() + m * (cols / 256), out.sums.data() + m * (cols / 16));
     for (std::size_t i = 0; i < out.sums32.size(); ++i)
       out.sums32[i] = static_cast<int16_t>(out.sums[2 * i] + out.sums[2 * i + 1]);
+    interleave_q8_0(out); // for packed q4_K (a block of 256 is a group of 8 blocks of 32)
+    out.d32.resize(out.sums32.size());
+    out.dsum32.resize(out.sums32.size());
+    for (std::size_t i = 0; i < out.sums32.size(); ++i) {
+      out.d32[i] = out.d[i / 8];
+      out.dsum32[i] = out.d32[i] * static_cast<float>(out.sums32[i]);
+    }
   }
 }
 
@@ -164,10 +210,28 @@ void expand_acts(const QuantActs& a, float* out) {
     out[i] = a.d[static_cast<std::size_t>(i / block)] * static_cast<float>(a.q[static_cast<std::size_t>(i)]);
 }
 
+WMatrix pack_for_kernels(const WMatrix& m) {
+  const char* env = std::getenv("STRATA_PACKED_WEIGHTS"); // "0": keep the plain layout (for comparisons)
+  if (packable(m) && has_vnni() && !(env && std::string(env) == "0"))
+    return pack_rows(m);
+  return m;
+}
+
 void fused_rows(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool accumulate) {
   if (W.type == WType::bf16)
     return fused_rows_bf16(W, A, Y, ldy, r0, r1, accumulate);
-  if (has_vnni() && isa_setting.load(std::memory_order_relaxed) == FusedIsa::best)
+  const bool vnni = has_vnni() && isa_setting.load(std::memory_order_relaxed) == FusedIsa::best;
+  if (W.packed && !vnni) { // only the VNNI kernel reads the packed layout: these rows plain
+    thread_local std::vector<uint8_t> plain;
+    plain.resize(W.row_bytes() * static_cast<std::size_t>(r1 - r0));
+    unpack_rows(W, r0, r1 - r0, plain.data());
+    WMatrix part = W;
+    part.packed = false;
+    part.data = plain.data();
+    part.rows = r1 - r0;
+    return fused_rows_avx2(part, A, Y + r0, ldy, 0, r1 - r0, accumulate);
+  }
+  if (vnni)
     return fused_rows_vnni(W, A, Y, ldy, r0, r1, accumulate);
   return fused_rows_avx2(W, A, Y, ldy, r0, r1, accumulate);
 }

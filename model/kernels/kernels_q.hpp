@@ -23,6 +23,15 @@ struct QuantActs {
   std::vector<int32_t> sums;  ///< K types: the sum of every 16 values
   std::vector<int16_t> sums32; ///< the sum of every 32 values (|sum| <= 4064)
   std::vector<float> s;       ///< 32-value blocks: f16(sum x unrounded d), llama.cpp's q8_1 "s"
+  /// q8_0 activations for packed weights (packed.hpp): each row's blocks
+  /// interleaved as the packed weights are, groups in pairs step by step (row
+  /// stride 256 x the groups, a partial last group's empty lanes zero), and
+  /// -128 x each block's sum (the weights' +128 taken back).
+  std::vector<int8_t> qi;
+  std::vector<int32_t> corr;
+  /// K-type activations for packed q4_K: per 32 values, the scale of their
+  /// 256-value block and that scale times their sum.
+  std::vector<float> d32, dsum32;
 };
 
 /// The activation block a weight type pairs with, as llama.cpp pairs them: 32
@@ -38,6 +47,11 @@ void set_fused_isa(FusedIsa isa);
 
 /// Whether this CPU (and the setting above) has a fused kernel for `t`.
 bool fused_available(WType t);
+/// `m` in the layout this CPU's kernels read fastest: packed q8_0 / q4_K
+/// (packed.hpp) where AVX-512 VNNI runs, else `m` itself. Either layout gives every kernel
+/// setting the same products (a packed matrix under another setting is
+/// unpacked on the fly).
+WMatrix pack_for_kernels(const WMatrix& m);
 /// Quantizes M rows of X for weights of type `t` (bf16 or a quantized type).
 void quantize_acts(WType t, const float* X, int64_t M, int64_t cols, QuantActs& out);
 /// The floats `a` stands for (rows x cols into `out`): what the fused kernels

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <vector>
 
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16")
 #define KQ_NS vnni
@@ -13,7 +14,382 @@
 
 namespace strata::model::detail {
 
+namespace {
+
+// Packed q8_0 (packed.hpp) against activations interleaved alike
+// (QuantActs::qi), two groups of 8 blocks at a time in 512-bit vectors. Per
+// pair of groups and (weight row, activation row): 8 vpdpbusd leave the
+// integer sum of block j of the pair (+128 times the activations' sum, taken
+// back through A.corr) in lane j, in two chains of 4 steps for one activation
+// row (integer sums: the split changes no result); the 16 weight scales times
+// the 16 activation scales then meet those sums in one multiply-add. The last
+// group may be partial (nb % 8 lanes, read with masks). Every (weight row,
+// activation row) pair goes through the same operations in the same order
+// whatever R, MT and M are.
+struct Q8p {
+  const WMatrix& W;
+  const QuantActs& A;
+  int64_t nb, ng_full, tail, qis;
+  std::size_t rb;
+  static constexpr std::size_t GB = 8 * 34; // bytes of a full group
+
+  Q8p(const WMatrix& w, const QuantActs& a)
+      : W(w), A(a), nb(w.cols / 32), ng_full(w.cols / 32 / 8), tail(w.cols / 32 % 8),
+        qis((w.cols / 32 + 7) / 8 * 256), rb(w.row_bytes()) {}
+
+  // Lanes of the upper (PAIR) or lower half that are real blocks, as a mask
+  // of 16 lanes; PART: the last group of the call is the partial one.
+  template <bool PAIR, bool PART>
+  __mmask16 lanes() const {
+    const unsigned last = PART ? (1u << tail) - 1 : 0xFFu;
+    return static_cast<__mmask16>(PAIR ? (0xFFu | (last << 8)) : last);
+  }
+
+  // The weight side of groups g (and g+1) of rows r .. r+R-1 that every
+  // activation row shares: the 16 scales as floats.
+  template <int R>
+  struct Prep {
+    __m512 ws[R];
+  };
+  template <bool PAIR, bool PART, int R>
+  __attribute__((always_inline)) void prepare(int64_t g, int64_t r, Prep<R>& p) const {
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* sp = W.row(r + i) + g * GB;
+      const __mmask8 part = static_cast<__mmask8>((1u << tail) - 1);
+      __m128i lo, hi = _mm_setzero_si128();
+      if (PAIR) {
+        lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp));
+        hi = PART ? _mm_maskz_loadu_epi16(part, sp + GB) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + GB));
+      } else {
+        lo = PART ? _mm_maskz_loadu_epi16(part, sp) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp));
+      }
+      p.ws[i] = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+    }
+  }
+
+  template <bool PAIR, bool PART, int R, int MT>
+  __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
+                                             __m512 (&acc)[R][MT]) const {
+    const uint8_t* row0 = W.row(r);
+    const __mmask16 live = lanes<PAIR, PART>();
+    // The partial group's steps: 4 * tail bytes each after its 2 * tail bytes of scales.
+    const int64_t pstep = 4 * tail, pfirst = 2 * tail;
+    const __mmask32 pmask = static_cast<__mmask32>((uint64_t{1} << pstep) - 1);
+    // Even and odd steps in two chains for one activation row (latency); one
+    // chain for tiles (registers).
+    constexpr bool two = MT == 1;
+    __m512i P0[R][MT], P1[R][MT];
+    for (int t = 0; t < MT; ++t) {
+      const __m512i cv = _mm512_maskz_loadu_epi32(live, A.corr.data() + (m0 + t) * nb + 8 * g);
+      for (int i = 0; i < R; ++i) {
+        P0[i][t] = cv;
+        P1[i][t] = _mm512_setzero_si512();
+      }
+    }
+    constexpr int AS = PAIR ? 64 : 32; // bytes per step of the activations
+    auto step = [&](__m512i(&P)[R][MT], int s, bool ahead) __attribute__((always_inline)) {
+      __m512i a[MT];
+      for (int t = 0; t < MT; ++t) {
+        const int8_t* ap = A.qi.data() + (m0 + t) * qis + 256 * g + AS * s;
+        a[t] = PAIR ? _mm512_loadu_si512(ap)
+                    : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap)));
+      }
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* gp = row0 + i * rb + g * GB;
+        const uint8_t* wp = gp + 16 + 32 * s;
+        if (ahead)
+          _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb), _MM_HINT_T0);
+        __m256i lo, hi = _mm256_setzero_si256();
+        if (PAIR) {
+          lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+          if (ahead)
+            _mm_prefetch(reinterpret_cast<const char*>(wp + GB + R * rb), _MM_HINT_T0);
+          hi = PART ? _mm256_maskz_loadu_epi8(pmask, gp + GB + pfirst + pstep * s)
+                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + GB));
+        } else {
+          lo = PART ? _mm256_maskz_loadu_epi8(pmask, gp + pfirst + pstep * s)
+                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+        }
+        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        for (int t = 0; t < MT; ++t)
+          P[i][t] = _mm512_dpbusd_epi32(P[i][t], w, a[t]);
+      }
+    };
+#pragma GCC unroll 4
+    for (int s = 0; s < 8; s += 2) {
+      step(P0, s, fetch);
+      step(two ? P1 : P0, s + 1, false);
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m512 ws = prep.ws[i];
+      for (int t = 0; t < MT; ++t) {
+        const __m512 dv = _mm512_maskz_loadu_ps(live, A.d.data() + (m0 + t) * nb + 8 * g);
+        const __m512i p = two ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
+        acc[i][t] = _mm512_fmadd_ps(_mm512_mul_ps(ws, dv), _mm512_cvtepi32_ps(p), acc[i][t]);
+      }
+    }
+  }
+};
+
+// Packed q4_K (packed.hpp) against q8_K activations interleaved as q8_0's
+// (a q4_K block is a group of 8 sub-blocks of 32), two blocks at a time in
+// 512-bit vectors: per chunk of 32 bytes one load and two masks give steps k
+// and k + 4 of all 8 sub-blocks (unsigned values 0..15: no correction), 8
+// vpdpbusd leave each sub-block's integer dot in its lane; then d x scale_j x
+// da and dmin x min_j x (da x the activations' sum of sub-block j) are one
+// multiply-add each for the 16 lanes.
+struct Q4Kp {
+  const WMatrix& W;
+  const QuantActs& A;
+  int64_t ng_full, nb32, qis;
+  std::size_t rb;
+  int64_t tail = 0; // q4_K rows are whole blocks: PART is never asked for
+
+  Q4Kp(const WMatrix& w, const QuantActs& a)
+      : W(w), A(a), ng_full(w.cols / 256), nb32(w.cols / 32), qis(w.cols / 256 * 256), rb(w.row_bytes()) {}
+
+  // Block's scales (lanes 0-7) and mins (8-15) times d and dmin, as floats.
+  static __attribute__((always_inline)) void scales(const uint8_t* blk, __m256& sc, __m256& mn) {
+    const __m128i sm = vnni::scales_mins_k4(blk + 4);
+    sc = _mm256_mul_ps(_mm256_set1_ps(vnni::half_to_float(blk)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+    mn = _mm256_mul_ps(_mm256_set1_ps(vnni::half_to_float(blk + 2)),
+                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
+  }
+
+  // The weight side every activation row shares: d x scales, dmin x mins.
+  template <int R>
+  struct Prep {
+    __m512 sc[R], mn[R];
+  };
+  template <bool PAIR, bool PART, int R>
+  __attribute__((always_inline)) void prepare(int64_t g, int64_t r, Prep<R>& p) const {
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* blk = W.row(r + i) + g * 144;
+      __m256 sc0, mn0, sc1 = _mm256_setzero_ps(), mn1 = _mm256_setzero_ps();
+      scales(blk, sc0, mn0);
+      if (PAIR)
+        scales(blk + 144, sc1, mn1);
+      p.sc[i] = _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(sc0)), _mm256_castps_pd(sc1), 1));
+      p.mn[i] = _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(mn0)), _mm256_castps_pd(mn1), 1));
+    }
+  }
+
+  template <bool PAIR, bool PART, int R, int MT>
+  __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
+                                             __m512 (&acc)[R][MT]) const {
+    const uint8_t* row0 = W.row(r);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    constexpr bool two = MT == 1; // steps k and k + 4 in two chains for one activation row
+    __m512i P0[R][MT], P1[R][MT];
+    for (int i = 0; i < R; ++i)
+      for (int t = 0; t < MT; ++t)
+        P0[i][t] = P1[i][t] = _mm512_setzero_si512();
+    constexpr int AS = PAIR ? 64 : 32; // bytes per step of the activations
+    auto act = [&](int t, int s) __attribute__((always_inline)) {
+      const int8_t* ap = A.qi.data() + (m0 + t) * qis + 256 * g + AS * s;
+      return PAIR ? _mm512_loadu_si512(ap) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap)));
+    };
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      __m512i lo_a[MT], hi_a[MT];
+      for (int t = 0; t < MT; ++t) {
+        lo_a[t] = act(t, k);
+        hi_a[t] = act(t, k + 4);
+      }
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* wp = row0 + i * rb + g * 144 + 16 + 32 * k;
+        if (fetch) {
+          _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb), _MM_HINT_T0);
+          if (PAIR)
+            _mm_prefetch(reinterpret_cast<const char*>(wp + 144 + R * rb), _MM_HINT_T0);
+        }
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+        const __m512i w = PAIR ? _mm512_inserti64x4(_mm512_castsi256_si512(w0),
+                                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 144)), 1)
+                               : _mm512_zextsi256_si512(w0);
+        const __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        for (int t = 0; t < MT; ++t) {
+          P0[i][t] = _mm512_dpbusd_epi32(P0[i][t], lo, lo_a[t]);
+          auto& Ph = two ? P1 : P0;
+          Ph[i][t] = _mm512_dpbusd_epi32(Ph[i][t], hi, hi_a[t]);
+        }
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m512 sc = prep.sc[i], mn = prep.mn[i];
+      for (int t = 0; t < MT; ++t) {
+        const float* d = A.d32.data() + (m0 + t) * nb32 + 8 * g;
+        const float* ds = A.dsum32.data() + (m0 + t) * nb32 + 8 * g;
+        const __m512 dv = PAIR ? _mm512_loadu_ps(d) : _mm512_zextps256_ps512(_mm256_loadu_ps(d));
+        const __m512 dsv = PAIR ? _mm512_loadu_ps(ds) : _mm512_zextps256_ps512(_mm256_loadu_ps(ds));
+        const __m512i p = two ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
+        acc[i][t] = _mm512_fmadd_ps(_mm512_mul_ps(sc, dv), _mm512_cvtepi32_ps(p), acc[i][t]);
+        acc[i][t] = _mm512_fnmadd_ps(mn, dsv, acc[i][t]);
+      }
+    }
+  }
+
+};
+
+// A packed kernel K over weight rows [r0, r1): four rows side by side (the next
+// four prefetched on the first tile), activation rows in tiles of 2 (the
+// chains, sums and accumulators fill most of the 32 registers), each tile over
+// all groups and plain blocks, then one horizontal sum per (row, activation
+// row): a row's result does not depend on M.
+// Calls f(PAIR, PART, g) for every pair of groups of a row, then a last group
+// alone or a full group with the partial one (K::tail lanes).
+template <class K, class F>
+__attribute__((always_inline)) inline void over_groups(const K& k, F&& f) {
+  using T = std::true_type;
+  using N = std::false_type;
+  int64_t g = 0;
+  for (; g + 2 <= k.ng_full; g += 2)
+    f(T{}, N{}, g);
+  const bool one_full = g < k.ng_full;
+  if (one_full && k.tail > 0)
+    f(T{}, T{}, g);
+  else if (one_full)
+    f(N{}, N{}, g);
+  else if (k.tail > 0)
+    f(N{}, T{}, g);
+}
+
+// A packed kernel K over weight rows r .. r+R-1 against every activation row,
+// then one horizontal sum per (row, activation row).
+template <class K, int R>
+void run_packed_rows(const K& k, float* Y, int64_t ldy, int64_t r, int64_t r_end, bool accumulate) {
+  const bool fetch = r + 2 * R <= r_end;
+  const int64_t M = k.A.rows;
+  auto put = [&](int64_t m, int i, __m512 acc) __attribute__((always_inline)) {
+    const float s = _mm512_reduce_add_ps(acc);
+    float& y = Y[m * ldy + r + i];
+    y = accumulate ? y + s : s;
+  };
+  using Prep = typename K::template Prep<R>;
+  Prep prep;
+  if (M == 1) { // the accumulators stay in registers
+    __m512 acc[R][1];
+    for (int i = 0; i < R; ++i)
+      acc[i][0] = _mm512_setzero_ps();
+    over_groups(k, [&](auto pair, auto part, int64_t g) __attribute__((always_inline)) {
+      k.template prepare<pair(), part(), R>(g, r, prep);
+      k.template groups<pair(), part(), R, 1>(g, r, 0, fetch, prep, acc);
+    });
+    for (int i = 0; i < R; ++i)
+      put(0, i, acc[i][0]);
+    return;
+  }
+  // Several activation rows: groups outermost, the weight side prepared once
+  // for all rows, which pass over it in tiles of 4 with their accumulators
+  // kept in memory between groups (the same operations as above, in the same
+  // order, for each row).
+  thread_local std::vector<float> store;
+  store.assign(static_cast<std::size_t>(16 * R * M), 0.f);
+  float* accs = store.data(); // [m][i][16 lanes]
+  auto tiles = [&](auto&& body) __attribute__((always_inline)) {
+    auto tile = [&](auto mt, int64_t m0) __attribute__((always_inline)) {
+      constexpr int MT = decltype(mt)::value;
+      __m512 acc[R][MT];
+      for (int i = 0; i < R; ++i)
+        for (int t = 0; t < MT; ++t)
+          acc[i][t] = _mm512_loadu_ps(accs + 16 * ((m0 + t) * R + i));
+      body(mt, m0, acc);
+      for (int i = 0; i < R; ++i)
+        for (int t = 0; t < MT; ++t)
+          _mm512_storeu_ps(accs + 16 * ((m0 + t) * R + i), acc[i][t]);
+    };
+    int64_t m0 = 0;
+    for (; m0 + 4 <= M; m0 += 4)
+      tile(std::integral_constant<int, 4>{}, m0);
+    switch (M - m0) {
+      case 3: return tile(std::integral_constant<int, 3>{}, m0);
+      case 2: return tile(std::integral_constant<int, 2>{}, m0);
+      case 1: return tile(std::integral_constant<int, 1>{}, m0);
+      default: return;
+    }
+  };
+  over_groups(k, [&](auto pair, auto part, int64_t g) __attribute__((always_inline)) {
+    k.template prepare<pair(), part(), R>(g, r, prep);
+    tiles([&](auto mt, int64_t m0, auto& acc) __attribute__((always_inline)) {
+      k.template groups<pair(), part(), R, decltype(mt)::value>(g, r, m0, fetch && m0 == 0, prep, acc);
+    });
+  });
+  for (int64_t m = 0; m < M; ++m)
+    for (int i = 0; i < R; ++i)
+      put(m, i, _mm512_loadu_ps(accs + 16 * (m * R + i)));
+}
+
+// One activation row: four weight rows side by side (four memory streams);
+// several: two (the 2 x 4 tile of chains, accumulators and activations fills
+// the registers).
+template <class K>
+void run_packed(const K& k, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool accumulate) {
+  if (k.A.rows == 1)
+    return vnni::by_fours(r0, r1, [&](auto R, int64_t r) {
+      run_packed_rows<K, decltype(R)::value>(k, Y, ldy, r, r1, accumulate);
+    });
+  int64_t r = r0;
+  for (; r + 2 <= r1; r += 2)
+    run_packed_rows<K, 2>(k, Y, ldy, r, r1, accumulate);
+  if (r < r1)
+    run_packed_rows<K, 1>(k, Y, ldy, r, r1, accumulate);
+}
+
+} // namespace
+
+// The activation quantizers of kernels_q.cpp (quant_q8_0, quant_q8_K) in
+// 512-bit vectors: per value the same operations (|x| maxima, one multiply,
+// round to nearest even, integer sums), so the same bytes and scales.
+void quant_q8_0_avx512(const float* x, int64_t n, int8_t* q, float* d, float* s, int16_t* sums32) {
+  for (int64_t b = 0; b < n / 32; ++b, x += 32, q += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
+    d[b] = f16_to_f32(f32_to_f16(amax / 127.f));
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(q1));
+    const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    s[b] = f16_to_f32(f32_to_f16(amax / 127.f * static_cast<float>(sum)));
+    sums32[b] = static_cast<int16_t>(sum);
+  }
+}
+
+void quant_q8_K_avx512(const float* x, int64_t n, int8_t* q, float* d, int32_t* sums) {
+  for (int64_t b = 0; b < n / 256; ++b, x += 256, q += 256) {
+    __m512 m = _mm512_setzero_ps();
+    for (int k = 0; k < 16; ++k)
+      m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + 16 * k)));
+    const float amax = _mm512_reduce_max_ps(m);
+    float mx = 0.f; // the first value of the largest magnitude, as the scalar loop keeps it
+    if (amax != 0.f)
+      for (int k = 0; k < 16; ++k) {
+        const __mmask16 hit =
+          _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + 16 * k)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+        if (hit) {
+          mx = x[16 * k + __builtin_ctz(hit)];
+          break;
+        }
+      }
+    const float iscale = amax != 0.f ? -127.f / mx : 0.f;
+    d[b] = amax != 0.f ? 1.f / iscale : 0.f;
+    for (int k = 0; k < 16; ++k) {
+      const __m512i v = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * k), _mm512_set1_ps(iscale))),
+                                         _mm512_set1_epi32(127));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * k), _mm512_cvtsepi32_epi8(v));
+      sums[b * 16 + k] = _mm512_reduce_add_epi32(v);
+    }
+  }
+}
+
 void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
+  if (W.packed && W.type == WType::q4_K)
+    return run_packed(Q4Kp(W, A), Y, ldy, r0, r1, acc);
+  if (W.packed)
+    return run_packed(Q8p(W, A), Y, ldy, r0, r1, acc);
   vnni::rows_impl<true>(W, A, Y, ldy, r0, r1, acc);
 }
 

@@ -10,6 +10,7 @@
 // blocks, in parallel over (row, head).
 
 #include "model/base/error.hpp"
+#include "model/formats/packed.hpp"
 #include "model/formats/quant.hpp"
 #include "model/kernels/attention.hpp"
 #include "model/kernels/kernels.hpp"
@@ -568,7 +569,7 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
       const auto scale = static_cast<float>(cfg.embed_scale);
       for (int64_t t = 0; t < q.rows; ++t) {
         float* row = x + (q.row0 + t) * D;
-        dequantize(w.embedding.type, w.embedding.row(st.tokens[static_cast<std::size_t>(t)]), row, D);
+        dequantize_rows(w.embedding, st.tokens[static_cast<std::size_t>(t)], 1, row);
         if (scale != 1.0f)
           for (int64_t i = 0; i < D; ++i)
             row[i] *= scale;

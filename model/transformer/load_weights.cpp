@@ -2,6 +2,7 @@
 // type (converted for --dtype), layers in parallel, with a progress line.
 
 #include "model/base/error.hpp"
+#include "model/kernels/kernels_q.hpp"
 #include "model/transformer/weights.hpp"
 
 #include <algorithm>
@@ -61,12 +62,19 @@ private:
   bool printed_ = false;
 };
 
-// What one matrix becomes under the served dtype.
+// What one matrix becomes under the served dtype, in the layout the kernels
+// read fastest (a matrix that is only looked up, the embedding, stays plain).
 struct Conversion {
   std::optional<WType> target; // nullopt: keep
   bool classifier = false;
+  bool multiplied = true;
 
   WMatrix operator()(WMatrix m) const {
+    m = convert_type(std::move(m));
+    return multiplied ? pack_for_kernels(m) : m;
+  }
+
+  WMatrix convert_type(WMatrix m) const {
     if (!target)
       return m;
     WType t = *target;
@@ -93,6 +101,8 @@ ShardWeights load_weights(TensorSource& src, LayerRange range, const LoadOptions
     conv.target = parse_wtype(dtype);
   Conversion conv_cls = conv;
   conv_cls.classifier = true;
+  Conversion conv_embed = conv;
+  conv_embed.multiplied = false;
 
   const int64_t D = c.dim, H = c.hidden_dim, Q = c.q_dim(), KV = c.kv_dim(), V = c.vocab_size;
   const bool head = range.first == 0, tail = range.last == c.n_layers - 1;
@@ -112,7 +122,7 @@ ShardWeights load_weights(TensorSource& src, LayerRange range, const LoadOptions
   if (head)
     jobs.push_back([&] {
       // Tied and also the tail: one matrix serves both, typed as a classifier.
-      w.embedding = (c.tied_embeddings && tail ? conv_cls : conv)(src.load_matrix("embed", V, D));
+      w.embedding = (c.tied_embeddings && tail ? conv_cls : conv_embed)(src.load_matrix("embed", V, D));
       progress.add(static_cast<std::size_t>(V * D * 4));
     });
   for (int64_t i = range.first; i <= range.last; ++i)

@@ -285,6 +285,50 @@ int batch_bench_main(int argc, char** argv) {
     print(t);
     return 0;
   }
+  if (part == "packed") { // the same weights plain and packed (STRATA_PACKED_WEIGHTS=0), interleaved
+    const std::string model = argc > 3 ? argv[3] : kModel;
+    const std::string dtype = argc > 4 ? argv[4] : "q8_0";
+    actors::actor_config cfg;
+    caf::actor_system sys{cfg};
+    const int64_t layers = model::read_config(model).n_layers;
+    auto load = [&](bool packed) {
+      ::setenv("STRATA_PACKED_WEIGHTS", packed ? "1" : "0", 1);
+      actors::ClusterOptions o;
+      o.load.dtype = dtype;
+      return std::make_unique<actors::LocalCluster>(sys, model, std::vector<model::LayerRange>{{0, layers - 1}}, o);
+    };
+    auto plain = load(false), packed = load(true);
+    ::unsetenv("STRATA_PACKED_WEIGHTS");
+    g_vocab = plain->config().vocab_size;
+    const int rounds = std::getenv("STRATA_BENCH_ROUNDS") ? std::atoi(std::getenv("STRATA_BENCH_ROUNDS")) : 3;
+    const std::vector<int> ns = {1, 4, 8, 16};
+    std::vector<std::vector<double>> tok[2];
+    tok[0].resize(ns.size());
+    tok[1].resize(ns.size());
+    for (int rd = 0; rd < rounds; ++rd)
+      for (std::size_t k = 0; k < ns.size(); ++k)
+        for (int which = 0; which < 2; ++which) { // plain, packed; the order alternates by round
+          const int w = (rd % 2 == 0) ? which : 1 - which;
+          auto& c = w == 0 ? *plain : *packed;
+          generate_fn gen = [&](msg::generation_request r, const std::function<void(const msg::token_event&)>& on) {
+            return c.generate(std::move(r), on).ok();
+          };
+          if (rd == 0 && k == 0)
+            gen(request(prompt_of(0), 4), {}); // warm-up
+          stats_fn stats = [&] { return c.stats(); };
+          const Load l = concurrent(ns[k], gen, stats);
+          tok[w][k].push_back(l.failed == 0 ? l.tok_s : 0.0);
+        }
+    std::printf("## plain vs packed weights, one shard over %s as %s (%s), %d interleaved rounds, medians\n\n"
+                "| sessions | plain tok/s | vs 1 | packed tok/s | vs 1 | packed / plain |\n|---|---|---|---|---|---|\n",
+                model.c_str(), dtype.c_str(), plain->config().summary().c_str(), rounds);
+    const double p1 = pct(tok[0][0], 0.5), q1 = pct(tok[1][0], 0.5);
+    for (std::size_t k = 0; k < ns.size(); ++k) {
+      const double p = pct(tok[0][k], 0.5), q = pct(tok[1][k], 0.5);
+      std::printf("| %d | %.1f | %.2fx | %.1f | %.2fx | %.2f |\n", ns[k], p, p / p1, q, q / q1, q / p);
+    }
+    return 0;
+  }
   if (!tables.empty()) {
     std::printf("## concurrent sessions\n\n| where | sessions | total tok/s | vs 1 session | p50 inter-token ms | p99 "
                 "inter-token ms | p50 vs 1 session | rows per round (per hop) | failed |\n|---|---|---|---|---|---|---|---|---|\n");

@@ -4,6 +4,7 @@
 // A benchmark, not a test: it prints a table and asserts nothing.
 
 #include "model/kernels/kernels.hpp"
+#include "model/kernels/kernels_q.hpp"
 #include "model/formats/quant.hpp"
 #include "model/formats/safetensors.hpp"
 #include "model/transformer/shard.hpp"
@@ -16,6 +17,7 @@
 #include <numeric>
 #include <random>
 #include <cstring>
+#include <cstdlib>
 #include <string>
 #include <sys/resource.h>
 #include <thread>
@@ -250,6 +252,7 @@ void bench_kernels() {
   const int64_t Ms[] = {1, 8};
   struct K {
     model::WType t;
+    std::string label;
     std::vector<uint8_t> bytes;
     model::detail::WMatrix w;
     std::vector<double> s[2][2]; // [threads - 1][M index]
@@ -257,8 +260,13 @@ void bench_kernels() {
   std::vector<K> ks;
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.f, 0.05f);
+  // STRATA_BENCH_TYPES=q8_0,q4_K: only those (f32 is always kept: the "x f32" column).
+  const char* only = std::getenv("STRATA_BENCH_TYPES");
   for (auto t : model::all_wtypes) {
     if (t == model::WType::f16)
+      continue;
+    if (only && t != model::WType::f32 &&
+        ("," + std::string(only) + ",").find("," + std::string(model::to_string(t)) + ",") == std::string::npos)
       continue;
     K k;
     k.t = t;
@@ -289,7 +297,16 @@ void bench_kernels() {
     k.w.rows = rows;
     k.w.cols = cols;
     k.w.data = k.bytes.data();
+    k.label = model::to_string(t);
     ks.push_back(std::move(k));
+    if (t == model::WType::q8_0 || t == model::WType::q4_K) { // and in the layout the loader gives it where VNNI runs
+      K p;
+      p.t = t;
+      p.bytes = ks.back().bytes;
+      p.w = model::detail::pack_for_kernels(ks.back().w);
+      p.label = std::string(model::to_string(t)) + (p.w.packed ? " packed" : " (no packed kernel here)");
+      ks.push_back(std::move(p));
+    }
   }
   std::vector<float> x(static_cast<std::size_t>(8 * cols)), y(static_cast<std::size_t>(8 * rows));
   for (auto& v : x)
@@ -312,7 +329,7 @@ void bench_kernels() {
     const double f32 = median(ks.front().s[ti][0]);
     for (auto& k : ks) {
       const double s1 = median(k.s[ti][0]), s8 = median(k.s[ti][1]);
-      std::printf("| %s | %.2f | %d | %.0f | %.1f | %.2f | %.0f | %.2f |\n", model::to_string(k.t),
+      std::printf("| %s | %.2f | %d | %.0f | %.1f | %.2f | %.0f | %.2f |\n", k.label.c_str(),
                   static_cast<double>(k.bytes.size()) / 1e6, ti + 1, s1 * 1e6,
                   static_cast<double>(k.bytes.size()) / s1 / 1e9, f32 / s1, s8 * 1e6, s8 / 8 / s1);
     }

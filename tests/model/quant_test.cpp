@@ -6,6 +6,7 @@
 #include "model/base/error.hpp"
 #include "model/kernels/kernels.hpp"
 #include "model/kernels/kernels_q.hpp"
+#include "model/formats/packed.hpp"
 #include "model/formats/quant.hpp"
 #include "model/formats/safetensors.hpp"
 #include "model/formats/wmatrix.hpp"
@@ -329,11 +330,54 @@ INSTANTIATE_TEST_SUITE_P(Isa, TypedKernels,
                                                                                      : "Expand");
                          });
 
+// The activation quantizers: the vector ones (best) give the scalar ones'
+// bytes, scales and sums, on rows with zero blocks, ties of magnitude with
+// opposite signs (q8_K keeps the first), values that round to +-127.5 and
+// tiny and huge magnitudes.
+TEST(ActivationQuantizers, VectorAndScalarGiveTheSameBytes) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int64_t cols = 1024, M = 6;
+  std::vector<float> X(static_cast<std::size_t>(M * cols));
+  for (auto& x : X)
+    x = nd(rng);
+  for (int64_t i = 0; i < 256; ++i) // row 1: a zero block of 256 (and 8 of 32)
+    X[static_cast<std::size_t>(cols + i)] = 0.f;
+  X[2 * cols + 5] = -4.f; // row 2: ties of |4|, the negative one first
+  X[2 * cols + 9] = 4.f;
+  X[2 * cols + 300] = 6.f; // then the positive first
+  X[2 * cols + 301] = -6.f;
+  for (int64_t i = 0; i < cols; ++i) {
+    X[static_cast<std::size_t>(3 * cols + i)] = static_cast<float>(i % 32) - 15.5f; // halves after scaling
+    X[static_cast<std::size_t>(4 * cols + i)] = nd(rng) * 1e-30f;
+    X[static_cast<std::size_t>(5 * cols + i)] = nd(rng) * 1e30f;
+  }
+  for (WType t : {WType::q8_0, WType::q4_0, WType::q4_K, WType::q6_K}) {
+    SCOPED_TRACE(to_string(t));
+    detail::QuantActs vec, scalar;
+    detail::set_fused_isa(detail::FusedIsa::best);
+    detail::quantize_acts(t, X.data(), M, cols, vec);
+    detail::set_fused_isa(detail::FusedIsa::avx2);
+    detail::quantize_acts(t, X.data(), M, cols, scalar);
+    detail::set_fused_isa(detail::FusedIsa::best);
+    EXPECT_EQ(vec.q, scalar.q);
+    EXPECT_EQ(vec.d, scalar.d);
+    EXPECT_EQ(vec.s, scalar.s);
+    EXPECT_EQ(vec.sums, scalar.sums);
+    EXPECT_EQ(vec.sums32, scalar.sums32);
+    EXPECT_EQ(vec.qi, scalar.qi);
+    EXPECT_EQ(vec.corr, scalar.corr);
+    EXPECT_EQ(vec.d32, scalar.d32);
+    EXPECT_EQ(vec.dsum32, scalar.dsum32);
+  }
+}
+
 TEST_P(TypedKernels, MatchTheScalarPath) {
   struct Case {
     WType t;
     std::vector<int64_t> cols;
     double tol; // relative to the sum of |w x|: activations are rounded as llama.cpp pairs them
+    bool packed = false; // the rows in packed.hpp's layout (groups of 8 blocks, then plain ones)
   };
   const std::vector<Case> cases = {
     {WType::f32, {37, 100, 896}, 1e-5},      {WType::f16, {37, 100, 896}, 2e-3},
@@ -344,13 +388,15 @@ TEST_P(TypedKernels, MatchTheScalarPath) {
     {WType::iq4_nl, {32, 96, 160}, 1e-2},    {WType::q2_K, {256, 768}, 1e-2},
     {WType::q3_K, {256, 768}, 1e-2},         {WType::q5_K, {256, 768}, 1e-2},
     {WType::iq4_xs, {256, 768}, 1e-2},
+    {WType::q8_0, {32, 96, 256, 288, 480, 544, 896}, 1e-2, true}, {WType::q4_K, {256, 768, 1280}, 1e-2, true},
   };
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (const auto& c : cases)
     for (int64_t cols : c.cols)
       for (int64_t rows : {1, 3, 4, 7, 13}) {
-        SCOPED_TRACE(std::string(to_string(c.t)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
+        SCOPED_TRACE(std::string(to_string(c.t)) + (c.packed ? " packed " : " ") + std::to_string(rows) + "x" +
+                     std::to_string(cols));
         auto bytes = random_blocks(c.t, rows, cols, static_cast<uint32_t>(rows * 1000 + cols));
         detail::WMatrix W;
         W.type = c.t;
@@ -359,6 +405,18 @@ TEST_P(TypedKernels, MatchTheScalarPath) {
         W.data = bytes.data();
         std::vector<float> w(static_cast<std::size_t>(rows * cols));
         dequantize(c.t, W.data, w.data(), rows * cols);
+        if (c.packed) {
+          W = detail::pack_rows(W);
+          ASSERT_TRUE(W.packed);
+          ASSERT_EQ(W.bytes(), bytes.size());
+          ASSERT_NE(std::memcmp(W.data, bytes.data(), bytes.size()), 0) << "packing moved nothing";
+          std::vector<uint8_t> back(bytes.size());
+          detail::unpack_rows(W, 0, rows, back.data());
+          ASSERT_EQ(back, bytes) << "unpacking gives the plain rows back";
+          std::vector<float> wp(w.size());
+          detail::dequantize_rows(W, 0, rows, wp.data());
+          ASSERT_EQ(wp, w);
+        }
         for (int64_t M : {1, 5, 20}) {
           std::vector<float> X(static_cast<std::size_t>(M * cols));
           for (auto& x : X)

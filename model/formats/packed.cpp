@@ -1,0 +1,119 @@
+// The packed layouts of q8_0 and q4_K rows (see packed.hpp).
+
+#include "model/formats/packed.hpp"
+
+#include "model/base/error.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <memory>
+#include <vector>
+
+namespace strata::model::detail {
+
+namespace {
+
+constexpr std::size_t q8_block = 34; // f16 scale + 32 int8
+
+// One row of nb blocks: plain -> packed (pack) or packed -> plain (!pack).
+// Group g (of L = 8 blocks, the last one of nb % 8) starts at byte 34 * 8g:
+// its L scales, then 8 steps of 4L bytes.
+void convert_row(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
+  for (int64_t g = 0; g * pack_group < nb; ++g) {
+    const int L = static_cast<int>(std::min<int64_t>(pack_group, nb - g * pack_group));
+    const std::size_t base = static_cast<std::size_t>(g * pack_group) * q8_block;
+    const uint8_t* src = in + base;
+    uint8_t* dst = out + base;
+    for (int j = 0; j < L; ++j) {
+      // scale of block j: plain bytes 34j, 34j+1; packed bytes 2j, 2j+1
+      std::memcpy(pack ? dst + 2 * j : dst + j * q8_block, pack ? src + j * q8_block : src + 2 * j, 2);
+      for (int s = 0; s < 8; ++s)
+        for (int l = 0; l < 4; ++l) {
+          const std::size_t plain = j * q8_block + 2 + 4 * s + l, packed = 2 * L + 4 * L * s + 4 * j + l;
+          if (pack)
+            dst[packed] = static_cast<uint8_t>(src[plain] ^ 0x80u);
+          else
+            dst[plain] = static_cast<uint8_t>(src[packed] ^ 0x80u);
+        }
+    }
+  }
+}
+
+// One row of nb q4_K blocks: plain -> packed (pack) or back. The 16 header
+// bytes stay; byte 4j + l of chunk k (32 bytes) holds value 4k + l of
+// sub-block j in its low nibble and value 4k + 16 + l in its high nibble.
+// Plain: sub-block 2c's value v is the low nibble of byte 32c + v, sub-block
+// 2c + 1's the high nibble.
+void convert_row_q4_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* src = in + 144 * b;
+    uint8_t* dst = out + 144 * b;
+    std::memcpy(dst, src, 16);
+    auto plain = [](const uint8_t* qs, int j, int v) { return (qs[32 * (j / 2) + v] >> (4 * (j % 2))) & 0xF; };
+    auto packed = [](const uint8_t* qs, int j, int v) { return (qs[32 * (v % 16 / 4) + 4 * j + v % 4] >> (4 * (v / 16))) & 0xF; };
+    uint8_t* q = dst + 16;
+    std::memset(q, 0, 128);
+    for (int j = 0; j < 8; ++j)
+      for (int v = 0; v < 32; ++v) {
+        const int x = pack ? plain(src + 16, j, v) : packed(src + 16, j, v);
+        if (pack)
+          q[32 * (v % 16 / 4) + 4 * j + v % 4] |= static_cast<uint8_t>(x << (4 * (v / 16)));
+        else
+          q[32 * (j / 2) + v] |= static_cast<uint8_t>(x << (4 * (j % 2)));
+      }
+  }
+}
+
+void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
+  if (m.type == WType::q4_K)
+    convert_row_q4_K(in, out, m.cols / 256, pack);
+  else
+    convert_row(in, out, m.cols / 32, pack);
+}
+
+} // namespace
+
+bool packable(const WMatrix& m) {
+  return !m.packed && (m.type == WType::q8_0 || m.type == WType::q4_K);
+}
+
+WMatrix pack_rows(const WMatrix& m) {
+  if (!packable(m))
+    throw Error(errc::bad_argument, std::string("pack_rows: a ") + (m.packed ? "packed " : "") + to_string(m.type) +
+                                      " matrix has no packed layout");
+  auto buf = std::make_shared<std::vector<uint8_t>>(m.bytes());
+  const std::size_t rb = m.row_bytes();
+  for (int64_t r = 0; r < m.rows; ++r)
+    convert(m, m.row(r), buf->data() + rb * static_cast<std::size_t>(r), true);
+  WMatrix out = m;
+  out.data = buf->data();
+  out.keep = std::move(buf);
+  out.packed = true;
+  return out;
+}
+
+void unpack_rows(const WMatrix& m, int64_t r, int64_t n, uint8_t* out) {
+  const std::size_t rb = m.row_bytes();
+  if (!m.packed) {
+    std::memcpy(out, m.row(r), rb * static_cast<std::size_t>(n));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    convert(m, m.row(r + i), out + rb * static_cast<std::size_t>(i), false);
+}
+
+void dequantize_rows(const WMatrix& m, int64_t r, int64_t n, float* out) {
+  if (!m.packed) {
+    dequantize(m.type, m.row(r), out, n * m.cols);
+    return;
+  }
+  thread_local std::vector<uint8_t> plain;
+  plain.resize(m.row_bytes());
+  for (int64_t i = 0; i < n; ++i) {
+    unpack_rows(m, r + i, 1, plain.data());
+    dequantize(m.type, plain.data(), out + i * m.cols, m.cols);
+  }
+}
+
+} // namespace strata::model::detail

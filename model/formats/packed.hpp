@@ -1,0 +1,44 @@
+#pragma once
+// Internal to model/: weight rows regrouped for a kernel (the "packed" layout
+// of a WMatrix). Only the layout lives here: which CPUs use it is the kernels'
+// choice (kernels_q.hpp: pack_for_kernels). Torch-free.
+//
+// q8_0, packed: each row keeps its bytes (row_bytes() is unchanged) but its
+// first 8 * (nb / 8) blocks go in groups of 8: the 8 f16 scales (16 bytes),
+// then 8 steps of 32 bytes where step s holds values 4s .. 4s+3 of block j at
+// bytes 4j .. 4j+3, each stored as the unsigned byte value + 128. One 32-byte
+// vector then carries 4 values of each of 8 blocks, so an int8 dot product
+// (vpdpbusd) leaves block j's sum in lane j after the 8 steps, and the 8 block
+// scales meet those sums in one vector operation. The last nb % 8 = L blocks
+// form a partial group laid out alike with L lanes: L scales, then 8 steps of
+// 4L bytes (34L bytes, as their plain form).
+//
+// q4_K, packed: each 144-byte block keeps its 16 header bytes (d, dmin, the
+// 12 bytes of 6-bit scales and mins); its 128 bytes of nibbles go in 4 chunks
+// of 32 where byte 4j + l of chunk k holds value 4k + l of sub-block j (low
+// nibble) and value 4k + 16 + l (high nibble). One load and two masks then
+// give 4 values of each of the 8 sub-blocks, lane j for sub-block j, the same
+// lanes as the activations of a packed q8_0 group (a q4_K block is 8 blocks
+// of 32).
+
+#include "model/formats/wmatrix.hpp"
+
+#include <cstdint>
+
+namespace strata::model::detail {
+
+/// Blocks per group of the packed layout.
+constexpr int64_t pack_group = 8;
+
+/// Whether `m` can take a packed layout (plain q8_0 or q4_K).
+bool packable(const WMatrix& m);
+/// A packed copy of a packable matrix (an owned buffer); throws
+/// Error(bad_argument) for any other.
+WMatrix pack_rows(const WMatrix& m);
+/// Rows r .. r+n-1 of `m` in the plain layout of its type, into `out`
+/// (n * m.row_bytes() bytes): a copy when `m` is not packed.
+void unpack_rows(const WMatrix& m, int64_t r, int64_t n, uint8_t* out);
+/// Rows r .. r+n-1 of `m` as floats (n * m.cols), whatever its layout.
+void dequantize_rows(const WMatrix& m, int64_t r, int64_t n, float* out);
+
+} // namespace strata::model::detail
