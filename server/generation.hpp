@@ -65,6 +65,8 @@ public:
   /// Ends the generation early (drain deadline, request timeout): an error
   /// event and the end of the stream, or an error response.
   void abort(const ApiError& why);
+  /// The connection the answer goes to.
+  const ConnectionPtr& connection() const { return conn_; }
 
 private:
   void prepare_and_run();  // driver thread

@@ -169,11 +169,23 @@ void Server::Impl::accept() {
 
 void Server::Impl::generation_ended(const std::shared_ptr<Generation>& g) {
   generating.erase(g);
-  if (draining && generating.empty()) {
-    drain_timer.cancel();
-    // Let the last writes go out, then stop.
-    net::post(ioc, [self = shared_from_this()] { self->ioc.stop(); });
+  if (!draining)
+    return;
+  if (const auto& c = g->connection()) { // its last events (an error, [DONE]) must reach the client
+    ++writing;
+    c->when_answered([self = shared_from_this()] {
+      --self->writing;
+      self->stop_when_written();
+    });
   }
+  stop_when_written();
+}
+
+void Server::Impl::stop_when_written() {
+  if (!draining || !generating.empty() || writing > 0)
+    return;
+  drain_timer.cancel();
+  net::post(ioc, [self = shared_from_this()] { self->ioc.stop(); });
 }
 
 void Server::Impl::begin_shutdown() {
@@ -196,8 +208,14 @@ void Server::Impl::begin_shutdown() {
     auto left = self->generating; // abort() ends generations, which edits the set
     for (auto& g : left)
       g->abort(api_error(503, "the server is shutting down", "server_error", "shutting_down"));
-    // Give the final events a moment to leave, bounded by the io loop itself.
-    net::post(self->ioc, [self] { self->ioc.stop(); });
+    // The aborted answers go out (stop_when_written stops then); a client that
+    // does not take them holds the stop at most this long.
+    self->drain_timer.expires_after(std::chrono::seconds(2));
+    self->drain_timer.async_wait([self](beast::error_code ec) {
+      if (!ec)
+        self->ioc.stop();
+    });
+    self->stop_when_written();
   });
 }
 

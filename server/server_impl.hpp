@@ -78,6 +78,7 @@ struct Server::Impl : RequestSink, std::enable_shared_from_this<Server::Impl> {
   ModelState model;
   bool draining = false;                            // io thread only
   std::set<std::shared_ptr<Generation>> generating; // io thread only
+  std::size_t writing = 0; // while draining: ended generations whose answers are still being written
   std::atomic<std::size_t> in_flight{0};            // places taken in --max-in-flight
 
   Impl(caf::actor_system& s, std::function<msg::supervisor_actor()> sup, std::function<msg::supervisor_actor()> rc,
@@ -99,6 +100,9 @@ struct Server::Impl : RequestSink, std::enable_shared_from_this<Server::Impl> {
   /// A generation has ended (it answered, or its client left): drops it from
   /// `generating`, and stops the loop when draining and it was the last.
   void generation_ended(const std::shared_ptr<Generation>& g);
+  /// While draining: stops the loop once no generation runs and every ended
+  /// one's answer is out (the drain timer bounds the wait).
+  void stop_when_written();
 };
 
 } // namespace strata::server

@@ -169,9 +169,28 @@ void HttpConnection::watch_disconnect(std::function<void(bool)> gone) {
   });
 }
 
+void HttpConnection::when_answered(std::function<void()> done) {
+  if (phase_ == Phase::reading || phase_ == Phase::awaiting_probe || phase_ == Phase::closed)
+    return done();
+  if (answered_) // two waiters: both are told
+    answered_ = [first = std::move(answered_), second = std::move(done)] {
+      first();
+      second();
+    };
+  else
+    answered_ = std::move(done);
+}
+
+void HttpConnection::answered() {
+  if (auto done = std::move(answered_)) {
+    answered_ = nullptr;
+    done();
+  }
+}
+
 void HttpConnection::close() {
   if (phase_ == Phase::closed)
-    return;
+    return answered();
   phase_ = Phase::closed;
   gone_ = nullptr; // (it may hold what holds this connection)
   out_.clear();
@@ -181,6 +200,7 @@ void HttpConnection::close() {
   beast::error_code ec;
   sock_.shutdown(tcp::socket::shutdown_send, ec);
   sock_.close(ec);
+  answered();
 }
 
 void HttpConnection::queue(std::string bytes) {
@@ -235,6 +255,7 @@ void HttpConnection::flush() {
 void HttpConnection::after_answer() {
   if (!keep_alive_after_)
     return close();
+  answered();
   read();
 }
 

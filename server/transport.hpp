@@ -127,6 +127,10 @@ public:
   /// (`write_failed` false) or a write to it fails (true). A byte that arrives
   /// instead (the client's next request) is kept for the parser.
   void watch_disconnect(std::function<void(bool write_failed)> gone);
+  /// Calls `done` once (on the io thread) when the answer being written is all
+  /// out or the connection closes; at once when neither an answer nor a
+  /// stream is in progress. (A stopping server waits for its last answers.)
+  void when_answered(std::function<void()> done);
   void close();
 
   Phase phase() const { return phase_; }
@@ -162,6 +166,8 @@ private:
   char probe_[1] = {};
   bool probe_in_flight_ = false;
   std::function<void(bool)> gone_;
+  std::function<void()> answered_;
+  void answered(); // calls answered_ once
 };
 
 } // namespace strata::server
