@@ -70,10 +70,13 @@ void lost_cluster_case(bool tls) {
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < 3; ++i)
     clients.push_back(std::make_unique<Client>(gen + " --inject freeze:" + std::to_string(i % 2) + "@10"));
-  // Each client needs about a second to start (the executable's libraries) and
-  // then sits in its 3 s freeze from token 10: 2.5 s after the start all three
-  // are mid-generation even on a loaded machine (1.5 s once missed a client).
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  // Each client says when it froze its node at token 10 (a frozen node stalls
+  // every session on it for 3 s): once all three have, all three are
+  // mid-generation, however long a loaded machine took to start them (a fixed
+  // 2.5 s once missed a TLS client still in its handshake).
+  for (auto& c : clients)
+    ASSERT_FALSE(c->p->wait_line("[strata] injected freeze", std::chrono::seconds(60)).empty())
+      << "a client never reached token 10:\n" << c->p->drain();
   kill_all(coordinator, nodes);
   const auto killed = clk::now();
   for (auto& c : clients) {
