@@ -1,4 +1,4 @@
-// The packed layouts of q8_0 and q4_K rows (see packed.hpp).
+// The packed layouts of q8_0, q4_0, q5_0 and q4_K rows (see packed.hpp).
 
 #include "model/formats/packed.hpp"
 
@@ -65,17 +65,60 @@ void convert_row_q4_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   }
 }
 
+// One row of nb q4_0 (Q5 false) or q5_0 blocks. Plain: d, [q5_0: qh, bit v the
+// 5th bit of value v], 16 bytes whose low nibbles are values 0..15 and high
+// nibbles 16..31. Packed, group g of L blocks at byte BB * 8g: the L scales,
+// 4 chunks of 4L bytes (byte 4j + l of chunk k: value 4k + l of block j in
+// the low nibble, 4k + 16 + l in the high one), [q5_0: the L qh words].
+template <bool Q5>
+void convert_row_q4(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
+  constexpr int64_t BB = Q5 ? 22 : 18, QS = Q5 ? 6 : 2;
+  for (int64_t g = 0; g * pack_group < nb; ++g) {
+    const int64_t L = std::min<int64_t>(pack_group, nb - g * pack_group);
+    const std::size_t base = static_cast<std::size_t>(g * pack_group * BB);
+    const uint8_t* src = in + base;
+    uint8_t* dst = out + base;
+    for (int64_t j = 0; j < L; ++j) {
+      const uint8_t* pb = pack ? src + j * BB : dst + j * BB; // the plain block
+      uint8_t* chunks = (pack ? dst : const_cast<uint8_t*>(src)) + 2 * L;
+      if (pack) {
+        std::memcpy(dst + 2 * j, pb, 2);
+        if (Q5)
+          std::memcpy(dst + 18 * L + 4 * j, pb + 2, 4);
+        for (int v = 0; v < 32; ++v) {
+          const int x = (pb[QS + v % 16] >> (4 * (v / 16))) & 0xF;
+          uint8_t& b = chunks[4 * L * (v % 16 / 4) + 4 * j + v % 4];
+          b = static_cast<uint8_t>((v / 16 ? b & 0x0F : 0) | (x << (4 * (v / 16))));
+        }
+      } else {
+        uint8_t* plain = dst + j * BB;
+        std::memcpy(plain, src + 2 * j, 2);
+        if (Q5)
+          std::memcpy(plain + 2, src + 18 * L + 4 * j, 4);
+        std::memset(plain + QS, 0, 16);
+        for (int v = 0; v < 32; ++v) {
+          const int x = (chunks[4 * L * (v % 16 / 4) + 4 * j + v % 4] >> (4 * (v / 16))) & 0xF;
+          plain[QS + v % 16] = static_cast<uint8_t>(plain[QS + v % 16] | (x << (4 * (v / 16))));
+        }
+      }
+    }
+  }
+}
+
 void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
-  if (m.type == WType::q4_K)
-    convert_row_q4_K(in, out, m.cols / 256, pack);
-  else
-    convert_row(in, out, m.cols / 32, pack);
+  switch (m.type) {
+    case WType::q4_K: return convert_row_q4_K(in, out, m.cols / 256, pack);
+    case WType::q4_0: return convert_row_q4<false>(in, out, m.cols / 32, pack);
+    case WType::q5_0: return convert_row_q4<true>(in, out, m.cols / 32, pack);
+    default: return convert_row(in, out, m.cols / 32, pack);
+  }
 }
 
 } // namespace
 
 bool packable(const WMatrix& m) {
-  return !m.packed && (m.type == WType::q8_0 || m.type == WType::q4_K);
+  return !m.packed &&
+         (m.type == WType::q8_0 || m.type == WType::q4_K || m.type == WType::q4_0 || m.type == WType::q5_0);
 }
 
 WMatrix pack_rows(const WMatrix& m) {

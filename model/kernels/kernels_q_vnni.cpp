@@ -131,6 +131,136 @@ struct Q8p {
   }
 };
 
+// Packed q4_0 (Q5 false) and q5_0 (packed.hpp): groups of 8 blocks as
+// packed q8_0's (pairs in 512-bit vectors, a partial last group read with
+// masks), the values unsigned (q4_0: 0..15, q5_0: 0..31 with the 5th bit
+// spread from its word to bit 4 of each byte), so w = q - 8 (q - 16) comes
+// back through -8 (-16) x each activation block's sum (A.corr / 16, / 8:
+// exact). Steps k and k + 4 from one chunk's low and high nibbles.
+template <bool Q5>
+struct Q4p {
+  const WMatrix& W;
+  const QuantActs& A;
+  int64_t nb, ng_full, tail, qis;
+  std::size_t rb;
+  static constexpr std::size_t BB = Q5 ? 22 : 18, GB = 8 * BB;
+
+  Q4p(const WMatrix& w, const QuantActs& a)
+      : W(w), A(a), nb(w.cols / 32), ng_full(w.cols / 32 / 8), tail(w.cols / 32 % 8),
+        qis((w.cols / 32 + 7) / 8 * 256), rb(w.row_bytes()) {}
+
+  template <int R>
+  struct Prep {
+    __m512 ws[R];
+  };
+  template <bool PAIR, bool PART, int R>
+  __attribute__((always_inline)) void prepare(int64_t g, int64_t r, Prep<R>& p) const {
+    const __mmask8 part = static_cast<__mmask8>((1u << tail) - 1);
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* sp = W.row(r + i) + g * GB;
+      __m128i lo, hi = _mm_setzero_si128();
+      if (PAIR) {
+        lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp));
+        hi = PART ? _mm_maskz_loadu_epi16(part, sp + GB) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + GB));
+      } else {
+        lo = PART ? _mm_maskz_loadu_epi16(part, sp) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp));
+      }
+      p.ws[i] = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+    }
+  }
+
+  template <bool PAIR, bool PART, int R, int MT>
+  __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
+                                             __m512 (&acc)[R][MT]) const {
+    const uint8_t* row0 = W.row(r);
+    const __mmask16 live = static_cast<__mmask16>(PAIR ? (0xFFu | ((PART ? (1u << tail) - 1 : 0xFFu) << 8))
+                                                       : (PART ? (1u << tail) - 1 : 0xFFu));
+    const int64_t L = tail; // lanes of the partial group
+    const __mmask32 cmask = static_cast<__mmask32>((uint64_t{1} << (4 * L)) - 1);
+    const __mmask8 wmask = static_cast<__mmask8>((1u << L) - 1);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    constexpr bool two = MT == 1;
+    __m512i P0[R][MT], P1[R][MT];
+    for (int t = 0; t < MT; ++t) {
+      const __m512i c = _mm512_maskz_loadu_epi32(live, A.corr.data() + (m0 + t) * nb + 8 * g);
+      const __m512i cv = _mm512_srai_epi32(c, Q5 ? 3 : 4); // -128 s / 8 = -16 s; / 16 = -8 s
+      for (int i = 0; i < R; ++i) {
+        P0[i][t] = cv;
+        P1[i][t] = _mm512_setzero_si512();
+      }
+    }
+    // The 5th bits of 4 values per lane (bits 4k .. 4k+3 of each word) to bit 4 of their bytes.
+    [[maybe_unused]] __m512i qh[R];
+    if constexpr (Q5)
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* gp = row0 + i * rb + g * GB;
+        const __m256i lo = PAIR || !PART ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 18 * 8))
+                                         : _mm256_maskz_loadu_epi32(wmask, gp + 18 * L);
+        const __m256i hi = !PAIR ? _mm256_setzero_si256()
+                           : PART ? _mm256_maskz_loadu_epi32(wmask, gp + GB + 18 * L)
+                                  : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + GB + 18 * 8));
+        qh[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      }
+    // byte b of each 32-bit lane keeps bit b; lane0 copies each lane's low byte to its 4 bytes
+    const __m512i spread = _mm512_set1_epi32(0x08040201);
+    const __m512i lane0 = _mm512_broadcast_i32x4(_mm_setr_epi32(0x00000000, 0x04040404, 0x08080808, 0x0C0C0C0C));
+    auto fifth = [&](__m512i v, __m512i h, int shift) __attribute__((always_inline)) {
+      const __m512i n = _mm512_and_si512(_mm512_srlv_epi32(h, _mm512_set1_epi32(shift)), _mm512_set1_epi32(0xF));
+      const __m512i b = _mm512_and_si512(_mm512_shuffle_epi8(n, lane0), spread);
+      return _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(b, b), v, _mm512_set1_epi8(0x10));
+    };
+    constexpr int AS = PAIR ? 64 : 32;
+    auto act = [&](int t, int s) __attribute__((always_inline)) {
+      const int8_t* ap = A.qi.data() + (m0 + t) * qis + 256 * g + AS * s;
+      return PAIR ? _mm512_loadu_si512(ap) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap)));
+    };
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      __m512i lo_a[MT], hi_a[MT];
+      for (int t = 0; t < MT; ++t) {
+        lo_a[t] = act(t, k);
+        hi_a[t] = act(t, k + 4);
+      }
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* gp = row0 + i * rb + g * GB;
+        if (fetch) {
+          _mm_prefetch(reinterpret_cast<const char*>(gp + 64 * k + R * rb), _MM_HINT_T0);
+          if (PAIR)
+            _mm_prefetch(reinterpret_cast<const char*>(gp + GB + 64 * k + R * rb), _MM_HINT_T0);
+        }
+        __m256i c0, c1 = _mm256_setzero_si256();
+        if (PAIR) {
+          c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 16 + 32 * k));
+          c1 = PART ? _mm256_maskz_loadu_epi8(cmask, gp + GB + 2 * L + 4 * L * k)
+                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + GB + 16 + 32 * k));
+        } else {
+          c0 = PART ? _mm256_maskz_loadu_epi8(cmask, gp + 2 * L + 4 * L * k)
+                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 16 + 32 * k));
+        }
+        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
+        __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        if constexpr (Q5) {
+          lo = fifth(lo, qh[i], 4 * k);
+          hi = fifth(hi, qh[i], 4 * k + 16);
+        }
+        for (int t = 0; t < MT; ++t) {
+          P0[i][t] = _mm512_dpbusd_epi32(P0[i][t], lo, lo_a[t]);
+          auto& Ph = two ? P1 : P0;
+          Ph[i][t] = _mm512_dpbusd_epi32(Ph[i][t], hi, hi_a[t]);
+        }
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m512 ws = prep.ws[i];
+      for (int t = 0; t < MT; ++t) {
+        const __m512 dv = _mm512_maskz_loadu_ps(live, A.d.data() + (m0 + t) * nb + 8 * g);
+        const __m512i p = two ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
+        acc[i][t] = _mm512_fmadd_ps(_mm512_mul_ps(ws, dv), _mm512_cvtepi32_ps(p), acc[i][t]);
+      }
+    }
+  }
+};
+
 // Packed q4_K (packed.hpp) against q8_K activations interleaved as q8_0's
 // (a q4_K block is a group of 8 sub-blocks of 32), two blocks at a time in
 // 512-bit vectors: per chunk of 32 bytes one load and two masks give steps k
@@ -388,6 +518,10 @@ void quant_q8_K_avx512(const float* x, int64_t n, int8_t* q, float* d, int32_t* 
 void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
   if (W.packed && W.type == WType::q4_K)
     return run_packed(Q4Kp(W, A), Y, ldy, r0, r1, acc);
+  if (W.packed && W.type == WType::q4_0)
+    return run_packed(Q4p<false>(W, A), Y, ldy, r0, r1, acc);
+  if (W.packed && W.type == WType::q5_0)
+    return run_packed(Q4p<true>(W, A), Y, ldy, r0, r1, acc);
   if (W.packed)
     return run_packed(Q8p(W, A), Y, ldy, r0, r1, acc);
   vnni::rows_impl<true>(W, A, Y, ldy, r0, r1, acc);

@@ -299,7 +299,8 @@ void bench_kernels() {
     k.w.data = k.bytes.data();
     k.label = model::to_string(t);
     ks.push_back(std::move(k));
-    if (t == model::WType::q8_0 || t == model::WType::q4_K) { // and in the layout the loader gives it where VNNI runs
+    if (t == model::WType::q8_0 || t == model::WType::q4_K || t == model::WType::q4_0 ||
+        t == model::WType::q5_0) { // and in the layout the loader gives it where VNNI runs
       K p;
       p.t = t;
       p.bytes = ks.back().bytes;

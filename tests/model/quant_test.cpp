@@ -389,6 +389,7 @@ TEST_P(TypedKernels, MatchTheScalarPath) {
     {WType::q3_K, {256, 768}, 1e-2},         {WType::q5_K, {256, 768}, 1e-2},
     {WType::iq4_xs, {256, 768}, 1e-2},
     {WType::q8_0, {32, 96, 256, 288, 480, 544, 896}, 1e-2, true}, {WType::q4_K, {256, 768, 1280}, 1e-2, true},
+    {WType::q4_0, {32, 96, 256, 288, 480, 544, 896}, 1e-2, true}, {WType::q5_0, {32, 96, 256, 288, 480, 544, 896}, 1e-2, true},
   };
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -409,7 +410,8 @@ TEST_P(TypedKernels, MatchTheScalarPath) {
           W = detail::pack_rows(W);
           ASSERT_TRUE(W.packed);
           ASSERT_EQ(W.bytes(), bytes.size());
-          ASSERT_NE(std::memcmp(W.data, bytes.data(), bytes.size()), 0) << "packing moved nothing";
+          if (cols > 32) // (one q4_0 block packs to itself)
+            ASSERT_NE(std::memcmp(W.data, bytes.data(), bytes.size()), 0) << "packing moved nothing";
           std::vector<uint8_t> back(bytes.size());
           detail::unpack_rows(W, 0, rows, back.data());
           ASSERT_EQ(back, bytes) << "unpacking gives the plain rows back";
