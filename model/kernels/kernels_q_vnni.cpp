@@ -26,14 +26,54 @@ namespace {
 // group may be partial (nb % 8 lanes, read with masks). Every (weight row,
 // activation row) pair goes through the same operations in the same order
 // whatever R, MT and M are.
-struct Q8p {
+// Step s (4 values of each block) of activation row m in group g, with group
+// g+1 in the upper half when PAIR (QuantActs::qi keeps pairs step by step).
+template <bool PAIR>
+__attribute__((always_inline)) inline __m512i act_step(const QuantActs& A, int64_t qis, int64_t m, int64_t g, int s) {
+  const int8_t* ap = A.qi.data() + m * qis + 256 * g + (PAIR ? 64 : 32) * s;
+  return PAIR ? _mm512_loadu_si512(ap) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap)));
+}
+
+// Nibble chunks against the activations: for k = 0..3, chunk(i, k) is weight
+// row i's 64 bytes whose low nibbles are step k and high nibbles step k + 4;
+// fix(i, k, lo, hi) may add to the unpacked values (q5_0's 5th bits). Steps k
+// go to P0, steps k + 4 to P1 for one activation row (two chains), else to P0.
+template <bool PAIR, int R, int MT, class Chunk, class Fix>
+__attribute__((always_inline)) inline void nibble_dots(const QuantActs& A, int64_t qis, int64_t m0, int64_t g,
+                                                       Chunk&& chunk, Fix&& fix, __m512i (&P0)[R][MT],
+                                                       __m512i (&P1)[R][MT]) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    __m512i lo_a[MT], hi_a[MT];
+    for (int t = 0; t < MT; ++t) {
+      lo_a[t] = act_step<PAIR>(A, qis, m0 + t, g, k);
+      hi_a[t] = act_step<PAIR>(A, qis, m0 + t, g, k + 4);
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m512i w = chunk(i, k);
+      __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+      fix(i, k, lo, hi);
+      for (int t = 0; t < MT; ++t) {
+        P0[i][t] = _mm512_dpbusd_epi32(P0[i][t], lo, lo_a[t]);
+        auto& Ph = MT == 1 ? P1 : P0;
+        Ph[i][t] = _mm512_dpbusd_epi32(Ph[i][t], hi, hi_a[t]);
+      }
+    }
+  }
+}
+
+// What the packed 32-value kernels share: groups of 8 blocks of BB bytes (a
+// partial last one of `tail` blocks), their f16 scales first.
+template <std::size_t BB>
+struct Blocks32 {
   const WMatrix& W;
   const QuantActs& A;
   int64_t nb, ng_full, tail, qis;
   std::size_t rb;
-  static constexpr std::size_t GB = 8 * 34; // bytes of a full group
+  static constexpr std::size_t GB = 8 * BB; // bytes of a full group
 
-  Q8p(const WMatrix& w, const QuantActs& a)
+  Blocks32(const WMatrix& w, const QuantActs& a)
       : W(w), A(a), nb(w.cols / 32), ng_full(w.cols / 32 / 8), tail(w.cols / 32 % 8),
         qis((w.cols / 32 + 7) / 8 * 256), rb(w.row_bytes()) {}
 
@@ -53,9 +93,9 @@ struct Q8p {
   };
   template <bool PAIR, bool PART, int R>
   __attribute__((always_inline)) void prepare(int64_t g, int64_t r, Prep<R>& p) const {
+    const __mmask8 part = static_cast<__mmask8>((1u << tail) - 1);
     for (int i = 0; i < R; ++i) {
       const uint8_t* sp = W.row(r + i) + g * GB;
-      const __mmask8 part = static_cast<__mmask8>((1u << tail) - 1);
       __m128i lo, hi = _mm_setzero_si128();
       if (PAIR) {
         lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp));
@@ -66,6 +106,24 @@ struct Q8p {
       p.ws[i] = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
     }
   }
+
+  // acc += the weight scales x the activation scales x the integer sums (P0,
+  // plus P1 for one activation row), lane by lane.
+  template <int R, int MT>
+  __attribute__((always_inline)) void scale_into(const Prep<R>& prep, __mmask16 live, int64_t g, int64_t m0,
+                                                 const __m512i (&P0)[R][MT], const __m512i (&P1)[R][MT],
+                                                 __m512 (&acc)[R][MT]) const {
+    for (int i = 0; i < R; ++i)
+      for (int t = 0; t < MT; ++t) {
+        const __m512 dv = _mm512_maskz_loadu_ps(live, A.d.data() + (m0 + t) * nb + 8 * g);
+        const __m512i p = MT == 1 ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
+        acc[i][t] = _mm512_fmadd_ps(_mm512_mul_ps(prep.ws[i], dv), _mm512_cvtepi32_ps(p), acc[i][t]);
+      }
+  }
+};
+
+struct Q8p : Blocks32<34> {
+  using Blocks32::Blocks32;
 
   template <bool PAIR, bool PART, int R, int MT>
   __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
@@ -86,14 +144,10 @@ struct Q8p {
         P1[i][t] = _mm512_setzero_si512();
       }
     }
-    constexpr int AS = PAIR ? 64 : 32; // bytes per step of the activations
     auto step = [&](__m512i(&P)[R][MT], int s, bool ahead) __attribute__((always_inline)) {
       __m512i a[MT];
-      for (int t = 0; t < MT; ++t) {
-        const int8_t* ap = A.qi.data() + (m0 + t) * qis + 256 * g + AS * s;
-        a[t] = PAIR ? _mm512_loadu_si512(ap)
-                    : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap)));
-      }
+      for (int t = 0; t < MT; ++t)
+        a[t] = act_step<PAIR>(A, qis, m0 + t, g, s);
       for (int i = 0; i < R; ++i) {
         const uint8_t* gp = row0 + i * rb + g * GB;
         const uint8_t* wp = gp + 16 + 32 * s;
@@ -120,14 +174,7 @@ struct Q8p {
       step(P0, s, fetch);
       step(two ? P1 : P0, s + 1, false);
     }
-    for (int i = 0; i < R; ++i) {
-      const __m512 ws = prep.ws[i];
-      for (int t = 0; t < MT; ++t) {
-        const __m512 dv = _mm512_maskz_loadu_ps(live, A.d.data() + (m0 + t) * nb + 8 * g);
-        const __m512i p = two ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
-        acc[i][t] = _mm512_fmadd_ps(_mm512_mul_ps(ws, dv), _mm512_cvtepi32_ps(p), acc[i][t]);
-      }
-    }
+    scale_into<R, MT>(prep, live, g, m0, P0, P1, acc);
   }
 };
 
@@ -138,48 +185,21 @@ struct Q8p {
 // back through -8 (-16) x each activation block's sum (A.corr / 16, / 8:
 // exact). Steps k and k + 4 from one chunk's low and high nibbles.
 template <bool Q5>
-struct Q4p {
-  const WMatrix& W;
-  const QuantActs& A;
-  int64_t nb, ng_full, tail, qis;
-  std::size_t rb;
-  static constexpr std::size_t BB = Q5 ? 22 : 18, GB = 8 * BB;
-
-  Q4p(const WMatrix& w, const QuantActs& a)
-      : W(w), A(a), nb(w.cols / 32), ng_full(w.cols / 32 / 8), tail(w.cols / 32 % 8),
-        qis((w.cols / 32 + 7) / 8 * 256), rb(w.row_bytes()) {}
-
+struct Q4p : Blocks32<Q5 ? 22 : 18> {
+  using B = Blocks32<Q5 ? 22 : 18>;
+  using B::A, B::W, B::GB, B::nb, B::qis, B::rb, B::tail;
+  using B::B;
   template <int R>
-  struct Prep {
-    __m512 ws[R];
-  };
-  template <bool PAIR, bool PART, int R>
-  __attribute__((always_inline)) void prepare(int64_t g, int64_t r, Prep<R>& p) const {
-    const __mmask8 part = static_cast<__mmask8>((1u << tail) - 1);
-    for (int i = 0; i < R; ++i) {
-      const uint8_t* sp = W.row(r + i) + g * GB;
-      __m128i lo, hi = _mm_setzero_si128();
-      if (PAIR) {
-        lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp));
-        hi = PART ? _mm_maskz_loadu_epi16(part, sp + GB) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + GB));
-      } else {
-        lo = PART ? _mm_maskz_loadu_epi16(part, sp) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp));
-      }
-      p.ws[i] = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
-    }
-  }
+  using Prep = typename B::template Prep<R>;
 
   template <bool PAIR, bool PART, int R, int MT>
   __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
                                              __m512 (&acc)[R][MT]) const {
     const uint8_t* row0 = W.row(r);
-    const __mmask16 live = static_cast<__mmask16>(PAIR ? (0xFFu | ((PART ? (1u << tail) - 1 : 0xFFu) << 8))
-                                                       : (PART ? (1u << tail) - 1 : 0xFFu));
+    const __mmask16 live = this->template lanes<PAIR, PART>();
     const int64_t L = tail; // lanes of the partial group
     const __mmask32 cmask = static_cast<__mmask32>((uint64_t{1} << (4 * L)) - 1);
     const __mmask8 wmask = static_cast<__mmask8>((1u << L) - 1);
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    constexpr bool two = MT == 1;
     __m512i P0[R][MT], P1[R][MT];
     for (int t = 0; t < MT; ++t) {
       const __m512i c = _mm512_maskz_loadu_epi32(live, A.corr.data() + (m0 + t) * nb + 8 * g);
@@ -209,55 +229,33 @@ struct Q4p {
       const __m512i b = _mm512_and_si512(_mm512_shuffle_epi8(n, lane0), spread);
       return _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(b, b), v, _mm512_set1_epi8(0x10));
     };
-    constexpr int AS = PAIR ? 64 : 32;
-    auto act = [&](int t, int s) __attribute__((always_inline)) {
-      const int8_t* ap = A.qi.data() + (m0 + t) * qis + 256 * g + AS * s;
-      return PAIR ? _mm512_loadu_si512(ap) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap)));
+    auto chunk = [&](int i, int k) __attribute__((always_inline)) {
+      const uint8_t* gp = row0 + i * rb + g * GB;
+      if (fetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(gp + 64 * k + R * rb), _MM_HINT_T0);
+        if (PAIR)
+          _mm_prefetch(reinterpret_cast<const char*>(gp + GB + 64 * k + R * rb), _MM_HINT_T0);
+      }
+      __m256i c0, c1 = _mm256_setzero_si256();
+      if (PAIR) {
+        c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 16 + 32 * k));
+        c1 = PART ? _mm256_maskz_loadu_epi8(cmask, gp + GB + 2 * L + 4 * L * k)
+                  : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + GB + 16 + 32 * k));
+      } else {
+        c0 = PART ? _mm256_maskz_loadu_epi8(cmask, gp + 2 * L + 4 * L * k)
+                  : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 16 + 32 * k));
+      }
+      return _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
     };
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) {
-      __m512i lo_a[MT], hi_a[MT];
-      for (int t = 0; t < MT; ++t) {
-        lo_a[t] = act(t, k);
-        hi_a[t] = act(t, k + 4);
-      }
-      for (int i = 0; i < R; ++i) {
-        const uint8_t* gp = row0 + i * rb + g * GB;
-        if (fetch) {
-          _mm_prefetch(reinterpret_cast<const char*>(gp + 64 * k + R * rb), _MM_HINT_T0);
-          if (PAIR)
-            _mm_prefetch(reinterpret_cast<const char*>(gp + GB + 64 * k + R * rb), _MM_HINT_T0);
-        }
-        __m256i c0, c1 = _mm256_setzero_si256();
-        if (PAIR) {
-          c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 16 + 32 * k));
-          c1 = PART ? _mm256_maskz_loadu_epi8(cmask, gp + GB + 2 * L + 4 * L * k)
-                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + GB + 16 + 32 * k));
-        } else {
-          c0 = PART ? _mm256_maskz_loadu_epi8(cmask, gp + 2 * L + 4 * L * k)
-                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 16 + 32 * k));
-        }
-        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
-        __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-        if constexpr (Q5) {
-          lo = fifth(lo, qh[i], 4 * k);
-          hi = fifth(hi, qh[i], 4 * k + 16);
-        }
-        for (int t = 0; t < MT; ++t) {
-          P0[i][t] = _mm512_dpbusd_epi32(P0[i][t], lo, lo_a[t]);
-          auto& Ph = two ? P1 : P0;
-          Ph[i][t] = _mm512_dpbusd_epi32(Ph[i][t], hi, hi_a[t]);
-        }
-      }
-    }
-    for (int i = 0; i < R; ++i) {
-      const __m512 ws = prep.ws[i];
-      for (int t = 0; t < MT; ++t) {
-        const __m512 dv = _mm512_maskz_loadu_ps(live, A.d.data() + (m0 + t) * nb + 8 * g);
-        const __m512i p = two ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
-        acc[i][t] = _mm512_fmadd_ps(_mm512_mul_ps(ws, dv), _mm512_cvtepi32_ps(p), acc[i][t]);
-      }
-    }
+    nibble_dots<PAIR, R, MT>(A, qis, m0, g, chunk,
+                             [&](int i, int k, __m512i& lo, __m512i& hi) __attribute__((always_inline)) {
+                               if constexpr (Q5) {
+                                 lo = fifth(lo, qh[i], 4 * k);
+                                 hi = fifth(hi, qh[i], 4 * k + 16);
+                               }
+                             },
+                             P0, P1);
+    this->template scale_into<R, MT>(prep, live, g, m0, P0, P1, acc);
   }
 };
 
@@ -310,43 +308,24 @@ struct Q4Kp {
   __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
                                              __m512 (&acc)[R][MT]) const {
     const uint8_t* row0 = W.row(r);
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
     constexpr bool two = MT == 1; // steps k and k + 4 in two chains for one activation row
     __m512i P0[R][MT], P1[R][MT];
     for (int i = 0; i < R; ++i)
       for (int t = 0; t < MT; ++t)
         P0[i][t] = P1[i][t] = _mm512_setzero_si512();
-    constexpr int AS = PAIR ? 64 : 32; // bytes per step of the activations
-    auto act = [&](int t, int s) __attribute__((always_inline)) {
-      const int8_t* ap = A.qi.data() + (m0 + t) * qis + 256 * g + AS * s;
-      return PAIR ? _mm512_loadu_si512(ap) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap)));
+    auto chunk = [&](int i, int k) __attribute__((always_inline)) {
+      const uint8_t* wp = row0 + i * rb + g * 144 + 16 + 32 * k;
+      if (fetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb), _MM_HINT_T0);
+        if (PAIR)
+          _mm_prefetch(reinterpret_cast<const char*>(wp + 144 + R * rb), _MM_HINT_T0);
+      }
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+      return PAIR ? _mm512_inserti64x4(_mm512_castsi256_si512(w0),
+                                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 144)), 1)
+                  : _mm512_zextsi256_si512(w0);
     };
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) {
-      __m512i lo_a[MT], hi_a[MT];
-      for (int t = 0; t < MT; ++t) {
-        lo_a[t] = act(t, k);
-        hi_a[t] = act(t, k + 4);
-      }
-      for (int i = 0; i < R; ++i) {
-        const uint8_t* wp = row0 + i * rb + g * 144 + 16 + 32 * k;
-        if (fetch) {
-          _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb), _MM_HINT_T0);
-          if (PAIR)
-            _mm_prefetch(reinterpret_cast<const char*>(wp + 144 + R * rb), _MM_HINT_T0);
-        }
-        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
-        const __m512i w = PAIR ? _mm512_inserti64x4(_mm512_castsi256_si512(w0),
-                                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 144)), 1)
-                               : _mm512_zextsi256_si512(w0);
-        const __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-        for (int t = 0; t < MT; ++t) {
-          P0[i][t] = _mm512_dpbusd_epi32(P0[i][t], lo, lo_a[t]);
-          auto& Ph = two ? P1 : P0;
-          Ph[i][t] = _mm512_dpbusd_epi32(Ph[i][t], hi, hi_a[t]);
-        }
-      }
-    }
+    nibble_dots<PAIR, R, MT>(A, qis, m0, g, chunk, [](int, int, __m512i&, __m512i&) {}, P0, P1);
     for (int i = 0; i < R; ++i) {
       const __m512 sc = prep.sc[i], mn = prep.mn[i];
       for (int t = 0; t < MT; ++t) {
