@@ -219,10 +219,12 @@ int cmd_generate(int argc, char** argv) {
                      sys, coordinator, greq, sopts, inject,
                      [&](const actors::Injection& inj, const std::string& session) {
                        apply_remote_injection(sys, coordinator, inj, session);
-                       // When it happened, for people (and tests) watching the recovery.
+                       // When it happened, for people (and tests) watching the recovery;
+                       // not while text streams to stdout (a terminal would mix the two).
                        static constexpr const char* kinds[] = {"evict", "kill", "epoch", "desync", "dup", "freeze"};
-                       std::fprintf(stderr, "[strata] injected %s on hop %lld at token %lld\n", kinds[inj.kind],
-                                    static_cast<long long>(inj.shard), static_cast<long long>(inj.at_token));
+                       if (!dec)
+                         std::fprintf(stderr, "[strata] injected %s on hop %lld at token %lld\n", kinds[inj.kind],
+                                      static_cast<long long>(inj.shard), static_cast<long long>(inj.at_token));
                      },
                      [&](const msg::token_event& ev) { emit(ev.token); },
                      [&]() -> msg::supervisor_actor { // the coordinator restarted
