@@ -34,13 +34,14 @@ struct KvDtypes : ::testing::TestWithParam<const char*> {
 };
 
 // gemma3-rand (3 layers: two windowed, one global; head_dim 128), one layer per
-// shard. Session i starts once session 0 has streamed i tokens; session 2's
-// tail shard evicts it at token 10, and the middle shard is killed (and
-// replaced) while session 5 is at token 12.
-TEST_P(KvDtypes, StaggeredSessionsThroughThreeShardsWithFaultsEqualAlone) {
-  const std::string type = GetParam();
+// shard, weights from `file`, keys and values kept as `type`. Session i starts
+// once session 0 has streamed i tokens; session 2's tail shard evicts it at
+// token 10, and the middle shard is killed (and replaced) while session 5 is
+// at token 12. Each session equals its stateless run alone.
+void staggered_with_faults(caf::actor_system& sys, const std::string& file, const std::string& type,
+                           bool against_stateless = true) {
   STRATA_REQUIRE_SHARED("models/gguf/gemma3-rand.gguf-ref.json");
-  const auto model = test::shared_path("models/gguf/gemma3-rand-f32.gguf");
+  const auto model = test::shared_path("models/gguf/" + file);
   const auto ref = test::read_json(test::shared_path("models/gguf/gemma3-rand.gguf-ref.json"));
   std::vector<std::vector<int32_t>> prompts;
   for (const auto& c : ref["files"]["gemma3-rand-f32.gguf"])
@@ -53,24 +54,32 @@ TEST_P(KvDtypes, StaggeredSessionsThroughThreeShardsWithFaultsEqualAlone) {
   }
   const int n = 8;
   const int64_t len = 40; // past the 16-position window
-  std::vector<std::vector<int32_t>> expected(n);
-  for (int i = 0; i < n; ++i)
-    expected[static_cast<std::size_t>(i)] = test::stateless_ids(model, prompts[static_cast<std::size_t>(i)], len, kv(type));
   actors::ClusterOptions opts;
   opts.load = kv(type);
   opts.scheduler.prefill_chunk = 8;
   LocalCluster c(sys, model, model::parse_layer_ranges("0,1,2"), opts);
+  auto request = [&](int i) {
+    msg::generation_request r;
+    r.session = msg::mint_session_id("kv");
+    r.prompt = prompts[static_cast<std::size_t>(i)];
+    r.max_tokens = len;
+    return r;
+  };
+  std::vector<std::vector<int32_t>> expected(n);
+  for (int i = 0; i < n; ++i) {
+    auto& e = expected[static_cast<std::size_t>(i)];
+    if (against_stateless)
+      e = test::stateless_ids(model, prompts[static_cast<std::size_t>(i)], len, kv(type));
+    else // alone through the same shards, one session at a time
+      e = c.generate(request(i), {}, [](const msg::token_event&) {}).result.ids;
+  }
   const auto outs = test::run_staggered<actors::Outcome>(n, [&](int i, const auto& on_token) {
     std::vector<Injection> faults;
     if (i == 2)
       faults.push_back(Injection{Injection::evict, 2, 10, msg::miss_reason::evicted_lru});
     if (i == 5)
       faults.push_back(Injection{Injection::kill, 1, 12, {}});
-    msg::generation_request r;
-    r.session = msg::mint_session_id("kv");
-    r.prompt = prompts[static_cast<std::size_t>(i)];
-    r.max_tokens = len;
-    return c.generate(r, faults, on_token);
+    return c.generate(request(i), faults, on_token);
   });
   test::expect_outcomes(sys, outs, expected);
   EXPECT_GE(outs[2].result.misses[static_cast<std::size_t>(msg::miss_reason::evicted_lru)], 1u)
@@ -80,6 +89,21 @@ TEST_P(KvDtypes, StaggeredSessionsThroughThreeShardsWithFaultsEqualAlone) {
   for (auto& s : c.stats())
     EXPECT_EQ(s.kv_dtype, type);
 }
+
+TEST_P(KvDtypes, StaggeredSessionsThroughThreeShardsWithFaultsEqualAlone) {
+  staggered_with_faults(sys, "gemma3-rand-f32.gguf", GetParam());
+}
+
+// The same crowd over quantized weights, which the packed kernels multiply
+// where AVX-512 VNNI runs (q8_0; Q4_K_M's q4_K / q5_0 / q6_K mix).
+struct PackedWeights : KvDtypes {};
+
+TEST_P(PackedWeights, StaggeredSessionsThroughThreeShardsWithFaultsEqualAlone) {
+  staggered_with_faults(sys, std::string("gemma3-rand-") + GetParam() + ".gguf", "f32", false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, PackedWeights, ::testing::Values("q8_0", "q4_k_m"),
+                         [](const auto& info) { return std::string(info.param); });
 
 INSTANTIATE_TEST_SUITE_P(Types, KvDtypes, ::testing::Values("f32", "bf16", "f16", "q8_0"),
                          [](const auto& info) { return std::string(info.param); });
