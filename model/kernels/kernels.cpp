@@ -215,18 +215,41 @@ void rows_prepared(const WMatrix& W, const Prepared& p, float* Y, int64_t ldy, i
   at::parallel_for(0, blocks, grain, [&](int64_t b, int64_t e) { run(b * 4, std::min(rows, e * 4)); });
 }
 
+// Quantized weights go through their fused kernel at every row count, not
+// expanded for sgemm above small_rows: a row's numbers then never depend on how
+// many rows came with it, so a position decoded alone, rebuilt in a long piece
+// or recomputed statelessly gets the same bits. (Their activations are rounded
+// to int8 blocks, which turns sgemm's other order of additions, 1e-6 apart,
+// into whole rounding steps: logits 0.1-0.2 apart, enough to flip near-ties.)
+// Measured, 896 x 4864, 2 threads, fused / expand+sgemm time: packed q8_0
+// 0.84 at 128 rows, 0.47 at 32; packed q4_K 0.63 / 0.27; plain layout (VNNI)
+// 0.85-0.97 at 128-256 rows; the AVX2 kernels 0.7-0.8 at 32 rows, 1.03-1.24
+// at 128-256 (against an AVX-512 sgemm).
+bool fused_at_any_rows(const WMatrix& W) {
+  return W.type != WType::f32 && W.type != WType::f16 && W.type != WType::bf16 && fused_available(W.type);
+}
+
+void gemm_prepared(const WMatrix& W, const Prepared& p, float* Y, int64_t ldy, int64_t M, bool accumulate);
+
 // Every part of a stacked weight into its columns of Y, the activations
-// prepared once for all parts that take them alike.
-template <class Run>
-void over_parts(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate, bool gemm, Run run) {
+// prepared once for all parts that take them alike. `gemm`: long sequences'
+// rows (sgemm, but fused_at_any_rows parts through their fused kernel).
+void over_parts(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate, bool gemm) {
   if (M <= 0)
     return;
   std::optional<Prepared> p;
+  bool p_gemm = false;
   int64_t col0 = 0;
   for (const auto& part : w.parts) {
-    if (!p || !prepares_alike(p->type, part.type, gemm))
-      p = prepare(part.type, X, M, w.cols, gemm);
-    run(part, *p, Y + col0, w.rows, M, accumulate);
+    const bool g = gemm && !fused_at_any_rows(part);
+    if (!p || p_gemm != g || !prepares_alike(p->type, part.type, g)) {
+      p = prepare(part.type, X, M, w.cols, g);
+      p_gemm = g;
+    }
+    if (g)
+      gemm_prepared(part, *p, Y + col0, w.rows, M, accumulate);
+    else
+      rows_prepared(part, *p, Y + col0, w.rows, M, accumulate);
     col0 += part.rows;
   }
 }
@@ -240,7 +263,7 @@ void matmul_rows(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_
 }
 
 void matmul_rows(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate) {
-  over_parts(w, X, Y, M, accumulate, false, [](auto&&... a) { rows_prepared(a...); });
+  over_parts(w, X, Y, M, accumulate, false);
 }
 
 namespace {
@@ -283,11 +306,13 @@ void gemm_prepared(const WMatrix& W, const Prepared& p, float* Y, int64_t ldy, i
 void matmul_gemm(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, bool accumulate) {
   if (M <= 0 || W.rows <= 0)
     return;
+  if (fused_at_any_rows(W))
+    return matmul_rows(W, X, Y, ldy, M, accumulate);
   gemm_prepared(W, prepare(W.type, X, M, W.cols, true), Y, ldy, M, accumulate);
 }
 
 void matmul_gemm(const Linear& w, const float* X, float* Y, int64_t M, bool accumulate) {
-  over_parts(w, X, Y, M, accumulate, true, [](auto&&... a) { gemm_prepared(a...); });
+  over_parts(w, X, Y, M, accumulate, true);
 }
 
 namespace {

@@ -310,7 +310,10 @@ struct Pass {
     float* logits = grow(ws.router, R * E);
     detail::Linear router;
     router.add(lw.router);
-    linear(logits, xb, router, false);
+    // Every row through matmul_rows, long sequences' too: f32 router logits
+    // from sgemm differ in the last bits, and quantized experts would turn
+    // that into whole rounding steps (the router is small: E x D).
+    detail::matmul_rows(router, xb, logits, R, false);
     int32_t* chosen = grow(ws.chosen, R * K);
     float* weight = grow(ws.weight, R * K);
     for (int64_t r = 0; r < R; ++r) {

@@ -39,7 +39,7 @@ struct KvDtypes : ::testing::TestWithParam<const char*> {
 // token 10, and the middle shard is killed (and replaced) while session 5 is
 // at token 12. Each session equals its stateless run alone.
 void staggered_with_faults(caf::actor_system& sys, const std::string& file, const std::string& type,
-                           bool against_stateless = true) {
+                           bool against_stateless = true, int64_t prefill_chunk = 8) {
   STRATA_REQUIRE_SHARED("models/gguf/gemma3-rand.gguf-ref.json");
   const auto model = test::shared_path("models/gguf/" + file);
   const auto ref = test::read_json(test::shared_path("models/gguf/gemma3-rand.gguf-ref.json"));
@@ -56,7 +56,7 @@ void staggered_with_faults(caf::actor_system& sys, const std::string& file, cons
   const int64_t len = 40; // past the 16-position window
   actors::ClusterOptions opts;
   opts.load = kv(type);
-  opts.scheduler.prefill_chunk = 8;
+  opts.scheduler.prefill_chunk = prefill_chunk;
   LocalCluster c(sys, model, model::parse_layer_ranges("0,1,2"), opts);
   auto request = [&](int i) {
     msg::generation_request r;
@@ -95,11 +95,16 @@ TEST_P(KvDtypes, StaggeredSessionsThroughThreeShardsWithFaultsEqualAlone) {
 }
 
 // The same crowd over quantized weights, which the packed kernels multiply
-// where AVX-512 VNNI runs (q8_0; Q4_K_M's q4_K / q5_0 / q6_K mix).
+// where AVX-512 VNNI runs (q8_0; Q4_K_M's q4_K / q5_0 / q6_K mix), with the
+// default prefill pieces (128 rows: the longer prompts and every rebuild after
+// the faults run as one piece of up to 52 rows). Quantized weights go through
+// their fused kernels at every row count, so each session equals the
+// single-process stateless recomputation bit for bit, not only itself alone.
 struct PackedWeights : KvDtypes {};
 
 TEST_P(PackedWeights, StaggeredSessionsThroughThreeShardsWithFaultsEqualAlone) {
-  staggered_with_faults(sys, std::string("gemma3-rand-") + GetParam() + ".gguf", "f32", false);
+  staggered_with_faults(sys, std::string("gemma3-rand-") + GetParam() + ".gguf", "f32", true,
+                        actors::SchedulerLimits{}.prefill_chunk);
 }
 
 INSTANTIATE_TEST_SUITE_P(Files, PackedWeights, ::testing::Values("q8_0", "q4_k_m"),

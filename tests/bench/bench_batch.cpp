@@ -6,12 +6,16 @@
 // the time to first token of a 512-token prompt that arrives while 8 sessions
 // decode; and prefill GFLOP/s against this machine's peak. `batch file PATH`:
 // 1/4/8/16 sessions through one shard over a GGUF file (how its weight types
-// batch).
+// batch). `batch serve TYPE|PATH [LLAMA_BIN]`: 1/4/8/16 concurrent requests
+// through `strata serve` over one node, next to llama-server on the same file
+// (TYPE: llama-quantize's type of the Qwen2.5-0.5B-shaped model of `types`),
+// interleaved.
 
 #include "actors/cluster.hpp"
 #include "messages/session_id.hpp"
 #include "model/transformer/shard.hpp"
 #include "runtime/cluster.hpp"
+#include "tests/bench/bench_gguf.hpp"
 #include "tests/bench/measure.hpp"
 #include "tests/bench/process_cluster.hpp"
 
@@ -22,11 +26,14 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 
 using namespace strata;
 using clk = std::chrono::steady_clock;
+
+const strata::benchgguf::Shape& w896_bench_shape(); // bench_types.cpp
 
 namespace {
 
@@ -283,6 +290,98 @@ int batch_bench_main(int argc, char** argv) {
                 "inter-token ms | p50 vs 1 session | rows per round | failed |\n|---|---|---|---|---|---|---|---|---|\n",
                 file.c_str(), c.config().summary().c_str());
     print(t);
+    return 0;
+  }
+  if (part == "serve") { // one node over a GGUF file through `strata serve`, next to llama-server on the same file
+    if (argc < 4) {
+      std::fprintf(stderr, "usage: strata_bench batch serve TYPE|PATH.gguf [LLAMA_BIN]\n");
+      return 2;
+    }
+    std::string file = argv[3];
+    const char* env = std::getenv("LLAMA_CPP_BIN");
+    const std::string llama_bin = argc > 4 ? argv[4] : env ? env : "";
+    const std::string llama = llama_bin.empty() ? "" : llama_bin + "/llama-server";
+    if (file.size() < 5 || file.substr(file.size() - 5) != ".gguf") {
+      // A llama-quantize type: the Qwen2.5-0.5B-shaped seeded model of `types`
+      // (vocab 32k) with a made-up vocabulary that llama-server can
+      // detokenize, written once and quantized by llama-quantize.
+      if (llama_bin.empty()) {
+        std::fprintf(stderr, "batch serve TYPE needs llama.cpp's binaries (LLAMA_BIN or LLAMA_CPP_BIN)\n");
+        return 2;
+      }
+      const std::filesystem::path dir =
+        std::filesystem::path(std::getenv("STRATA_BUILD_DIR") ? std::getenv("STRATA_BUILD_DIR") : "build") / "bench-models";
+      std::filesystem::create_directories(dir);
+      auto shape = w896_bench_shape();
+      shape.vocab_tokens = true;
+      const auto f32 = dir / "qwen2-w896-serve-f32.gguf";
+      if (!std::filesystem::exists(f32))
+        benchgguf::make_model(shape, f32);
+      std::string lower = file;
+      std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      const auto q = dir / ("qwen2-w896-serve-" + lower + ".gguf");
+      if (!benchgguf::quantize_file(llama_bin, f32, q, file))
+        return 1;
+      file = q.string();
+    }
+    const auto cfg_file = model::read_config(file);
+    g_vocab = cfg_file.vocab_size;
+    bench::ProcessCluster pc(exe, file);
+    pc.threads = std::to_string(threads);
+    pc.start("0-" + std::to_string(cfg_file.n_layers - 1));
+    bench::Process serve({exe, "serve", "--cluster", pc.address, "--http", "127.0.0.1:0"});
+    const auto line = serve.wait_line("ready http ");
+    if (line.empty()) {
+      std::fprintf(stderr, "strata serve did not start\n");
+      return 1;
+    }
+    std::vector<std::pair<std::string, std::string>> servers = {
+      {"strata serve", "http://" + line.substr(std::string("ready http ").size())}};
+    std::unique_ptr<bench::Process> peer;
+    if (!llama.empty()) {
+      // Its own parallel slots (-np 16: the largest crowd below), each with room
+      // for a prompt and its tokens; continuous batching is its default.
+      const std::string port = std::to_string(18000 + ::getpid() % 2000);
+      peer = std::make_unique<bench::Process>(std::vector<std::string>{
+        "/bin/sh", "-c",
+        "exec '" + llama + "' -m '" + file + "' -np 16 -c 4096 -t " + std::to_string(threads) +
+          " --host 127.0.0.1 --port " + port + " 2>&1"});
+      if (peer->wait_containing("listening on http", std::chrono::seconds(120)).empty()) {
+        std::fprintf(stderr, "llama-server did not start\n");
+        return 1;
+      }
+      servers.emplace_back("llama-server -np 16", "http://127.0.0.1:" + port);
+    }
+    for (auto& [name, base] : servers)
+      serve_load(base, 2); // warm-up
+    const int rounds = std::getenv("STRATA_BENCH_ROUNDS") ? std::atoi(std::getenv("STRATA_BENCH_ROUNDS")) : 3;
+    const std::vector<int> ns = {1, 4, 8, 16};
+    std::vector<std::vector<std::vector<double>>> tok(servers.size(), std::vector<std::vector<double>>(ns.size()));
+    for (int rd = 0; rd < rounds; ++rd)
+      for (std::size_t k = 0; k < ns.size(); ++k)
+        for (std::size_t which = 0; which < servers.size(); ++which) { // the order alternates by round
+          const std::size_t w = (rd % 2 == 0) ? which : servers.size() - 1 - which;
+          tok[w][k].push_back(serve_load(servers[w].second, ns[k]));
+        }
+    std::printf("## one node over %s (%s), %d threads, %lld tokens per request, %d interleaved rounds, medians of "
+                "total tok/s\n\n| sessions |",
+                file.c_str(), cfg_file.summary().c_str(), threads, static_cast<long long>(kTokens), rounds);
+    for (auto& s : servers)
+      std::printf(" %s | vs 1 |", s.first.c_str());
+    if (servers.size() == 2)
+      std::printf(" strata / llama-server |");
+    std::printf("\n|---|");
+    for (std::size_t i = 0; i < servers.size(); ++i)
+      std::printf("---|---|");
+    std::printf(servers.size() == 2 ? "---|\n" : "\n");
+    for (std::size_t k = 0; k < ns.size(); ++k) {
+      std::printf("| %d |", ns[k]);
+      for (std::size_t w = 0; w < servers.size(); ++w)
+        std::printf(" %.1f | %.2fx |", pct(tok[w][k], 0.5), pct(tok[w][k], 0.5) / pct(tok[w][0], 0.5));
+      if (servers.size() == 2)
+        std::printf(" %.2f |", pct(tok[0][k], 0.5) / pct(tok[1][k], 0.5));
+      std::printf("\n");
+    }
     return 0;
   }
   if (part == "packed") { // the same weights plain and packed (STRATA_PACKED_WEIGHTS=0), interleaved

@@ -34,10 +34,13 @@ struct Spec {
 };
 struct Kv {
   std::string key;
-  uint32_t type; // 4 u32, 6 f32, 8 string
+  uint32_t type; // 4 u32, 6 f32, 8 string, 9 array (of `u`: 8 strs, 6 floats, 5 ints)
   uint32_t u = 0;
   float f = 0;
   std::string s;
+  std::vector<std::string> strs = {};
+  std::vector<float> floats = {};
+  std::vector<int32_t> ints = {};
 };
 
 void write_gguf(const fs::path& path, const std::vector<Kv>& kvs, const std::vector<Spec>& ts, uint32_t seed) {
@@ -60,7 +63,20 @@ void write_gguf(const fs::path& path, const std::vector<Kv>& kvs, const std::vec
       u32(k.u);
     else if (k.type == 6)
       put(&k.f, 4);
-    else
+    else if (k.type == 9) {
+      u32(k.u);
+      if (k.u == 8) {
+        u64(k.strs.size());
+        for (auto& e : k.strs)
+          str(e);
+      } else if (k.u == 6) {
+        u64(k.floats.size());
+        put(k.floats.data(), k.floats.size() * 4);
+      } else {
+        u64(k.ints.size());
+        put(k.ints.data(), k.ints.size() * 4);
+      }
+    } else
       str(k.s);
   }
   uint64_t off = 0;
@@ -123,8 +139,29 @@ void make_model(const Shape& s, const fs::path& path) {
                         {a + "rope.dimension_count", 4, s.head_dim},
                         {a + "rope.freq_base", 6, 0, 1e6f},
                         {a + "attention.layer_norm_rms_epsilon", 6, 0, 1e-6f},
-                        {a + "vocab_size", 4, s.vocab},
-                        {"tokenizer.ggml.model", 8, 0, 0, "none"}};
+                        {a + "vocab_size", 4, s.vocab}};
+  if (s.vocab_tokens && s.vocab > 259) {
+    // A SentencePiece-style vocabulary of made-up pieces (what llama-server
+    // needs to detokenize): <unk> <s> </s>, the 256 byte tokens, then "▁tN".
+    Kv tokens{"tokenizer.ggml.tokens", 9, 8}, scores{"tokenizer.ggml.scores", 9, 6},
+      types{"tokenizer.ggml.token_type", 9, 5};
+    for (uint32_t i = 0; i < s.vocab; ++i) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "<0x%02X>", i >= 3 ? (i - 3) & 0xff : 0);
+      tokens.strs.push_back(i == 0 ? "<unk>" : i == 1 ? "<s>" : i == 2 ? "</s>" : i < 259 ? byte : "\u2581t" + std::to_string(i));
+      scores.floats.push_back(-static_cast<float>(i));
+      types.ints.push_back(i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1);
+    }
+    kv.push_back({"tokenizer.ggml.model", 8, 0, 0, "llama"});
+    kv.push_back(std::move(tokens));
+    kv.push_back(std::move(scores));
+    kv.push_back(std::move(types));
+    kv.push_back({"tokenizer.ggml.unknown_token_id", 4, 0});
+    kv.push_back({"tokenizer.ggml.bos_token_id", 4, 1});
+    kv.push_back({"tokenizer.ggml.eos_token_id", 4, 2});
+  } else {
+    kv.push_back({"tokenizer.ggml.model", 8, 0, 0, "none"});
+  }
   if (s.experts > 0) {
     kv.push_back({a + "expert_count", 4, s.experts});
     kv.push_back({a + "expert_used_count", 4, s.used});

@@ -26,6 +26,7 @@ struct Shape {
   bool qk_norm = true;    ///< attn_q_norm / attn_k_norm (qwen3, gemma3)
   bool qkv_bias = false;  ///< attn_q/k/v.bias (qwen2)
   bool post_norms = false; ///< post_attention_norm / post_ffw_norm (gemma)
+  bool vocab_tokens = false; ///< a made-up SentencePiece vocabulary (servers detokenize); else "none"
 };
 
 /// Writes `s` as an f32 GGUF file at `path` (atomically: via PATH.part).
