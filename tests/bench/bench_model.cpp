@@ -4,6 +4,7 @@
 // A benchmark, not a test: it prints a table and asserts nothing.
 
 #include "model/kernels/kernels.hpp"
+#include "model/formats/packed.hpp"
 #include "model/kernels/kernels_q.hpp"
 #include "model/formats/quant.hpp"
 #include "model/formats/safetensors.hpp"
@@ -299,8 +300,7 @@ void bench_kernels() {
     k.w.data = k.bytes.data();
     k.label = model::to_string(t);
     ks.push_back(std::move(k));
-    if (t == model::WType::q8_0 || t == model::WType::q4_K || t == model::WType::q4_0 ||
-        t == model::WType::q5_0) { // and in the layout the loader gives it where VNNI runs
+    if (model::detail::packable(ks.back().w)) { // and in the layout the loader gives it where VNNI runs
       K p;
       p.t = t;
       p.bytes = ks.back().bytes;

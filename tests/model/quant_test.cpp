@@ -410,8 +410,9 @@ TEST_P(TypedKernels, MatchTheScalarPath) {
           W = detail::pack_rows(W);
           ASSERT_TRUE(W.packed);
           ASSERT_EQ(W.bytes(), bytes.size());
-          if (cols > 32) // (one q4_0 block packs to itself)
+          if (cols > 32) { // (one q4_0 block packs to itself)
             ASSERT_NE(std::memcmp(W.data, bytes.data(), bytes.size()), 0) << "packing moved nothing";
+          }
           std::vector<uint8_t> back(bytes.size());
           detail::unpack_rows(W, 0, rows, back.data());
           ASSERT_EQ(back, bytes) << "unpacking gives the plain rows back";
@@ -437,6 +438,11 @@ TEST_P(TypedKernels, MatchTheScalarPath) {
               const auto i = static_cast<std::size_t>(m * ldy + r);
               ASSERT_NEAR(Y[i], ref, c.tol * mag + 1e-5) << "rows kernel, row " << m << "," << r;
               ASSERT_NEAR(G[i], ref, c.tol * mag + 1e-5) << "gemm, row " << m << "," << r;
+              // Quantized weights take their fused kernel for long sequences
+              // too: the same bits as the few-row path.
+              if (c.t != WType::f32 && c.t != WType::f16 && c.t != WType::bf16 && detail::fused_available(c.t)) {
+                ASSERT_EQ(G[i], Y[i]) << "gemm path, row " << m << "," << r;
+              }
             }
             EXPECT_EQ(Y[static_cast<std::size_t>(m * ldy + rows)], -7.f) << "wrote past its columns";
             // Alone, row m gets bit-for-bit the same numbers.
