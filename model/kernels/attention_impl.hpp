@@ -47,12 +47,14 @@ inline __attribute__((always_inline)) v16 exp16(v16 x) {
 // values at p as floats (p itself for f32, else converted into tmp); E::get16(p,
 // c) the 16 values from c (c a multiple of 16).
 struct KvF32 {
+  static constexpr int64_t bytes(int64_t n) { return 4 * n; } // of n values (a whole number of blocks)
   static const float* row(const uint8_t* p, int64_t, float*) { return reinterpret_cast<const float*>(p); }
   static inline __attribute__((always_inline)) v16 get16(const uint8_t* p, int64_t c) {
     return load16(reinterpret_cast<const float*>(p) + c);
   }
 };
 struct KvBf16 {
+  static constexpr int64_t bytes(int64_t n) { return 2 * n; }
   static const float* row(const uint8_t* p, int64_t n, float* tmp) {
     const auto* h = reinterpret_cast<const uint16_t*>(p);
 #pragma omp simd
@@ -87,6 +89,7 @@ inline __attribute__((always_inline)) v16 f16_to_f32_16(const uint8_t* p) {
 }
 
 struct KvF16 {
+  static constexpr int64_t bytes(int64_t n) { return 2 * n; }
   static const float* row(const uint8_t* p, int64_t n, float* tmp) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -105,6 +108,7 @@ struct KvF16 {
   }
 };
 struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
+  static constexpr int64_t bytes(int64_t n) { return 34 * (n / 32); }
   static inline __attribute__((always_inline)) float scale(const uint8_t* blk) {
     _Float16 d;
     __builtin_memcpy(&d, blk, 2);
@@ -199,6 +203,18 @@ __attribute__((always_inline)) inline void attend_impl(const float* q, const Cac
 }
 
 
+// Prefetches `bytes` from byte `at` of the first `count` rows of block `b`
+// (from byte `offset` of each row); nothing when count <= 0.
+inline __attribute__((always_inline)) void prefetch_block(const CacheRows& rows, int64_t b, int64_t count,
+                                                          std::size_t offset, int64_t at, int64_t bytes) {
+  if (count <= 0)
+    return;
+  const uint8_t* p = rows.blocks[b] + offset + at;
+  for (int64_t r = 0; r < count; ++r, p += rows.row_stride)
+    for (int64_t l = 0; l < bytes; l += 64)
+      __builtin_prefetch(p + l, 0, 3);
+}
+
 // SAME: the m rows are query heads of one position n0 (attend_heads): every lane
 // sees keys 0..n0 (within the window), no causal staircase. LM: the lanes the
 // value pass computes (m <= LM; the others hold no row).
@@ -231,30 +247,63 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
   for (int t = 0; t < L; ++t)
     lanes[t] = static_cast<float>(t);
   v16 mx = v16{} - INFINITY;
+  // Key jj's scores (acc: the dot products of every lane) scaled, capped,
+  // masked, stored, and into the running maximum.
+  auto finish = [&](int64_t jj, v16 acc) __attribute__((always_inline)) {
+    acc *= scale;
+    if (cap > 0)
+      for (int t = 0; t < L; ++t)
+        acc[t] = cap * std::tanh(acc[t] * inv_cap);
+    if (!SAME && jj > n0) { // causal: lane t sees key jj only when jj <= n0 + t
+      const v16 from = v16{} + static_cast<float>(jj - n0);
+      acc = lanes >= from ? acc : v16{} - INFINITY;
+    }
+    if (!SAME && w > 0 && jj + w <= n0 + L - 1) { // window: lane t sees key jj only when n0 + t - jj < w
+      const v16 until = v16{} + static_cast<float>(jj - n0 + w - 1);
+      acc = lanes <= until ? acc : v16{} - INFINITY;
+    }
+    S[jj] = acc;
+    mx = mx > acc ? mx : acc;
+  };
+  // Four keys at a time in four independent chains (one chain of hd dependent
+  // multiply-adds per key waited on the previous one's latency: about 80 ns a
+  // key at head size 64); each lane still adds its products in order i = 0 ..
+  // hd-1, so every score is the same bits as one key at a time.
+  float tmp4[4][HD > 0 ? HD : 512];
+  prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.k_offset, 0, E::bytes(hd));
   for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
     const int64_t first = std::max<int64_t>(lo - j0, 0);
     const uint8_t* kp = rows.blocks[b] + rows.k_offset + static_cast<std::size_t>(first) * rows.row_stride;
     const int64_t cnt = std::min(bt, n - j0);
-    for (int64_t j = first; j < cnt; ++j, kp += rows.row_stride) {
+    const std::size_t rs = rows.row_stride;
+    // The next block's keys of this head, ahead of use: blocks lie anywhere in
+    // the pool, so the hardware prefetcher starts over at each one.
+    prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.k_offset, 0, E::bytes(hd));
+    int64_t j = first;
+    for (; j + 4 <= cnt; j += 4, kp += 4 * rs) {
+      const float* k0 = E::row(kp, hd, tmp4[0]);
+      const float* k1 = E::row(kp + rs, hd, tmp4[1]);
+      const float* k2 = E::row(kp + 2 * rs, hd, tmp4[2]);
+      const float* k3 = E::row(kp + 3 * rs, hd, tmp4[3]);
+      v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
+      for (int64_t i = 0; i < hd; ++i) {
+        const v16 qi = qt[i];
+        a0 += qi * k0[i];
+        a1 += qi * k1[i];
+        a2 += qi * k2[i];
+        a3 += qi * k3[i];
+      }
+      finish(j0 + j, a0);
+      finish(j0 + j + 1, a1);
+      finish(j0 + j + 2, a2);
+      finish(j0 + j + 3, a3);
+    }
+    for (; j < cnt; ++j, kp += rs) {
       const float* k = E::row(kp, hd, tmp);
       v16 acc = v16{};
       for (int64_t i = 0; i < hd; ++i)
         acc += qt[i] * k[i];
-      acc *= scale;
-      if (cap > 0)
-        for (int t = 0; t < L; ++t)
-          acc[t] = cap * std::tanh(acc[t] * inv_cap);
-      const int64_t jj = j0 + j;
-      if (!SAME && jj > n0) { // causal: lane t sees key jj only when jj <= n0 + t
-        const v16 from = v16{} + static_cast<float>(jj - n0);
-        acc = lanes >= from ? acc : v16{} - INFINITY;
-      }
-      if (!SAME && w > 0 && jj + w <= n0 + L - 1) { // window: lane t sees key jj only when n0 + t - jj < w
-        const v16 until = v16{} + static_cast<float>(jj - n0 + w - 1);
-        acc = lanes <= until ? acc : v16{} - INFINITY;
-      }
-      S[jj] = acc;
-      mx = mx > acc ? mx : acc;
+      finish(j0 + j, acc);
     }
   }
   v16 sum = v16{};
@@ -267,28 +316,49 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
   for (int64_t j = lo; j < n; ++j)
     S[j] = S[j] * inv; // probabilities; 0 where a row may not look
   if (hd % 16 == 0) {
-    // 16 output columns of all rows at a time: each value row is read once.
-    for (int64_t c = 0; c < hd; c += 16) {
-      v16 acc[L];
+    // 16 output columns of all rows at a time (32 when the rows fill at most 8
+    // lanes: two adjacent lines of each value row per pass, which the memory
+    // side streams better than one): each value row is read once. Every
+    // output is the same sum in the same order either way.
+    constexpr int64_t CW = LM <= 8 ? 2 : 1;
+    const int64_t cw = hd % (16 * CW) == 0 ? CW : 1;
+    for (int64_t c = 0; c < hd; c += 16 * cw) {
+      v16 acc[CW][L];
 #pragma GCC unroll 16
       for (int t = 0; t < L; ++t)
-        acc[t] = v16{};
+        for (int u = 0; u < CW; ++u)
+          acc[u][t] = v16{};
+      // These columns of the values two blocks ahead (a block's 16 keys take
+      // less time than a fetch from memory).
+      const int64_t v_at = E::bytes(c), v_bytes = std::max<int64_t>(E::bytes(16 * cw), 34);
+      prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.v_offset, v_at, v_bytes);
       for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
         const int64_t first = std::max<int64_t>(lo - j0, 0);
         const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rows.row_stride;
         const int64_t cnt = std::min(bt, n - j0);
+        prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.v_offset, v_at, v_bytes);
         for (int64_t j = first; j < cnt; ++j, vp += rows.row_stride) {
-          const v16 vj = E::get16(vp, c);
           // Each lane's weight broadcast from memory (a load, folded into the
           // multiply-add), not extracted from a register (a shuffle each).
           const float* p = scores_raw + (j0 + j) * L;
+          if (CW == 2 && cw == 2) {
+            const v16 v0 = E::get16(vp, c), v1 = E::get16(vp, c + 16);
 #pragma GCC unroll 16
-          for (int t = 0; t < LM; ++t)
-            acc[t] += p[t] * vj;
+            for (int t = 0; t < LM; ++t) {
+              acc[0][t] += p[t] * v0;
+              acc[CW - 1][t] += p[t] * v1;
+            }
+          } else {
+            const v16 vj = E::get16(vp, c);
+#pragma GCC unroll 16
+            for (int t = 0; t < LM; ++t)
+              acc[0][t] += p[t] * vj;
+          }
         }
       }
       for (int64_t t = 0; t < m; ++t)
-        __builtin_memcpy(out + t * out_stride + c, &acc[t], sizeof(v16));
+        for (int64_t u = 0; u < cw; ++u)
+          __builtin_memcpy(out + t * out_stride + c + 16 * u, &acc[u][t], sizeof(v16));
     }
     return;
   }
