@@ -286,6 +286,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
       const float* k2 = E::row(kp + 2 * rs, hd, tmp4[2]);
       const float* k3 = E::row(kp + 3 * rs, hd, tmp4[3]);
       v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
+#pragma GCC unroll 4
       for (int64_t i = 0; i < hd; ++i) {
         const v16 qi = qt[i];
         a0 += qi * k0[i];
@@ -293,10 +294,10 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
         a2 += qi * k2[i];
         a3 += qi * k3[i];
       }
-      finish(j0 + j, a0);
-      finish(j0 + j + 1, a1);
-      finish(j0 + j + 2, a2);
-      finish(j0 + j + 3, a3);
+      const v16 a[4] = {a0, a1, a2, a3};
+#pragma GCC unroll 1
+      for (int u = 0; u < 4; ++u)
+        finish(j0 + j + u, a[u]);
     }
     for (; j < cnt; ++j, kp += rs) {
       const float* k = E::row(kp, hd, tmp);
@@ -316,21 +317,15 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
   for (int64_t j = lo; j < n; ++j)
     S[j] = S[j] * inv; // probabilities; 0 where a row may not look
   if (hd % 16 == 0) {
-    // 16 output columns of all rows at a time (32 when the rows fill at most 8
-    // lanes: two adjacent lines of each value row per pass, which the memory
-    // side streams better than one): each value row is read once. Every
-    // output is the same sum in the same order either way.
-    constexpr int64_t CW = LM <= 8 ? 2 : 1;
-    const int64_t cw = hd % (16 * CW) == 0 ? CW : 1;
-    for (int64_t c = 0; c < hd; c += 16 * cw) {
-      v16 acc[CW][L];
+    // 16 output columns of all rows at a time: each value row is read once.
+    for (int64_t c = 0; c < hd; c += 16) {
+      v16 acc[L];
 #pragma GCC unroll 16
       for (int t = 0; t < L; ++t)
-        for (int u = 0; u < CW; ++u)
-          acc[u][t] = v16{};
+        acc[t] = v16{};
       // These columns of the values two blocks ahead (a block's 16 keys take
       // less time than a fetch from memory).
-      const int64_t v_at = E::bytes(c), v_bytes = std::max<int64_t>(E::bytes(16 * cw), 34);
+      const int64_t v_at = E::bytes(c), v_bytes = std::max<int64_t>(E::bytes(16), 34);
       prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.v_offset, v_at, v_bytes);
       for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
         const int64_t first = std::max<int64_t>(lo - j0, 0);
@@ -338,27 +333,17 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
         const int64_t cnt = std::min(bt, n - j0);
         prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.v_offset, v_at, v_bytes);
         for (int64_t j = first; j < cnt; ++j, vp += rows.row_stride) {
+          const v16 vj = E::get16(vp, c);
           // Each lane's weight broadcast from memory (a load, folded into the
           // multiply-add), not extracted from a register (a shuffle each).
           const float* p = scores_raw + (j0 + j) * L;
-          if (CW == 2 && cw == 2) {
-            const v16 v0 = E::get16(vp, c), v1 = E::get16(vp, c + 16);
 #pragma GCC unroll 16
-            for (int t = 0; t < LM; ++t) {
-              acc[0][t] += p[t] * v0;
-              acc[CW - 1][t] += p[t] * v1;
-            }
-          } else {
-            const v16 vj = E::get16(vp, c);
-#pragma GCC unroll 16
-            for (int t = 0; t < LM; ++t)
-              acc[0][t] += p[t] * vj;
-          }
+          for (int t = 0; t < LM; ++t)
+            acc[t] += p[t] * vj;
         }
       }
       for (int64_t t = 0; t < m; ++t)
-        for (int64_t u = 0; u < cw; ++u)
-          __builtin_memcpy(out + t * out_stride + c + 16 * u, &acc[u][t], sizeof(v16));
+        __builtin_memcpy(out + t * out_stride + c, &acc[t], sizeof(v16));
     }
     return;
   }
