@@ -46,8 +46,11 @@ constexpr int64_t attend_group = 16;
 /// attention at decode), query head t at q + t * head_dim, its output at
 /// out + t * head_dim, against cached rows 0..n-1: each key and value row is
 /// read once for all of them, not once per head. A head's result does not
-/// depend on m. `scores` has room for 16 * n floats.
+/// depend on m, and is the same bits as attend_rows gives the same query as row
+/// n-1 of a piece. `scores` has room for attend_scores_floats(n) floats.
 void attend_heads(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t head_dim, float scale,
                   float* scores, float* out);
+/// The scratch every kernel here needs against n cached rows.
+constexpr int64_t attend_scores_floats(int64_t n) { return attend_group * (n + 80); }
 
 } // namespace strata::model::detail

@@ -43,18 +43,112 @@ inline __attribute__((always_inline)) v16 exp16(v16 x) {
   return under ? v16{} : e;
 }
 
+// f16 bits to f32 with integer and float vector operations only (every target
+// clone has them; a _Float16 conversion would be a library call per value on
+// CPUs without AVX-512 FP16): exponent and mantissa shifted into place and
+// rebiased by one exact multiplication (normals and subnormals alike), inf and
+// NaN kept, the sign put back.
+typedef uint32_t vu16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+
+// f16 bits (the low half of each 32-bit lane, the high half zero) to f32.
+inline __attribute__((always_inline)) v16 f16_bits_to_f32(vu16 x) {
+  const vu16 em = x & 0x7fffu;
+  const v16 scaled = reinterpret_cast<v16>(em << 13) * 0x1p112f;
+  const vu16 special = reinterpret_cast<vu16>(em >= 0x7c00u); // inf / NaN: all ones where so
+  const vu16 bits = (reinterpret_cast<vu16>(scaled) & ~special) | ((0x7f800000u | ((em & 0x3ffu) << 13)) & special);
+  return reinterpret_cast<v16>(bits | ((x & 0x8000u) << 16));
+}
+inline __attribute__((always_inline)) v16 f16_to_f32_16(const uint8_t* p) {
+  typedef uint16_t h16 __attribute__((vector_size(32), aligned(2)));
+  h16 h;
+  __builtin_memcpy(&h, p, sizeof h);
+  return f16_bits_to_f32(__builtin_convertvector(h, vu16));
+}
+
+// Transposes 16 vectors of 16 lanes in place (R[r][c] becomes R[c][r]): the
+// off-diagonal halves of each 2B x 2B square swap, for B = 8, 4, 2, 1.
+template <int B>
+inline __attribute__((always_inline)) void transpose_stage(vu16* R) {
+#define STRATA_IA(c) (((c) & B) ? 16 + (c) - B : (c))
+#define STRATA_IB(c) (((c) & B) ? 16 + (c) : (c) + B)
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r)
+    if ((r & B) == 0) {
+      const vu16 a = R[r], b = R[r + B];
+      R[r] = __builtin_shufflevector(a, b, STRATA_IA(0), STRATA_IA(1), STRATA_IA(2), STRATA_IA(3), STRATA_IA(4),
+                                     STRATA_IA(5), STRATA_IA(6), STRATA_IA(7), STRATA_IA(8), STRATA_IA(9),
+                                     STRATA_IA(10), STRATA_IA(11), STRATA_IA(12), STRATA_IA(13), STRATA_IA(14),
+                                     STRATA_IA(15));
+      R[r + B] = __builtin_shufflevector(a, b, STRATA_IB(0), STRATA_IB(1), STRATA_IB(2), STRATA_IB(3), STRATA_IB(4),
+                                         STRATA_IB(5), STRATA_IB(6), STRATA_IB(7), STRATA_IB(8), STRATA_IB(9),
+                                         STRATA_IB(10), STRATA_IB(11), STRATA_IB(12), STRATA_IB(13), STRATA_IB(14),
+                                         STRATA_IB(15));
+    }
+#undef STRATA_IA
+#undef STRATA_IB
+}
+inline __attribute__((always_inline)) void transpose16(vu16* R) {
+  transpose_stage<8>(R);
+  transpose_stage<4>(R);
+  transpose_stage<2>(R);
+  transpose_stage<1>(R);
+}
+
+// Bytes [at, at + len) of each of 16 rows into the lanes' first len bytes (the
+// rest zero), then transposed: R[u] holds 32-bit unit u of every row.
+inline __attribute__((always_inline)) void load_units(const uint8_t* const* p, int64_t at, int64_t len, vu16* R) {
+  for (int r = 0; r < 16; ++r) {
+    if (len == 64) {
+      __builtin_memcpy(&R[r], p[r] + at, 64);
+    } else {
+      R[r] = vu16{};
+      __builtin_memcpy(&R[r], p[r] + at, static_cast<std::size_t>(len));
+    }
+  }
+  transpose16(R);
+}
+
 // Cached rows in their stored type, read as f32: E::row(p, n, tmp) gives the n
 // values at p as floats (p itself for f32, else converted into tmp); E::get16(p,
 // c) the 16 values from c (c a multiple of 16).
+// E::keys16(p, hd, kt): the hd values of 16 rows (p[r], as E::row reads them)
+// transposed: kt[i] holds value i of every row, one row a lane.
 struct KvF32 {
   static constexpr int64_t bytes(int64_t n) { return 4 * n; } // of n values (a whole number of blocks)
+  static inline __attribute__((always_inline)) void keys16(const uint8_t* const* p, int64_t hd, v16* kt) {
+    for (int64_t c0 = 0; c0 < hd; c0 += 16) {
+      const int64_t w = std::min<int64_t>(16, hd - c0);
+      vu16 R[16];
+      load_units(p, 4 * c0, 4 * w, R);
+      for (int64_t c = 0; c < w; ++c)
+        kt[c0 + c] = reinterpret_cast<v16>(R[c]);
+    }
+  }
   static const float* row(const uint8_t* p, int64_t, float*) { return reinterpret_cast<const float*>(p); }
   static inline __attribute__((always_inline)) v16 get16(const uint8_t* p, int64_t c) {
     return load16(reinterpret_cast<const float*>(p) + c);
   }
 };
+// Two 16-bit values a 32-bit unit: value 2u in its low half, 2u + 1 in its high.
+template <class Conv>
+inline __attribute__((always_inline)) void keys16_pairs(const uint8_t* const* p, int64_t hd, v16* kt, Conv conv) {
+  for (int64_t c0 = 0; c0 < hd; c0 += 32) {
+    const int64_t w = std::min<int64_t>(32, hd - c0);
+    vu16 R[16];
+    load_units(p, 2 * c0, 2 * w, R);
+    for (int64_t u = 0; 2 * u < w; ++u) {
+      kt[c0 + 2 * u] = conv(R[u] & 0xffffu);
+      if (2 * u + 1 < w)
+        kt[c0 + 2 * u + 1] = conv(R[u] >> 16);
+    }
+  }
+}
 struct KvBf16 {
   static constexpr int64_t bytes(int64_t n) { return 2 * n; }
+  static inline __attribute__((always_inline)) void keys16(const uint8_t* const* p, int64_t hd, v16* kt) {
+    keys16_pairs(p, hd, kt, [](vu16 b) __attribute__((always_inline)) { return reinterpret_cast<v16>(b << 16); });
+  }
   static const float* row(const uint8_t* p, int64_t n, float* tmp) {
     const auto* h = reinterpret_cast<const uint16_t*>(p);
 #pragma omp simd
@@ -70,26 +164,11 @@ struct KvBf16 {
     return reinterpret_cast<v16>(__builtin_convertvector(h, u16v) << 16);
   }
 };
-// f16 bits to f32 with integer and float vector operations only (every target
-// clone has them; a _Float16 conversion would be a library call per value on
-// CPUs without AVX-512 FP16): exponent and mantissa shifted into place and
-// rebiased by one exact multiplication (normals and subnormals alike), inf and
-// NaN kept, the sign put back.
-inline __attribute__((always_inline)) v16 f16_to_f32_16(const uint8_t* p) {
-  typedef uint16_t h16 __attribute__((vector_size(32), aligned(2)));
-  typedef uint32_t u16v __attribute__((vector_size(64)));
-  h16 h;
-  __builtin_memcpy(&h, p, sizeof h);
-  const u16v x = __builtin_convertvector(h, u16v);
-  const u16v em = x & 0x7fffu;
-  const v16 scaled = reinterpret_cast<v16>(em << 13) * 0x1p112f;
-  const u16v special = reinterpret_cast<u16v>(em >= 0x7c00u); // inf / NaN: all ones where so
-  const u16v bits = (reinterpret_cast<u16v>(scaled) & ~special) | ((0x7f800000u | ((em & 0x3ffu) << 13)) & special);
-  return reinterpret_cast<v16>(bits | ((x & 0x8000u) << 16));
-}
-
 struct KvF16 {
   static constexpr int64_t bytes(int64_t n) { return 2 * n; }
+  static inline __attribute__((always_inline)) void keys16(const uint8_t* const* p, int64_t hd, v16* kt) {
+    keys16_pairs(p, hd, kt, [](vu16 b) __attribute__((always_inline)) { return f16_bits_to_f32(b); });
+  }
   static const float* row(const uint8_t* p, int64_t n, float* tmp) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -109,10 +188,47 @@ struct KvF16 {
 };
 struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
   static constexpr int64_t bytes(int64_t n) { return 34 * (n / 32); }
+  // The f16 scale as f32 by f16_bits_to_f32's arithmetic on one lane (a
+  // _Float16 conversion is a library call where AVX-512 FP16 is missing).
   static inline __attribute__((always_inline)) float scale(const uint8_t* blk) {
-    _Float16 d;
-    __builtin_memcpy(&d, blk, 2);
-    return static_cast<float>(d);
+    uint16_t h;
+    __builtin_memcpy(&h, blk, 2);
+    const uint32_t x = h, em = x & 0x7fffu;
+    float f = __builtin_bit_cast(float, em << 13) * 0x1p112f;
+    if (em >= 0x7c00u)
+      f = __builtin_bit_cast(float, 0x7f800000u | ((em & 0x3ffu) << 13));
+    return __builtin_bit_cast(float, __builtin_bit_cast(uint32_t, f) | ((x & 0x8000u) << 16));
+  }
+  // Two blocks a transposition: unit u < 8 holds values 4u .. 4u+3 of the
+  // first, unit 8 + u those of the second; each value d * q as row() makes it.
+  static inline __attribute__((always_inline)) void keys16(const uint8_t* const* p, int64_t hd, v16* kt) {
+    const int64_t nb = hd / 32;
+    for (int64_t b0 = 0; b0 < nb; b0 += 2) {
+      const bool two = b0 + 1 < nb;
+      vu16 R[16], d0, d1 = vu16{};
+      for (int r = 0; r < 16; ++r) {
+        const uint8_t* blk = p[r] + 34 * b0;
+        uint16_t h;
+        __builtin_memcpy(&h, blk, 2);
+        d0[r] = h;
+        R[r] = vu16{};
+        __builtin_memcpy(&R[r], blk + 2, 32);
+        if (two) {
+          __builtin_memcpy(&h, blk + 34, 2);
+          d1[r] = h;
+          __builtin_memcpy(reinterpret_cast<uint8_t*>(&R[r]) + 32, blk + 36, 32);
+        }
+      }
+      transpose16(R);
+      const v16 s0 = f16_bits_to_f32(d0), s1 = f16_bits_to_f32(d1);
+      for (int u = 0; u < (two ? 16 : 8); ++u) {
+        const v16 d = u < 8 ? s0 : s1;
+        const vi16 x = reinterpret_cast<vi16>(R[u]);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k)
+          kt[32 * b0 + 4 * u + k] = __builtin_convertvector((x << (24 - 8 * k)) >> 24, v16) * d;
+      }
+    }
   }
   static const float* row(const uint8_t* p, int64_t n, float* tmp) {
     for (int64_t b = 0; b < n / 32; ++b) {
@@ -130,7 +246,8 @@ struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
     const uint8_t* blk = p + 34 * (c / 32);
     i16v q;
     __builtin_memcpy(&q, blk + 2 + c % 32, sizeof q);
-    return __builtin_convertvector(q, v16) * scale(blk);
+    // (through int32: a direct int8 -> float conversion is done lane by lane)
+    return __builtin_convertvector(__builtin_convertvector(q, vi16), v16) * scale(blk);
   }
 };
 
@@ -215,10 +332,18 @@ inline __attribute__((always_inline)) void prefetch_block(const CacheRows& rows,
       __builtin_prefetch(p + l, 0, 3);
 }
 
-// SAME: the m rows are query heads of one position n0 (attend_heads): every lane
-// sees keys 0..n0 (within the window), no causal staircase. LM: the lanes the
-// value pass computes (m <= LM; the others hold no row).
-template <class E, int HD, bool SAME = false, int LM = attend_group>
+// The sum of a softmax's weights, the same bits in every kernel: weight j
+// into part j % 16 (in order of j), then the parts as hsum adds lanes.
+inline __attribute__((always_inline)) v16 sum_parts(const v16* part) {
+  v16 a[8], b[4];
+  for (int l = 0; l < 8; ++l)
+    a[l] = part[l] + part[l + 8];
+  for (int l = 0; l < 4; ++l)
+    b[l] = a[l] + a[l + 4];
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+template <class E, int HD>
 inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int64_t q_stride, int64_t m,
                                                             const CacheRows& rows, int64_t n0, int64_t hd_rt,
                                                             float scale, float* scores_raw, float* out,
@@ -234,7 +359,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
       lane[t] = q[t * q_stride + i];
     qt[i] = load16(lane);
   }
-  const int64_t n = SAME ? n0 + 1 : n0 + m;
+  const int64_t n = n0 + m;
   const int64_t bt = rows.block_tokens;
   // Row t (at position n0 + t) sees keys [n0 + t + 1 - window, n0 + t]: the
   // earliest any row sees is row 0's first, and blocks before it are not read.
@@ -254,11 +379,11 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
     if (cap > 0)
       for (int t = 0; t < L; ++t)
         acc[t] = cap * std::tanh(acc[t] * inv_cap);
-    if (!SAME && jj > n0) { // causal: lane t sees key jj only when jj <= n0 + t
+    if (jj > n0) { // causal: lane t sees key jj only when jj <= n0 + t
       const v16 from = v16{} + static_cast<float>(jj - n0);
       acc = lanes >= from ? acc : v16{} - INFINITY;
     }
-    if (!SAME && w > 0 && jj + w <= n0 + L - 1) { // window: lane t sees key jj only when n0 + t - jj < w
+    if (w > 0 && jj + w <= n0 + L - 1) { // window: lane t sees key jj only when n0 + t - jj < w
       const v16 until = v16{} + static_cast<float>(jj - n0 + w - 1);
       acc = lanes <= until ? acc : v16{} - INFINITY;
     }
@@ -307,13 +432,13 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
       finish(j0 + j, acc);
     }
   }
-  v16 sum = v16{};
+  v16 part[16] = {};
   for (int64_t j = lo; j < n; ++j) {
     const v16 e = exp16(S[j] - mx);
     S[j] = e;
-    sum += e;
+    part[j & 15] += e;
   }
-  const v16 inv = 1.0f / sum;
+  const v16 inv = 1.0f / sum_parts(part);
   for (int64_t j = lo; j < n; ++j)
     S[j] = S[j] * inv; // probabilities; 0 where a row may not look
   if (hd % 16 == 0) {
@@ -338,12 +463,15 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
           // multiply-add), not extracted from a register (a shuffle each).
           const float* p = scores_raw + (j0 + j) * L;
 #pragma GCC unroll 16
-          for (int t = 0; t < LM; ++t)
+          for (int t = 0; t < L; ++t)
             acc[t] += p[t] * vj;
         }
       }
-      for (int64_t t = 0; t < m; ++t)
-        __builtin_memcpy(out + t * out_stride + c, &acc[t], sizeof(v16));
+      // (constant indices: a run-time one would keep acc in memory)
+#pragma GCC unroll 16
+      for (int t = 0; t < L; ++t)
+        if (t < m)
+          __builtin_memcpy(out + t * out_stride + c, &acc[t], sizeof(v16));
     }
     return;
   }
@@ -351,7 +479,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
     float* o = out + t * out_stride;
     for (int64_t i = 0; i < hd; ++i)
       o[i] = 0.f;
-    const int64_t nt = SAME ? n : n0 + t + 1;
+    const int64_t nt = n0 + t + 1;
     for (int64_t j0 = b0 * bt, b = b0; j0 < nt; j0 += bt, ++b) {
       const int64_t first = std::max<int64_t>(lo - j0, 0);
       const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rows.row_stride;
@@ -367,6 +495,178 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
   }
 }
 
+
+// The row pointers of the 16 keys from cs (a multiple of 16), at byte `off` of
+// each row; a key outside [lo, n) points at key lo's row (its lanes are masked:
+// its block may be gone, or not yet exist).
+inline __attribute__((always_inline)) void key_ptrs(const CacheRows& rows, std::size_t off, int64_t cs, int64_t lo,
+                                                    int64_t n, const uint8_t** p) {
+  const int64_t bt = rows.block_tokens;
+  const std::size_t rs = rows.row_stride;
+  int64_t b = cs / bt, slot = cs % bt;
+  const uint8_t* safe = rows.blocks[lo / bt] + off + static_cast<std::size_t>(lo % bt) * rs;
+  for (int r = 0; r < 16; ++r) {
+    const int64_t j = cs + r;
+    p[r] = j >= lo && j < n ? rows.blocks[b] + off + static_cast<std::size_t>(slot) * rs : safe;
+    if (++slot == bt) {
+      slot = 0;
+      ++b;
+    }
+  }
+}
+
+// m <= MH query heads of one position that share a kv head (a decode step of
+// grouped-query attention) against keys [lo, n). Keys are the lanes: 16 keys'
+// rows are transposed (E::keys16) so that each head's scores of 16 keys are one
+// chain of hd multiply-adds (C groups of 16 keys at once: C * MH chains, enough
+// to hide the latency), and each head's softmax runs 16 keys a vector. Every
+// number is the same bits as attend_rows gives the same query row: a score adds
+// its products in order i = 0 .. hd-1, the weights' sum goes by j % 16
+// (sum_parts), the value pass adds keys in order. Scores are kept as
+// [16-key chunk][head][16], so the value pass reads every head's weight of a key
+// at fixed offsets.
+template <class E, int HD, int MH>
+inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int64_t m, const CacheRows& rows, int64_t n,
+                                                             int64_t hd_rt, float scale, float* scores, float* out) {
+  const int64_t hd = HD > 0 ? HD : hd_rt;
+  constexpr int C = HD == 0 || MH >= 16 ? 1 : MH >= 8 ? 2 : 4;
+  constexpr int64_t HM = HD > 0 ? HD : 256;
+  float qb[MH][HM];
+  for (int h = 0; h < MH; ++h)
+    for (int64_t i = 0; i < hd; ++i)
+      qb[h][i] = h < m ? q[h * hd + i] : 0.f;
+  const int64_t w = rows.window;
+  const int64_t lo = w > 0 ? std::max<int64_t>(0, n - w) : 0;
+  const int64_t base = lo & ~int64_t{15};
+  const float cap = rows.softcap, inv_cap = cap > 0 ? 1.0f / cap : 0.f;
+  v16 lanes;
+  for (int t = 0; t < 16; ++t)
+    lanes[t] = static_cast<float>(t);
+  v16 mx[MH];
+  for (int h = 0; h < MH; ++h)
+    mx[h] = v16{} - INFINITY;
+  v16 kt[C][HM];
+  const uint8_t* ptr[16];
+  const int64_t kbytes = E::bytes(hd);
+  for (int64_t c0 = base; c0 < n; c0 += 16 * C) {
+    // The keys two groups ahead, while these are computed (blocks lie anywhere
+    // in the pool: the hardware prefetcher starts over at each one).
+    for (int c = 0; c < C; ++c) {
+      const int64_t ahead = c0 + 16 * (2 * C + c);
+      if (ahead < n) {
+        key_ptrs(rows, rows.k_offset, ahead, lo, n, ptr);
+        for (int r = 0; r < 16; ++r)
+          for (int64_t l = 0; l < kbytes; l += 64)
+            __builtin_prefetch(ptr[r] + l, 0, 3);
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      key_ptrs(rows, rows.k_offset, c0 + 16 * c, lo, n, ptr);
+      E::keys16(ptr, hd, kt[c]);
+    }
+    v16 acc[C][MH];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c)
+#pragma GCC unroll 16
+      for (int h = 0; h < MH; ++h)
+        acc[c][h] = v16{};
+    for (int64_t i = 0; i < hd; ++i) {
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) {
+        const v16 k = kt[c][i];
+#pragma GCC unroll 16
+        for (int h = 0; h < MH; ++h)
+          acc[c][h] += qb[h][i] * k;
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      const int64_t cs = c0 + 16 * c;
+      // lane r is key cs + r: seen when lo <= cs + r < n
+      const v16 from = v16{} + static_cast<float>(lo - cs), until = v16{} + static_cast<float>(n - cs);
+      const auto seen = lanes >= from && lanes < until;
+      float* S = scores + (cs - base) * MH;
+      for (int h = 0; h < MH; ++h) {
+        v16 a = acc[c][h] * scale;
+        if (cap > 0)
+          for (int t = 0; t < 16; ++t)
+            a[t] = cap * std::tanh(a[t] * inv_cap);
+        a = seen ? a : v16{} - INFINITY;
+        __builtin_memcpy(S + 16 * h, &a, sizeof a);
+        mx[h] = mx[h] > a ? mx[h] : a;
+      }
+    }
+  }
+  // Each head's weights, 16 keys a vector: e^(s - max), summed by j % 16.
+  const int64_t chunks = (n - base + 15) / 16;
+  for (int h = 0; h < std::min<int64_t>(m, MH); ++h) {
+    float top = -INFINITY;
+    for (int t = 0; t < 16; ++t)
+      top = std::max(top, mx[h][t]);
+    v16 part = v16{};
+    float* S = scores + 16 * h;
+    for (int64_t k = 0; k < chunks; ++k) {
+      const v16 e = exp16(load16(S + k * 16 * MH) - top);
+      __builtin_memcpy(S + k * 16 * MH, &e, sizeof e);
+      part += e;
+    }
+    const float inv = 1.0f / hsum(part);
+    for (int64_t k = 0; k < chunks; ++k) {
+      const v16 p = load16(S + k * 16 * MH) * inv;
+      __builtin_memcpy(S + k * 16 * MH, &p, sizeof p);
+    }
+  }
+  const int64_t bt = rows.block_tokens;
+  const int64_t b0 = lo / bt;
+  const std::size_t rs = rows.row_stride;
+  if (hd % 16 == 0) {
+    // 16 output columns of every head at a time: each value row is read once.
+    for (int64_t c = 0; c < hd; c += 16) {
+      v16 acc[MH];
+#pragma GCC unroll 16
+      for (int t = 0; t < MH; ++t)
+        acc[t] = v16{};
+      const int64_t v_at = E::bytes(c), v_bytes = std::max<int64_t>(E::bytes(16), 34);
+      prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.v_offset, v_at, v_bytes);
+      for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
+        const int64_t first = std::max<int64_t>(lo - j0, 0);
+        const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rs;
+        const int64_t cnt = std::min(bt, n - j0);
+        prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.v_offset, v_at, v_bytes);
+        for (int64_t j = j0 + first; j < j0 + cnt; ++j, vp += rs) {
+          const v16 vj = E::get16(vp, c);
+          // key j's weights: chunk (j - base) / 16, lane j % 16, a head every 16
+          const float* p = scores + ((j - base) >> 4) * 16 * MH + (j & 15);
+#pragma GCC unroll 16
+          for (int t = 0; t < MH; ++t)
+            acc[t] += p[16 * t] * vj;
+        }
+      }
+#pragma GCC unroll 16
+      for (int t = 0; t < MH; ++t) // (constant indices: a run-time one would keep acc in memory)
+        if (t < m)
+          __builtin_memcpy(out + t * hd + c, &acc[t], sizeof(v16));
+    }
+    return;
+  }
+  float tmp[HM];
+  for (int64_t t = 0; t < m; ++t) {
+    float* o = out + t * hd;
+    for (int64_t i = 0; i < hd; ++i)
+      o[i] = 0.f;
+    for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
+      const int64_t first = std::max<int64_t>(lo - j0, 0);
+      const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rs;
+      const int64_t cnt = std::min(bt, n - j0);
+      for (int64_t j = j0 + first; j < j0 + cnt; ++j, vp += rs) {
+        const float* v = E::row(vp, hd, tmp);
+        const float a = scores[((j - base) >> 4) * 16 * MH + 16 * t + (j & 15)];
+#pragma omp simd
+        for (int64_t i = 0; i < hd; ++i)
+          o[i] += a * v[i];
+      }
+    }
+  }
+}
 
 // The head sizes with a kernel of their own (loops unrolled at compile time):
 // every other size goes through the run-time loop, with the same arithmetic.
@@ -391,20 +691,22 @@ inline __attribute__((always_inline)) void attend_rows_typed(const float* q, int
   }
 }
 
-// The value pass over as few lanes as hold heads (groups of 2-4, 5-8, 9-16).
-template <class E, int LM>
+template <class E, int MH>
 inline __attribute__((always_inline)) void attend_heads_lanes(const float* q, int64_t m, const CacheRows& rows, int64_t n,
                                                               int64_t hd, float scale, float* scores, float* out) {
   switch (hd) {
-    case 64: return attend_rows_impl<E, 64, true, LM>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
-    case 128: return attend_rows_impl<E, 128, true, LM>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
-    default: return attend_rows_impl<E, 0, true, LM>(q, hd, m, rows, n - 1, hd, scale, scores, out, hd);
+    case 64: return attend_heads_impl<E, 64, MH>(q, m, rows, n, hd, scale, scores, out);
+    case 128: return attend_heads_impl<E, 128, MH>(q, m, rows, n, hd, scale, scores, out);
+    default: return attend_heads_impl<E, 0, MH>(q, m, rows, n, hd, scale, scores, out);
   }
 }
 
+// As few head lanes as hold the heads (1-2, 3-4, 5-8, 9-16).
 template <class E>
 inline __attribute__((always_inline)) void attend_heads_typed(const float* q, int64_t m, const CacheRows& rows, int64_t n,
                                                               int64_t hd, float scale, float* scores, float* out) {
+  if (m <= 2)
+    return attend_heads_lanes<E, 2>(q, m, rows, n, hd, scale, scores, out);
   if (m <= 4)
     return attend_heads_lanes<E, 4>(q, m, rows, n, hd, scale, scores, out);
   if (m <= 8)

@@ -212,7 +212,7 @@ struct Pass {
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, max_ctx * hd));
     at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> scores;
-      const auto need = static_cast<std::size_t>(detail::attend_group * (max_ctx + 1));
+      const auto need = static_cast<std::size_t>(detail::attend_scores_floats(max_ctx + 1));
       if (scores.size() < need)
         scores.resize(need);
       for (int64_t it = begin; it < end; ++it) {

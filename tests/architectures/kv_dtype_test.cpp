@@ -37,7 +37,8 @@ struct KvDtypes : ::testing::TestWithParam<const char*> {
 // shard, weights from `file`, keys and values kept as `type`. Session i starts
 // once session 0 has streamed i tokens; session 2's tail shard evicts it at
 // token 10, and the middle shard is killed (and replaced) while session 5 is
-// at token 12. Each session equals its stateless run alone.
+// at token 12. Each session equals its stateless run alone (against_stateless)
+// or the same request alone through the same shards.
 void staggered_with_faults(caf::actor_system& sys, const std::string& file, const std::string& type,
                            bool against_stateless = true, int64_t prefill_chunk = 8) {
   STRATA_REQUIRE_SHARED("models/gguf/gemma3-rand.gguf-ref.json");
@@ -90,8 +91,14 @@ void staggered_with_faults(caf::actor_system& sys, const std::string& file, cons
     EXPECT_EQ(s.kv_dtype, type);
 }
 
+// Over f32 weights each session is compared with the same request alone
+// through the same shards (bit for bit): a single-process stateless
+// recomputation multiplies its long sequence through sgemm, whose other order
+// of additions leaves it within 0.002 of the cached logits
+// (GgufArchitecture.CachedEqualsStateless), and a near-tie of these prompts
+// (session 4, step 38: margin 0.0001 with an f16 cache) may go either way.
 TEST_P(KvDtypes, StaggeredSessionsThroughThreeShardsWithFaultsEqualAlone) {
-  staggered_with_faults(sys, "gemma3-rand-f32.gguf", GetParam());
+  staggered_with_faults(sys, "gemma3-rand-f32.gguf", GetParam(), false);
 }
 
 // The same crowd over quantized weights, which the packed kernels multiply

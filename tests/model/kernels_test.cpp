@@ -91,7 +91,7 @@ TEST(Kernels, GroupedAttentionEqualsOneRowAttentionForEveryKvType) {
           const int64_t qs = 3 * hd;
           auto q = random(static_cast<std::size_t>(m * qs), 99);
           std::vector<float> out(static_cast<std::size_t>(m * qs)), ref(static_cast<std::size_t>(hd));
-          std::vector<float> scores(static_cast<std::size_t>(16 * (n0 + m + 1)));
+          std::vector<float> scores(static_cast<std::size_t>(attend_scores_floats(n0 + m + 1)));
           attend_rows(q.data(), qs, m, rows, n0, hd, scale, scores.data(), out.data(), qs);
           for (int64_t t = 0; t < m; ++t) {
             attend(q.data() + t * qs, rows, n0 + t + 1, hd, scale, scores.data(), ref.data());
@@ -135,6 +135,58 @@ TEST(Kernels, GroupedAttentionEqualsOneRowAttentionForEveryKvType) {
                 << "a head's result depends on the others";
             }
           }
+        }
+    }
+}
+
+// A decode step's heads (attend_heads: keys in lanes) are the same bits as the
+// prefill kernel (attend_rows: query rows in lanes) gives the same query at the
+// same position, alone or as the last row of a piece, with sliding windows and
+// soft-capping: what makes a cached decode equal a stateless recomputation.
+TEST(Kernels, DecodeHeadsEqualPrefillRowsBitForBit) {
+  const int64_t bt = 32, blocks = 6;
+  for (WType type : {WType::f32, WType::bf16, WType::f16, WType::q8_0})
+    for (int64_t hd : {8, 32, 48, 64, 96, 128}) {
+      if (type == WType::q8_0 && hd % 32 != 0)
+        continue;
+      const int64_t kv = hd;
+      const std::size_t stride = row_bytes(type, kv);
+      std::vector<std::vector<uint8_t>> store;
+      std::vector<const uint8_t*> ptrs;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const auto x = random(static_cast<std::size_t>(2 * bt * kv), static_cast<uint32_t>(20 + b));
+        store.emplace_back(2 * bt * stride);
+        quantize(type, x.data(), store.back().data(), 2 * bt * kv);
+        ptrs.push_back(store.back().data());
+      }
+      for (int64_t window : {0, 17, 40})
+        for (float cap : {0.f, 3.f}) {
+          SCOPED_TRACE(std::string(to_string(type)) + " hd " + std::to_string(hd) + " window " + std::to_string(window) +
+                       " cap " + std::to_string(cap));
+          const CacheRows rows{ptrs.data(), bt, stride, 0, bt * stride, window, cap, type};
+          const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+          for (int64_t m : {1, 2, 3, 7, 8, 12, 16})
+            for (int64_t n : {1, 15, 16, 17, 33, 70, 150, 192}) {
+              const auto q = random(static_cast<std::size_t>(16 * hd), static_cast<uint32_t>(7 * m + n));
+              std::vector<float> heads(static_cast<std::size_t>(m * hd)), row(static_cast<std::size_t>(hd));
+              std::vector<float> piece(static_cast<std::size_t>(16 * hd));
+              std::vector<float> scores(static_cast<std::size_t>(attend_scores_floats(n + 1)));
+              attend_heads(q.data(), m, rows, n, hd, scale, scores.data(), heads.data());
+              for (int64_t t = 0; t < m; ++t) {
+                attend_rows(q.data() + t * hd, hd, 1, rows, n - 1, hd, scale, scores.data(), row.data(), hd);
+                // The same query as the last of a piece of up to 16 rows.
+                const int64_t rows_in = std::min<int64_t>(16, n);
+                std::vector<float> qp(static_cast<std::size_t>(rows_in * hd));
+                std::copy(q.begin() + t * hd, q.begin() + (t + 1) * hd, qp.begin() + (rows_in - 1) * hd);
+                attend_rows(qp.data(), hd, rows_in, rows, n - rows_in, hd, scale, scores.data(), piece.data(), hd);
+                for (int64_t i = 0; i < hd; ++i) {
+                  ASSERT_EQ(heads[static_cast<std::size_t>(t * hd + i)], row[static_cast<std::size_t>(i)])
+                    << "m " << m << " n " << n << " head " << t << " column " << i;
+                  ASSERT_EQ(row[static_cast<std::size_t>(i)], piece[static_cast<std::size_t>((rows_in - 1) * hd + i)])
+                    << "m " << m << " n " << n << " head " << t << " column " << i;
+                }
+              }
+            }
         }
     }
 }
