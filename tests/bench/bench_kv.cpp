@@ -26,11 +26,7 @@ int kv_bench_main(int argc, char** argv) {
   const fs::path dir = argc > 2 ? argv[2] : "build/bench-models";
   const char* env = std::getenv("LLAMA_CPP_BIN");
   const std::string llama = argc > 3 ? argv[3] : env ? env : "";
-  if (llama.empty() || !fs::exists(fs::path(llama) / "llama-quantize")) {
-    std::printf("strata_bench kv needs llama.cpp's llama-quantize (for Q8_0 weights): set LLAMA_CPP_BIN\n");
-    return 2;
-  }
-  const bool peer = fs::exists(fs::path(llama) / "llama-bench");
+  const bool peer = !llama.empty() && fs::exists(fs::path(llama) / "llama-bench");
   const char* threads_env = std::getenv("STRATA_BENCH_THREADS");
   const int threads = std::max(1, threads_env ? std::atoi(threads_env) : 2);
   const char* depth_env = std::getenv("STRATA_BENCH_DEPTH");
@@ -41,6 +37,11 @@ int kv_bench_main(int argc, char** argv) {
   if (!fs::exists(f32))
     make_model(s, f32);
   const auto q = dir / (s.file + "-q8_0-pure.gguf");
+  // (a Q8_0 file written by an earlier run is measured without llama.cpp)
+  if (!fs::exists(q) && (llama.empty() || !fs::exists(fs::path(llama) / "llama-quantize"))) {
+    std::printf("strata_bench kv needs llama.cpp's llama-quantize (for Q8_0 weights): set LLAMA_CPP_BIN\n");
+    return 2;
+  }
   if (!quantize_file(llama, f32, q, "Q8_0", "--pure"))
     return 1;
   std::printf("# strata_bench kv\n\n%s (Q8_0 weights), %d threads; decode tok/s: median of 24 steps after a context "
