@@ -117,6 +117,7 @@ inline __attribute__((always_inline)) void load_units(const uint8_t* const* p, i
 struct KvF32 {
   static constexpr int64_t bytes(int64_t n) { return 4 * n; } // of n values (a whole number of blocks)
   static inline __attribute__((always_inline)) void keys16(const uint8_t* const* p, int64_t hd, v16* kt) {
+#pragma GCC unroll 1
     for (int64_t c0 = 0; c0 < hd; c0 += 16) {
       const int64_t w = std::min<int64_t>(16, hd - c0);
       vu16 R[16];
@@ -133,6 +134,7 @@ struct KvF32 {
 // Two 16-bit values a 32-bit unit: value 2u in its low half, 2u + 1 in its high.
 template <class Conv>
 inline __attribute__((always_inline)) void keys16_pairs(const uint8_t* const* p, int64_t hd, v16* kt, Conv conv) {
+#pragma GCC unroll 1
   for (int64_t c0 = 0; c0 < hd; c0 += 32) {
     const int64_t w = std::min<int64_t>(32, hd - c0);
     vu16 R[16];
@@ -203,6 +205,7 @@ struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
   // first, unit 8 + u those of the second; each value d * q as row() makes it.
   static inline __attribute__((always_inline)) void keys16(const uint8_t* const* p, int64_t hd, v16* kt) {
     const int64_t nb = hd / 32;
+#pragma GCC unroll 1
     for (int64_t b0 = 0; b0 < nb; b0 += 2) {
       const bool two = b0 + 1 < nb;
       vu16 R[16], d0, d1 = vu16{};
@@ -570,6 +573,7 @@ inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int
 #pragma GCC unroll 16
       for (int h = 0; h < MH; ++h)
         acc[c][h] = v16{};
+#pragma GCC unroll 2
     for (int64_t i = 0; i < hd; ++i) {
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) {
