@@ -335,6 +335,42 @@ inline __attribute__((always_inline)) void prefetch_block(const CacheRows& rows,
       __builtin_prefetch(p + l, 0, 3);
 }
 
+// The value pass of m <= L lanes over keys [lo, n) (hd a multiple of 16), 16
+// output columns at a time, each value row read once for all lanes: lane t's
+// weight of key j at at(j)[STRIDE * t], its output at out + t * out_stride.
+template <class E, int L, int STRIDE, class At>
+inline __attribute__((always_inline)) void value_columns(const CacheRows& rows, int64_t lo, int64_t n, int64_t hd,
+                                                         int64_t m, At at, float* out, int64_t out_stride) {
+  const int64_t bt = rows.block_tokens, b0 = lo / bt;
+  const std::size_t rs = rows.row_stride;
+  for (int64_t c = 0; c < hd; c += 16) {
+    v16 acc[L] = {};
+    // These columns of the values two blocks ahead (a block's keys take less
+    // time than a fetch from memory).
+    const int64_t v_at = E::bytes(c), v_bytes = std::max<int64_t>(E::bytes(16), 34);
+    prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.v_offset, v_at, v_bytes);
+    for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
+      const int64_t first = std::max<int64_t>(lo - j0, 0);
+      const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rs;
+      const int64_t cnt = std::min(bt, n - j0);
+      prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.v_offset, v_at, v_bytes);
+      for (int64_t j = j0 + first; j < j0 + cnt; ++j, vp += rs) {
+        const v16 vj = E::get16(vp, c);
+        // Each lane's weight broadcast from memory (a load, folded into the
+        // multiply-add), not extracted from a register (a shuffle each).
+        const float* p = at(j);
+#pragma GCC unroll 16
+        for (int t = 0; t < L; ++t)
+          acc[t] += p[STRIDE * t] * vj;
+      }
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < L; ++t) // (constant indices: a run-time one would keep acc in memory)
+      if (t < m)
+        __builtin_memcpy(out + t * out_stride + c, &acc[t], sizeof(v16));
+  }
+}
+
 // The sum of a softmax's weights, the same bits in every kernel: weight j
 // into part j % 16 (in order of j), then the parts as hsum adds lanes.
 inline __attribute__((always_inline)) v16 sum_parts(const v16* part) {
@@ -444,40 +480,8 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
   const v16 inv = 1.0f / sum_parts(part);
   for (int64_t j = lo; j < n; ++j)
     S[j] = S[j] * inv; // probabilities; 0 where a row may not look
-  if (hd % 16 == 0) {
-    // 16 output columns of all rows at a time: each value row is read once.
-    for (int64_t c = 0; c < hd; c += 16) {
-      v16 acc[L];
-#pragma GCC unroll 16
-      for (int t = 0; t < L; ++t)
-        acc[t] = v16{};
-      // These columns of the values two blocks ahead (a block's 16 keys take
-      // less time than a fetch from memory).
-      const int64_t v_at = E::bytes(c), v_bytes = std::max<int64_t>(E::bytes(16), 34);
-      prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.v_offset, v_at, v_bytes);
-      for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
-        const int64_t first = std::max<int64_t>(lo - j0, 0);
-        const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rows.row_stride;
-        const int64_t cnt = std::min(bt, n - j0);
-        prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.v_offset, v_at, v_bytes);
-        for (int64_t j = first; j < cnt; ++j, vp += rows.row_stride) {
-          const v16 vj = E::get16(vp, c);
-          // Each lane's weight broadcast from memory (a load, folded into the
-          // multiply-add), not extracted from a register (a shuffle each).
-          const float* p = scores_raw + (j0 + j) * L;
-#pragma GCC unroll 16
-          for (int t = 0; t < L; ++t)
-            acc[t] += p[t] * vj;
-        }
-      }
-      // (constant indices: a run-time one would keep acc in memory)
-#pragma GCC unroll 16
-      for (int t = 0; t < L; ++t)
-        if (t < m)
-          __builtin_memcpy(out + t * out_stride + c, &acc[t], sizeof(v16));
-    }
-    return;
-  }
+  if (hd % 16 == 0) // 16 output columns of all rows at a time: each value row is read once
+    return value_columns<E, L, 1>(rows, lo, n, hd, m, [&](int64_t j) { return scores_raw + j * L; }, out, out_stride);
   for (int64_t t = 0; t < m; ++t) {
     float* o = out + t * out_stride;
     for (int64_t i = 0; i < hd; ++i)
@@ -567,12 +571,7 @@ inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int
       key_ptrs(rows, rows.k_offset, c0 + 16 * c, lo, n, ptr);
       E::keys16(ptr, hd, kt[c]);
     }
-    v16 acc[C][MH];
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c)
-#pragma GCC unroll 16
-      for (int h = 0; h < MH; ++h)
-        acc[c][h] = v16{};
+    v16 acc[C][MH] = {};
 #pragma GCC unroll 2
     for (int64_t i = 0; i < hd; ++i) {
 #pragma GCC unroll 4
@@ -622,36 +621,10 @@ inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int
   const int64_t bt = rows.block_tokens;
   const int64_t b0 = lo / bt;
   const std::size_t rs = rows.row_stride;
-  if (hd % 16 == 0) {
-    // 16 output columns of every head at a time: each value row is read once.
-    for (int64_t c = 0; c < hd; c += 16) {
-      v16 acc[MH];
-#pragma GCC unroll 16
-      for (int t = 0; t < MH; ++t)
-        acc[t] = v16{};
-      const int64_t v_at = E::bytes(c), v_bytes = std::max<int64_t>(E::bytes(16), 34);
-      prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.v_offset, v_at, v_bytes);
-      for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
-        const int64_t first = std::max<int64_t>(lo - j0, 0);
-        const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rs;
-        const int64_t cnt = std::min(bt, n - j0);
-        prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.v_offset, v_at, v_bytes);
-        for (int64_t j = j0 + first; j < j0 + cnt; ++j, vp += rs) {
-          const v16 vj = E::get16(vp, c);
-          // key j's weights: chunk (j - base) / 16, lane j % 16, a head every 16
-          const float* p = scores + ((j - base) >> 4) * 16 * MH + (j & 15);
-#pragma GCC unroll 16
-          for (int t = 0; t < MH; ++t)
-            acc[t] += p[16 * t] * vj;
-        }
-      }
-#pragma GCC unroll 16
-      for (int t = 0; t < MH; ++t) // (constant indices: a run-time one would keep acc in memory)
-        if (t < m)
-          __builtin_memcpy(out + t * hd + c, &acc[t], sizeof(v16));
-    }
-    return;
-  }
+  if (hd % 16 == 0) // 16 output columns of every head at a time: each value row is read once
+    // key j's weights: chunk (j - base) / 16, lane j % 16, a head every 16 floats
+    return value_columns<E, MH, 16>(
+      rows, lo, n, hd, m, [&](int64_t j) { return scores + ((j - base) >> 4) * 16 * MH + (j & 15); }, out, hd);
   float tmp[HM];
   for (int64_t t = 0; t < m; ++t) {
     float* o = out + t * hd;
