@@ -5,7 +5,8 @@
 // (its default f16 cache) when LLAMA_CPP_BIN is set. A benchmark, not a test.
 //
 // Usage: strata_bench kv [DIR [LLAMA_BIN]] (STRATA_BENCH_THREADS, default 2;
-// STRATA_BENCH_DEPTH, default 8192).
+// STRATA_BENCH_DEPTH, default 8192). llama-quantize is needed only while DIR
+// holds no Q8_0 file from an earlier run.
 
 #include "model/transformer/kv_cache.hpp"
 #include "model/transformer/shard.hpp"
