@@ -4,9 +4,12 @@
 // every process, whatever --listen says). Each shard node advertises the
 // HOST:PORT it listens on when it registers; a peer connector in every process
 // (nodes and clients alike) subscribes to the supervisor and, whenever the route
-// changes, connects to every advertised address it is not connected to yet.
-// Until it is, CAF relays over the coordinator, so nothing depends on the
-// connection existing, only speed. With TLS the connections are TLS too.
+// changes, connects to every advertised address it is not connected to yet
+// (of two nodes, the one with the smaller address connects; a failed attempt is
+// tried again after a pause).
+// Until it is, CAF relays over other processes; that relay has failed after a
+// dropped half-made connection (request_receiver_down on every step), hence
+// the retries. With TLS the connections are TLS too.
 
 #include "messages/messages.hpp"
 
