@@ -10,7 +10,9 @@
 // token, trips per token, acceptance, and the rows per round each hop ran.
 //
 // Usage: strata_bench wan [MODEL ...] (default: builtin:qwen2-0.5b as q8_0, then
-// stories260K when ../shared has it); STRATA_WAN_DELAYS=0,25 runs only those delays.
+// stories260K when ../shared has it); STRATA_WAN_DELAYS=0,25 runs only those delays;
+// STRATA_WAN_PAIRS=K adds K interleaved rounds of 32 sessions plain / with lookup
+// per delay (STRATA_WAN_TABLE=0 skips the table before them).
 
 #include "actors/cluster.hpp"
 #include "actors/drafter.hpp"
@@ -193,7 +195,8 @@ int wan_bench_main(int argc, char** argv) {
                 "TTFT ms | trips per token | accepted | rows per round (per hop) | failed |\n"
                 "|---|---|---|---|---|---|---|---|---|---|\n",
                 model.c_str(), builtin ? (cfg.summary() + ", q8_0").c_str() : cfg.summary().c_str());
-    for (double d : delays) {
+    const bool table = !std::getenv("STRATA_WAN_TABLE") || std::string(std::getenv("STRATA_WAN_TABLE")) != "0";
+    for (double d : table ? delays : std::vector<double>{}) {
       for (auto& p : proxies)
         p->set_delay(std::chrono::microseconds(static_cast<int64_t>(d * 1000)));
       for (int mode = 0; mode < (drafter ? 3 : 2); ++mode) {
@@ -211,6 +214,38 @@ int wan_bench_main(int argc, char** argv) {
                       r.rows_per_round.c_str(), r.failed);
           std::fflush(stdout);
         }
+      }
+    }
+    if (const char* env = std::getenv("STRATA_WAN_PAIRS")) {
+      // Speculation against plain in a crowd, interleaved: K rounds of (plain,
+      // lookup) with the same sessions at each delay; the ratio per round and the
+      // median ratio (this VM's run-to-run noise is larger than the difference).
+      const int pairs = std::max(1, std::atoi(env));
+      const int n = crowd.back();
+      std::printf("\n### %s: %d sessions, lookup / plain, interleaved (%d rounds per delay)\n\n"
+                  "| one-way delay ms | plain tok/s per round | lookup tok/s per round | median lookup / plain |\n"
+                  "|---|---|---|---|\n",
+                  model.c_str(), n, pairs);
+      for (auto& p : proxies)
+        p->set_delay(std::chrono::microseconds(0));
+      run(n, 8, false); // warm-up: the shards' first rounds of that many rows (their buffers grow once)
+      for (double d : delays) {
+        for (auto& p : proxies)
+          p->set_delay(std::chrono::microseconds(static_cast<int64_t>(d * 1000)));
+        std::vector<double> ratios;
+        std::string plain_s, lookup_s;
+        for (int k = 0; k < pairs; ++k) {
+          const auto a = run(n, 0, false);
+          const auto b = run(n, 8, false);
+          ratios.push_back(a.tok_s > 0 ? b.tok_s / a.tok_s : 0);
+          char buf[64];
+          std::snprintf(buf, sizeof buf, "%s%.1f", k ? " / " : "", a.tok_s);
+          plain_s += buf;
+          std::snprintf(buf, sizeof buf, "%s%.1f", k ? " / " : "", b.tok_s);
+          lookup_s += buf;
+        }
+        std::printf("| %.0f | %s | %s | %.2fx |\n", d, plain_s.c_str(), lookup_s.c_str(), pct(ratios, 0.5));
+        std::fflush(stdout);
       }
     }
     if (drafter)

@@ -538,6 +538,40 @@ TEST(Cluster, ThroughDelayProxiesSpeculativeAndPlainClientsEqualAlone) {
   }
 }
 
+TEST(Cluster, SpeculativeClientsThroughOneNodeProcessWithFaultsEqualAlone) {
+  // The one-shard pipeline across processes: every layer on one node (and a
+  // replica that takes over when it is killed). Four clients at once: lookup
+  // with an eviction, the draft model with an epoch bump, lookup with the node
+  // killed mid-generation, plain. Each equals the single-process run.
+  Cluster c;
+  ASSERT_FALSE(c.address.empty());
+  ASSERT_TRUE(c.add_ready("0-4"));
+  ASSERT_TRUE(c.add_ready("0-4"));
+  const std::string text = "--prompt 'the cat sat on the mat, the cat sat on the mat, the cat sat on the' --max-tokens 40 --output ids";
+  const auto alone = ids_line(run("generate --model builtin:tiny " + text));
+  ASSERT_FALSE(alone.empty());
+  const std::vector<std::string> extra = {" --speculate 6 --inject evict:0@12",
+                                          " --draft-model builtin:tiny --inject epoch@20",
+                                          " --speculate 6 --inject kill:0@16", ""};
+  std::vector<std::unique_ptr<Process>> clients;
+  for (auto& e : extra)
+    clients.push_back(std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c", "exec " + exe + " generate --cluster " + c.address + " " + text + e + " 2>&1"}));
+  for (std::size_t i = 0; i < clients.size(); ++i) {
+    const auto out = clients[i]->drain();
+    EXPECT_EQ(ids_line(out), alone) << "client " << i << " (" << extra[i] << "):\n" << out;
+    EXPECT_EQ(clients[i]->wait_exit(), 0);
+    if (!extra[i].empty()) {
+      EXPECT_NE(out.find("[strata] speculation ("), std::string::npos) << out;
+      EXPECT_NE(out.find("1 injected failures"), std::string::npos) << out;
+    }
+  }
+  // Exactly one of the two nodes was killed.
+  const int exited = (c.nodes[0]->wait_exit(std::chrono::milliseconds(100)) != -1) +
+                     (c.nodes[1]->wait_exit(std::chrono::milliseconds(100)) != -1);
+  EXPECT_EQ(exited, 1);
+}
+
 TEST(Cluster, NonLoopbackNeedsInsecure) {
   const auto out = run("node --coordinator --listen 0.0.0.0:0");
   EXPECT_NE(out.find("--insecure"), std::string::npos) << out;
