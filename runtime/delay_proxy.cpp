@@ -185,6 +185,18 @@ DelayProxy::DelayProxy(DelayProxyOptions opts) : impl_(std::make_shared<Impl>())
   if (ec)
     throw model::Error(model::errc::io, "delay proxy: cannot listen on " + o.listen_host + ":" +
                                           std::to_string(o.listen_port) + ": " + ec.message());
+  // A target that is this very listener (given so, or a free port picked for
+  // it that the target named): every connection would open another to itself.
+  const auto bound = impl_->acceptor.local_endpoint(ec);
+  const auto& t = impl_->target;
+  if (!ec && t.port() == bound.port() &&
+      (t.address() == bound.address() || bound.address().is_unspecified() ||
+       (t.address().is_loopback() && bound.address().is_loopback()))) {
+    impl_->acceptor.close(ec);
+    throw model::Error(model::errc::bad_argument, "delay proxy: the target " + o.target_host + ":" +
+                                                    std::to_string(o.target_port) +
+                                                    " is its own listening address (it would connect to itself)");
+  }
   accept_next(*impl_);
   thread_ = std::thread([impl = impl_] { impl->io.run(); });
 }

@@ -4,6 +4,8 @@
 
 #include "runtime/delay_proxy.hpp"
 
+#include "model/base/error.hpp"
+
 #include <utility> // (boost 1.74's asio uses std::exchange without including it)
 
 #include <boost/asio.hpp>
@@ -109,20 +111,41 @@ TEST(DelayProxy, DelaysEachDirectionKeepsOrderAndPassesTheEndOn) {
 }
 
 TEST(DelayProxy, AnUnreachableTargetClosesTheClientsConnection) {
-  uint16_t dead_port = 0;
-  {
-    asio::io_context io;
-    tcp::acceptor a(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    dead_port = a.local_endpoint().port();
-  } // closed: nothing listens there now
-  runtime::DelayProxy proxy(to(dead_port, 5));
+  // A port bound but not listening (connections to it are refused) and kept
+  // bound, so the proxy's own free port cannot be that one (it once was: a
+  // proxy pointed at itself, now refused, see below).
   asio::io_context io;
+  tcp::socket dead(io);
+  dead.open(tcp::v4());
+  dead.bind(tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  const uint16_t dead_port = dead.local_endpoint().port();
+  runtime::DelayProxy proxy(to(dead_port, 5));
   tcp::socket s(io);
   s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), proxy.port()));
   std::array<char, 1> one{};
   boost::system::error_code ec;
   s.read_some(asio::buffer(one), ec);
   EXPECT_TRUE(ec == asio::error::eof || ec == asio::error::connection_reset) << ec.message();
+}
+
+TEST(DelayProxy, RefusesATargetThatIsItsOwnListeningAddress) {
+  // The port it listens on, named as its target: every connection would open
+  // another to the proxy itself, without end.
+  uint16_t port = 0;
+  {
+    asio::io_context io;
+    tcp::acceptor a(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    port = a.local_endpoint().port();
+  }
+  runtime::DelayProxyOptions o = to(port, 1);
+  o.listen_port = port;
+  try {
+    runtime::DelayProxy p(o);
+    ADD_FAILURE() << "a proxy whose target is itself was started";
+  } catch (const model::Error& e) {
+    EXPECT_EQ(e.code(), model::errc::bad_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("its own listening address"), std::string::npos) << e.what();
+  }
 }
 
 TEST(DelayProxy, RefusesAnAddressItCannotListenOn) {
