@@ -488,6 +488,29 @@ TEST(Cluster, NewArchitecturesAcrossProcessesWithFaultsEqualLlamaCpp) {
   }
 }
 
+// Clients at once through the cluster at `address`, client i with extra[i]
+// (speculation and a fault, or nothing): each one's ids equal the same request
+// run alone in one process, and each speculating client says it speculated and
+// that its fault was injected.
+void speculative_crowd_equals_alone(const std::string& address, const std::vector<std::string>& extra) {
+  const std::string text = "--prompt 'the cat sat on the mat, the cat sat on the mat, the cat sat on the' --max-tokens 40 --output ids";
+  const auto alone = ids_line(run("generate --model builtin:tiny " + text));
+  ASSERT_FALSE(alone.empty());
+  std::vector<std::unique_ptr<Process>> clients;
+  for (auto& e : extra)
+    clients.push_back(std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c", "exec " + exe + " generate --cluster " + address + " " + text + e + " 2>&1"}));
+  for (std::size_t i = 0; i < clients.size(); ++i) {
+    const auto out = clients[i]->drain();
+    EXPECT_EQ(ids_line(out), alone) << "client " << i << " (" << extra[i] << "):\n" << out;
+    EXPECT_EQ(clients[i]->wait_exit(), 0);
+    if (extra[i].find("--speculate") != std::string::npos || extra[i].find("--draft-model") != std::string::npos)
+      EXPECT_NE(out.find("[strata] speculation ("), std::string::npos) << out;
+    if (extra[i].find("--inject") != std::string::npos)
+      EXPECT_NE(out.find("1 injected failures"), std::string::npos) << out;
+  }
+}
+
 // Across a simulated network (issue 27): every node behind a `strata
 // delay-proxy` at 25 ms one way (so one token's trip crosses 4 delays), the
 // nodes told to behave as on separate machines. Four clients at once, three of
@@ -512,23 +535,9 @@ TEST(Cluster, ThroughDelayProxiesSpeculativeAndPlainClientsEqualAlone) {
       "--join", c.address, "--model", "builtin:tiny", "--layers", layers, "--threads", "1"}));
     ASSERT_FALSE(c.nodes.back()->wait_line("ready node ").empty()) << layers;
   }
-  const std::string text = "--prompt 'the cat sat on the mat, the cat sat on the mat, the cat sat on the' --max-tokens 40 --output ids";
-  const auto alone = ids_line(run("generate --model builtin:tiny " + text));
-  ASSERT_FALSE(alone.empty());
-  const std::vector<std::string> extra = {" --speculate 6 --inject evict:1@12",
-                                          " --draft-model builtin:tiny --inject epoch@20",
-                                          " --speculate 6 --inject kill:1@16", ""};
-  std::vector<std::unique_ptr<Process>> clients;
-  for (auto& e : extra)
-    clients.push_back(std::make_unique<Process>(std::vector<std::string>{
-      "/bin/sh", "-c", "exec " + exe + " generate --cluster " + c.address + " " + text + e + " 2>&1"}));
-  for (std::size_t i = 0; i < clients.size(); ++i) {
-    const auto out = clients[i]->drain();
-    EXPECT_EQ(ids_line(out), alone) << "client " << i << " (" << extra[i] << "):\n" << out;
-    EXPECT_EQ(clients[i]->wait_exit(), 0);
-    if (extra[i].find("speculate") != std::string::npos)
-      EXPECT_NE(out.find("[strata] speculation ("), std::string::npos) << out;
-  }
+  speculative_crowd_equals_alone(c.address, {" --speculate 6 --inject evict:1@12",
+                                             " --draft-model builtin:tiny --inject epoch@20",
+                                             " --speculate 6 --inject kill:1@16", ""});
   for (auto& p : proxies) {
     p->stop(SIGTERM);
     const auto summary = p->drain();
@@ -547,25 +556,9 @@ TEST(Cluster, SpeculativeClientsThroughOneNodeProcessWithFaultsEqualAlone) {
   ASSERT_FALSE(c.address.empty());
   ASSERT_TRUE(c.add_ready("0-4"));
   ASSERT_TRUE(c.add_ready("0-4"));
-  const std::string text = "--prompt 'the cat sat on the mat, the cat sat on the mat, the cat sat on the' --max-tokens 40 --output ids";
-  const auto alone = ids_line(run("generate --model builtin:tiny " + text));
-  ASSERT_FALSE(alone.empty());
-  const std::vector<std::string> extra = {" --speculate 6 --inject evict:0@12",
-                                          " --draft-model builtin:tiny --inject epoch@20",
-                                          " --speculate 6 --inject kill:0@16", ""};
-  std::vector<std::unique_ptr<Process>> clients;
-  for (auto& e : extra)
-    clients.push_back(std::make_unique<Process>(std::vector<std::string>{
-      "/bin/sh", "-c", "exec " + exe + " generate --cluster " + c.address + " " + text + e + " 2>&1"}));
-  for (std::size_t i = 0; i < clients.size(); ++i) {
-    const auto out = clients[i]->drain();
-    EXPECT_EQ(ids_line(out), alone) << "client " << i << " (" << extra[i] << "):\n" << out;
-    EXPECT_EQ(clients[i]->wait_exit(), 0);
-    if (!extra[i].empty()) {
-      EXPECT_NE(out.find("[strata] speculation ("), std::string::npos) << out;
-      EXPECT_NE(out.find("1 injected failures"), std::string::npos) << out;
-    }
-  }
+  speculative_crowd_equals_alone(c.address, {" --speculate 6 --inject evict:0@12",
+                                             " --draft-model builtin:tiny --inject epoch@20",
+                                             " --speculate 6 --inject kill:0@16", ""});
   // Exactly one of the two nodes was killed.
   const int exited = (c.nodes[0]->wait_exit(std::chrono::milliseconds(100)) != -1) +
                      (c.nodes[1]->wait_exit(std::chrono::milliseconds(100)) != -1);
