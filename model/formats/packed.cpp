@@ -1,4 +1,4 @@
-// The packed layouts of q8_0, q4_0, q5_0 and q4_K rows (see packed.hpp).
+// The packed layouts of q8_0, q4_0, q5_0, iq4_nl, q4_K and iq4_xs rows (see packed.hpp).
 
 #include "model/formats/packed.hpp"
 
@@ -6,8 +6,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <string>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace strata::model::detail {
@@ -40,32 +41,35 @@ void convert_row(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   }
 }
 
-// One row of nb q4_K blocks: plain -> packed (pack) or back. The 16 header
-// bytes stay; byte 4j + l of chunk k (32 bytes) holds value 4k + l of
-// sub-block j in its low nibble and value 4k + 16 + l in its high nibble.
-// Plain: sub-block 2c's value v is the low nibble of byte 32c + v, sub-block
-// 2c + 1's the high nibble.
-void convert_row_q4_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
+// One row of nb 256-value blocks of BB bytes with H header bytes and 128
+// bytes of nibbles (q4_K: 144 / 16, iq4_xs: 136 / 8): plain -> packed (pack)
+// or back. The header stays; byte 4j + l of chunk k (32 bytes) holds value
+// 4k + l of sub-block j in its low nibble and value 4k + 16 + l in its high
+// nibble. Plain q4_K: sub-block 2c's value v is the low nibble of byte
+// 32c + v, sub-block 2c + 1's the high nibble; plain iq4_xs: sub-block j's
+// value v (< 16) the low nibble of byte 16j + v, value v + 16 its high nibble.
+template <std::size_t BB, std::size_t H, bool XS>
+void convert_row_k256(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* src = in + 144 * b;
-    uint8_t* dst = out + 144 * b;
-    std::memcpy(dst, src, 16);
-    auto plain = [](const uint8_t* qs, int j, int v) { return (qs[32 * (j / 2) + v] >> (4 * (j % 2))) & 0xF; };
-    auto packed = [](const uint8_t* qs, int j, int v) { return (qs[32 * (v % 16 / 4) + 4 * j + v % 4] >> (4 * (v / 16))) & 0xF; };
-    uint8_t* q = dst + 16;
+    const uint8_t* src = in + BB * b;
+    uint8_t* dst = out + BB * b;
+    std::memcpy(dst, src, H);
+    auto plain_at = [](int j, int v) -> std::pair<int, int> { // (byte, shift)
+      return XS ? std::pair{16 * j + v % 16, 4 * (v / 16)} : std::pair{32 * (j / 2) + v, 4 * (j % 2)};
+    };
+    auto packed_at = [](int j, int v) -> std::pair<int, int> { return {32 * (v % 16 / 4) + 4 * j + v % 4, 4 * (v / 16)}; };
+    uint8_t* q = dst + H;
     std::memset(q, 0, 128);
     for (int j = 0; j < 8; ++j)
       for (int v = 0; v < 32; ++v) {
-        const int x = pack ? plain(src + 16, j, v) : packed(src + 16, j, v);
-        if (pack)
-          q[32 * (v % 16 / 4) + 4 * j + v % 4] |= static_cast<uint8_t>(x << (4 * (v / 16)));
-        else
-          q[32 * (j / 2) + v] |= static_cast<uint8_t>(x << (4 * (j % 2)));
+        const auto [fb, fs] = pack ? plain_at(j, v) : packed_at(j, v);
+        const auto [tb, ts] = pack ? packed_at(j, v) : plain_at(j, v);
+        q[tb] = static_cast<uint8_t>(q[tb] | (((src[H + fb] >> fs) & 0xF) << ts));
       }
   }
 }
 
-// One row of nb q4_0 (Q5 false) or q5_0 blocks. Plain: d, [q5_0: qh, bit v the
+// One row of nb q4_0 (Q5 false; iq4_nl blocks are alike) or q5_0 blocks. Plain: d, [q5_0: qh, bit v the
 // 5th bit of value v], 16 bytes whose low nibbles are values 0..15 and high
 // nibbles 16..31. Packed, group g of L blocks at byte BB * 8g: the L scales,
 // 4 chunks of 4L bytes (byte 4j + l of chunk k: value 4k + l of block j in
@@ -107,8 +111,9 @@ void convert_row_q4(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
 
 void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
   switch (m.type) {
-    case WType::q4_K: return convert_row_q4_K(in, out, m.cols / 256, pack);
-    case WType::q4_0: return convert_row_q4<false>(in, out, m.cols / 32, pack);
+    case WType::q4_K: return convert_row_k256<144, 16, false>(in, out, m.cols / 256, pack);
+    case WType::iq4_xs: return convert_row_k256<136, 8, true>(in, out, m.cols / 256, pack);
+    case WType::q4_0: case WType::iq4_nl: return convert_row_q4<false>(in, out, m.cols / 32, pack);
     case WType::q5_0: return convert_row_q4<true>(in, out, m.cols / 32, pack);
     default: return convert_row(in, out, m.cols / 32, pack);
   }
@@ -117,8 +122,11 @@ void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
 } // namespace
 
 bool packable(const WMatrix& m) {
-  return !m.packed &&
-         (m.type == WType::q8_0 || m.type == WType::q4_K || m.type == WType::q4_0 || m.type == WType::q5_0);
+  switch (m.type) {
+    case WType::q8_0: case WType::q4_0: case WType::q5_0: case WType::iq4_nl: case WType::q4_K: case WType::iq4_xs:
+      return !m.packed;
+    default: return false;
+  }
 }
 
 WMatrix pack_rows(const WMatrix& m) {

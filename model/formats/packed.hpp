@@ -19,13 +19,15 @@
 // nibble) and value 4k + 16 + l (high nibble). One load and two masks then
 // give 4 values of each of the 8 sub-blocks, lane j for sub-block j, the same
 // lanes as the activations of a packed q8_0 group (a q4_K block is 8 blocks
-// of 32).
+// of 32). iq4_xs, packed: alike, each 136-byte block keeping its 8 header
+// bytes (d, the high and low bits of the 8 scales) before its 4 chunks.
 //
 // q4_0 and q5_0, packed: groups of 8 blocks as q8_0's (a partial last group
 // of L = nb % 8 laid out alike), each group (L blocks) being its L f16
 // scales, then 4 chunks of 4L bytes where byte 4j + l of chunk k holds value
 // 4k + l of block j (low nibble) and value 4k + 16 + l (high nibble), then
 // (q5_0) the L 32-bit words of 5th bits as the plain blocks hold them.
+// iq4_nl blocks (an f16 scale and 16 bytes of nibbles, as q4_0's) pack as q4_0.
 
 #include "model/formats/wmatrix.hpp"
 
@@ -36,7 +38,7 @@ namespace strata::model::detail {
 /// Blocks per group of the packed layout.
 constexpr int64_t pack_group = 8;
 
-/// Whether `m` can take a packed layout (plain q8_0, q4_0, q5_0 or q4_K).
+/// Whether `m` can take a packed layout (plain q8_0, q4_0, q5_0, iq4_nl, q4_K or iq4_xs).
 bool packable(const WMatrix& m);
 /// A packed copy of a packable matrix (an owned buffer); throws
 /// Error(bad_argument) for any other.

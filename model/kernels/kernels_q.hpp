@@ -29,7 +29,7 @@ struct QuantActs {
   /// -128 x each block's sum (the weights' +128 taken back).
   std::vector<int8_t> qi;
   std::vector<int32_t> corr;
-  /// K-type activations for packed q4_K: per 32 values, the scale of their
+  /// K-type activations for packed q4_K / iq4_xs: per 32 values, the scale of their
   /// 256-value block and that scale times their sum.
   std::vector<float> d32, dsum32;
 };
@@ -47,8 +47,8 @@ void set_fused_isa(FusedIsa isa);
 
 /// Whether this CPU (and the setting above) has a fused kernel for `t`.
 bool fused_available(WType t);
-/// `m` in the layout this CPU's kernels read fastest: packed q8_0 / q4_K
-/// (packed.hpp) where AVX-512 VNNI runs, else `m` itself. Either layout gives every kernel
+/// `m` in the layout this CPU's kernels read fastest: packed q8_0 / q4_0 /
+/// q5_0 / iq4_nl / q4_K / iq4_xs (packed.hpp) where AVX-512 VNNI runs, else `m` itself. Either layout gives every kernel
 /// setting the same products (a packed matrix under another setting is
 /// unpacked on the fly).
 WMatrix pack_for_kernels(const WMatrix& m);

@@ -184,14 +184,22 @@ struct Q8p : Blocks32<34> {
   }
 };
 
-// Packed q4_0 (Q5 false) and q5_0 (packed.hpp): groups of 8 blocks as
-// packed q8_0's (pairs in 512-bit vectors, a partial last group read with
-// masks), the values unsigned (q4_0: 0..15, q5_0: 0..31 with the 5th bit
-// spread from its word to bit 4 of each byte), so w = q - 8 (q - 16) comes
-// back through -8 (-16) x each activation block's sum (A.corr / 16, / 8:
-// exact). Steps k and k + 4 from one chunk's low and high nibbles.
-template <bool Q5>
-struct Q4p : Blocks32<Q5 ? 22 : 18> {
+// The 16 iq4_nl values + 128 (unsigned bytes) in each 128-bit lane, for byte shuffles.
+__attribute__((always_inline)) inline __m512i iq4_table_u512() {
+  return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(iq4nl_values))),
+                          _mm512_set1_epi8(static_cast<char>(0x80)));
+}
+
+// Packed q4_0, q5_0 and iq4_nl (packed.hpp): groups of 8 blocks as packed
+// q8_0's (pairs in 512-bit vectors, a partial last group read with masks),
+// the values unsigned (q4_0: 0..15, q5_0: 0..31 with the 5th bit spread from
+// its word to bit 4 of each byte, iq4_nl: its table's value + 128 by one byte
+// shuffle), so w = q - 8 (q - 16, K - 128) comes back through -8 (-16, -128)
+// x each activation block's sum (A.corr / 16, / 8, as is: exact). Steps k
+// and k + 4 from one chunk's low and high nibbles.
+template <WType T>
+struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
+  static constexpr bool Q5 = T == WType::q5_0, NL = T == WType::iq4_nl;
   using B = Blocks32<Q5 ? 22 : 18>;
   using B::A, B::W, B::GB, B::nb, B::qis, B::rb, B::tail;
   using B::B;
@@ -209,7 +217,7 @@ struct Q4p : Blocks32<Q5 ? 22 : 18> {
     __m512i P0[R][MT], P1[R][MT];
     for (int t = 0; t < MT; ++t) {
       const __m512i c = _mm512_maskz_loadu_epi32(live, A.corr.data() + (m0 + t) * nb + 8 * g);
-      const __m512i cv = _mm512_srai_epi32(c, Q5 ? 3 : 4); // -128 s / 8 = -16 s; / 16 = -8 s
+      const __m512i cv = NL ? c : _mm512_srai_epi32(c, Q5 ? 3 : 4); // -128 s / 8 = -16 s; / 16 = -8 s
       for (int i = 0; i < R; ++i) {
         P0[i][t] = cv;
         P1[i][t] = _mm512_setzero_si512();
@@ -253,11 +261,15 @@ struct Q4p : Blocks32<Q5 ? 22 : 18> {
       }
       return _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
     };
+    [[maybe_unused]] const __m512i table = NL ? iq4_table_u512() : _mm512_setzero_si512();
     nibble_dots<PAIR, R, MT>(A, qis, m0, g, chunk,
                              [&](int i, int k, __m512i& lo, __m512i& hi) __attribute__((always_inline)) {
                                if constexpr (Q5) {
                                  lo = fifth(lo, qh[i], 4 * k);
                                  hi = fifth(hi, qh[i], 4 * k + 16);
+                               } else if constexpr (NL) {
+                                 lo = _mm512_shuffle_epi8(table, lo);
+                                 hi = _mm512_shuffle_epi8(table, hi);
                                }
                              },
                              P0, P1);
@@ -346,6 +358,94 @@ struct Q4Kp {
     }
   }
 
+};
+
+// Packed iq4_xs (packed.hpp): as packed q4_K, each 256-value block a group of
+// 8 sub-blocks two blocks at a time, the nibbles through the iq4_nl table + 128
+// (one byte shuffle), the +128 taken back through -128 x each sub-block's
+// activation sum (A.corr) in its lane's integer sum; then d x (ls_j - 32) x
+// da meets that sum in one multiply-add for the 16 lanes.
+struct IQ4XSp {
+  const WMatrix& W;
+  const QuantActs& A;
+  int64_t ng_full, nb32, qis;
+  std::size_t rb;
+  int64_t tail = 0; // iq4_xs rows are whole blocks: PART is never asked for
+
+  IQ4XSp(const WMatrix& w, const QuantActs& a)
+      : W(w), A(a), ng_full(w.cols / 256), nb32(w.cols / 32), qis(w.cols / 256 * 256), rb(w.row_bytes()) {}
+
+  // d x (ls_j - 32) of the block's 8 sub-blocks: ls_j's low 4 bits are bits
+  // 4j .. 4j+3 of the scales_l word, its high 2 bits 2j, 2j+1 of scales_h.
+  static __attribute__((always_inline)) __m256 scales(const uint8_t* blk) {
+    uint16_t sh;
+    uint32_t sl;
+    std::memcpy(&sh, blk + 2, 2);
+    std::memcpy(&sl, blk + 4, 4);
+    const __m256i lo = _mm256_and_si256(
+      _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+      _mm256_set1_epi32(0xF));
+    const __m256i hi = _mm256_and_si256(
+      _mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)), _mm256_set1_epi32(3));
+    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    return _mm256_mul_ps(_mm256_set1_ps(vnni::half_to_float(blk)), _mm256_cvtepi32_ps(ls));
+  }
+
+  template <int R>
+  struct Prep {
+    __m512 sc[R];
+  };
+  template <bool PAIR, bool PART, int R>
+  __attribute__((always_inline)) void prepare(int64_t g, int64_t r, Prep<R>& p) const {
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* blk = row_at(W, rb, r + i) + g * 136;
+      const __m256 s0 = scales(blk), s1 = PAIR ? scales(blk + 136) : _mm256_setzero_ps();
+      p.sc[i] = _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(s0)), _mm256_castps_pd(s1), 1));
+    }
+  }
+
+  template <bool PAIR, bool PART, int R, int MT>
+  __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
+                                             __m512 (&acc)[R][MT]) const {
+    const uint8_t* row0 = row_at(W, rb, r);
+    constexpr bool two = MT == 1; // steps k and k + 4 in two chains for one activation row
+    constexpr __mmask16 live = PAIR ? 0xFFFF : 0xFF;
+    __m512i P0[R][MT], P1[R][MT];
+    for (int t = 0; t < MT; ++t) {
+      const __m512i cv = _mm512_maskz_loadu_epi32(live, A.corr.data() + (m0 + t) * nb32 + 8 * g);
+      for (int i = 0; i < R; ++i) {
+        P0[i][t] = cv;
+        P1[i][t] = _mm512_setzero_si512();
+      }
+    }
+    auto chunk = [&](int i, int k) __attribute__((always_inline)) {
+      const uint8_t* wp = row0 + i * rb + g * 136 + 8 + 32 * k;
+      if (fetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb), _MM_HINT_T0);
+        if (PAIR)
+          _mm_prefetch(reinterpret_cast<const char*>(wp + 136 + R * rb), _MM_HINT_T0);
+      }
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+      return PAIR ? _mm512_inserti64x4(_mm512_castsi256_si512(w0),
+                                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 136)), 1)
+                  : _mm512_zextsi256_si512(w0);
+    };
+    const __m512i table = iq4_table_u512();
+    nibble_dots<PAIR, R, MT>(A, qis, m0, g, chunk,
+                             [&](int, int, __m512i& lo, __m512i& hi) __attribute__((always_inline)) {
+                               lo = _mm512_shuffle_epi8(table, lo);
+                               hi = _mm512_shuffle_epi8(table, hi);
+                             },
+                             P0, P1);
+    for (int i = 0; i < R; ++i)
+      for (int t = 0; t < MT; ++t) {
+        const float* d = A.d32.data() + (m0 + t) * nb32 + 8 * g;
+        const __m512 dv = PAIR ? _mm512_loadu_ps(d) : _mm512_zextps256_ps512(_mm256_loadu_ps(d));
+        const __m512i p = two ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
+        acc[i][t] = _mm512_fmadd_ps(_mm512_mul_ps(prep.sc[i], dv), _mm512_cvtepi32_ps(p), acc[i][t]);
+      }
+  }
 };
 
 // A packed kernel K over weight rows [r0, r1): four rows side by side (the next
@@ -503,10 +603,14 @@ void quant_q8_K_avx512(const float* x, int64_t n, int8_t* q, float* d, int32_t* 
 void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
   if (W.packed && W.type == WType::q4_K)
     return run_packed(Q4Kp(W, A), Y, ldy, r0, r1, acc);
+  if (W.packed && W.type == WType::iq4_xs)
+    return run_packed(IQ4XSp(W, A), Y, ldy, r0, r1, acc);
   if (W.packed && W.type == WType::q4_0)
-    return run_packed(Q4p<false>(W, A), Y, ldy, r0, r1, acc);
+    return run_packed(Q4p<WType::q4_0>(W, A), Y, ldy, r0, r1, acc);
   if (W.packed && W.type == WType::q5_0)
-    return run_packed(Q4p<true>(W, A), Y, ldy, r0, r1, acc);
+    return run_packed(Q4p<WType::q5_0>(W, A), Y, ldy, r0, r1, acc);
+  if (W.packed && W.type == WType::iq4_nl)
+    return run_packed(Q4p<WType::iq4_nl>(W, A), Y, ldy, r0, r1, acc);
   if (W.packed)
     return run_packed(Q8p(W, A), Y, ldy, r0, r1, acc);
   vnni::rows_impl<true>(W, A, Y, ldy, r0, r1, acc);
