@@ -43,17 +43,55 @@ void convert_row(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
 
 // One row of nb 256-value blocks of BB bytes with H header bytes and 128
 // bytes of nibbles (q4_K: 144 / 16, iq4_xs: 136 / 8): plain -> packed (pack)
-// or back. The header stays; byte 4j + l of chunk k (32 bytes) holds value
+// or back. The header stays (q4_K's scales and mins re-encoded as below); byte 4j + l of chunk k (32 bytes) holds value
 // 4k + l of sub-block j in its low nibble and value 4k + 16 + l in its high
 // nibble. Plain q4_K: sub-block 2c's value v is the low nibble of byte
 // 32c + v, sub-block 2c + 1's the high nibble; plain iq4_xs: sub-block j's
 // value v (< 16) the low nibble of byte 16j + v, value v + 16 its high nibble.
+// q4_K's 12 bytes of 6-bit scales sc_j and mins m_j (j = 0..7), plain: bytes
+// 0-3 sc_j | (sc_{j+4} >> 4) << 6, bytes 4-7 m_j | (m_{j+4} >> 4) << 6, bytes
+// 8-11 (sc_{j+4} & 15) | (m_{j+4} & 15) << 4 (j < 4). Packed, for one vector
+// decode: bytes 0-7 (sc_j & 15) | (m_j & 15) << 4, then a little-endian word
+// whose bits 2j, 2j+1 are sc_j >> 4 and bits 16 + 2j, 17 + 2j m_j >> 4. Both
+// use all 96 bits: the one converts to the other exactly.
+void convert_scales_q4_K(const uint8_t* in, uint8_t* out, bool pack) {
+  int sc[8], mn[8];
+  if (pack) {
+    for (int j = 0; j < 4; ++j) {
+      sc[j] = in[j] & 63;
+      mn[j] = in[j + 4] & 63;
+      sc[j + 4] = (in[j + 8] & 15) | ((in[j] >> 6) << 4);
+      mn[j + 4] = (in[j + 8] >> 4) | ((in[j + 4] >> 6) << 4);
+    }
+    uint32_t hi = 0;
+    for (int j = 0; j < 8; ++j) {
+      out[j] = static_cast<uint8_t>((sc[j] & 15) | ((mn[j] & 15) << 4));
+      hi |= static_cast<uint32_t>(sc[j] >> 4) << (2 * j) | static_cast<uint32_t>(mn[j] >> 4) << (16 + 2 * j);
+    }
+    std::memcpy(out + 8, &hi, 4);
+    return;
+  }
+  uint32_t hi;
+  std::memcpy(&hi, in + 8, 4);
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = (in[j] & 15) | static_cast<int>((hi >> (2 * j)) & 3) << 4;
+    mn[j] = (in[j] >> 4) | static_cast<int>((hi >> (16 + 2 * j)) & 3) << 4;
+  }
+  for (int j = 0; j < 4; ++j) {
+    out[j] = static_cast<uint8_t>(sc[j] | (sc[j + 4] >> 4) << 6);
+    out[j + 4] = static_cast<uint8_t>(mn[j] | (mn[j + 4] >> 4) << 6);
+    out[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
+  }
+}
+
 template <std::size_t BB, std::size_t H, bool XS>
 void convert_row_k256(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* src = in + BB * b;
     uint8_t* dst = out + BB * b;
     std::memcpy(dst, src, H);
+    if constexpr (!XS)
+      convert_scales_q4_K(src + 4, dst + 4, pack);
     auto plain_at = [](int j, int v) -> std::pair<int, int> { // (byte, shift)
       return XS ? std::pair{16 * j + v % 16, 4 * (v / 16)} : std::pair{32 * (j / 2) + v, 4 * (j % 2)};
     };

@@ -14,7 +14,10 @@
 // 4L bytes (34L bytes, as their plain form).
 //
 // q4_K, packed: each 144-byte block keeps its 16 header bytes (d, dmin, the
-// 12 bytes of 6-bit scales and mins); its 128 bytes of nibbles go in 4 chunks
+// 12 bytes of 6-bit scales and mins, re-encoded for one vector decode: bytes
+// 4-11 the low 4 bits of scale j (low nibble) and min j (high nibble), bytes
+// 12-15 a word whose bits 2j, 2j+1 are scale j's top 2 bits and bits 16 + 2j,
+// 17 + 2j min j's); its 128 bytes of nibbles go in 4 chunks
 // of 32 where byte 4j + l of chunk k holds value 4k + l of sub-block j (low
 // nibble) and value 4k + 16 + l (high nibble). One load and two masks then
 // give 4 values of each of the 8 sub-blocks, lane j for sub-block j, the same

@@ -9,6 +9,10 @@
 #include <vector>
 
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16")
+// GCC 12's AVX-512 intrinsics start from a self-initialised "undefined"
+// vector, which -Wmaybe-uninitialized reports at every inlined use (a false
+// positive, gone in GCC 13).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define KQ_NS vnni
 #include "model/kernels/kernels_q_impl.hpp"
 
@@ -294,31 +298,38 @@ struct Q4Kp {
   Q4Kp(const WMatrix& w, const QuantActs& a)
       : W(w), A(a), ng_full(w.cols / 256), nb32(w.cols / 32), qis(w.cols / 256 * 256), rb(w.row_bytes()) {}
 
-  // Block's scales (lanes 0-7) and mins (8-15) times d and dmin, as floats.
-  static __attribute__((always_inline)) void scales(const uint8_t* blk, __m256& sc, __m256& mn) {
-    const __m128i sm = vnni::scales_mins_k4(blk + 4);
-    sc = _mm256_mul_ps(_mm256_set1_ps(vnni::half_to_float(blk)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
-    mn = _mm256_mul_ps(_mm256_set1_ps(vnni::half_to_float(blk + 2)),
-                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
-  }
-
-  // The weight side every activation row shares: d x scales, dmin x mins.
+  // The weight side every activation row shares: d x scales, dmin x mins,
+  // of one block (lanes 0-7) or two (PAIR: the next one in lanes 8-15), from
+  // the packed header (packed.hpp) in one vector decode.
   template <int R>
   struct Prep {
     __m512 sc[R], mn[R];
   };
   template <bool PAIR, bool PART, int R>
   __attribute__((always_inline)) void prepare(int64_t g, int64_t r, Prep<R>& p) const {
+    const __m512i shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
     for (int i = 0; i < R; ++i) {
       const uint8_t* blk = row_at(W, rb, r + i) + g * 144;
-      __m256 sc0, mn0, sc1 = _mm256_setzero_ps(), mn1 = _mm256_setzero_ps();
-      scales(blk, sc0, mn0);
-      if (PAIR)
-        scales(blk + 144, sc1, mn1);
-      p.sc[i] = _mm512_castpd_ps(
-        _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(sc0)), _mm256_castps_pd(sc1), 1));
-      p.mn[i] = _mm512_castpd_ps(
-        _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(mn0)), _mm256_castps_pd(mn1), 1));
+      const uint8_t* nxt = blk + 144;
+      uint32_t h0, h1 = 0;
+      std::memcpy(&h0, blk + 12, 4);
+      __m128i lo8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 4));
+      __m512 d = _mm512_set1_ps(vnni::half_to_float(blk)), dmin = _mm512_set1_ps(vnni::half_to_float(blk + 2));
+      if (PAIR) {
+        std::memcpy(&h1, nxt + 12, 4);
+        lo8 = _mm_unpacklo_epi64(lo8, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(nxt + 4)));
+        d = _mm512_mask_blend_ps(0xFF00, d, _mm512_set1_ps(vnni::half_to_float(nxt)));
+        dmin = _mm512_mask_blend_ps(0xFF00, dmin, _mm512_set1_ps(vnni::half_to_float(nxt + 2)));
+      }
+      const __m512i v = _mm512_cvtepu8_epi32(lo8);
+      const __m512i h = _mm512_mask_set1_epi32(_mm512_set1_epi32(static_cast<int>(h0)), 0xFF00, static_cast<int>(h1));
+      const __m512i hs = _mm512_srlv_epi32(h, shifts);
+      const __m512i sc = _mm512_or_si512(_mm512_and_si512(v, m4), _mm512_slli_epi32(_mm512_and_si512(hs, m2), 4));
+      const __m512i mn = _mm512_or_si512(_mm512_srli_epi32(v, 4),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hs, 16), m2), 4));
+      p.sc[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+      p.mn[i] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn));
     }
   }
 
