@@ -1,4 +1,4 @@
-// The packed layouts of q8_0, q4_0, q5_0, iq4_nl, q4_K and iq4_xs rows (see packed.hpp).
+// The packed layouts of q8_0, q4_0, q5_0, iq4_nl, q4_K, iq4_xs and q2_K rows (see packed.hpp).
 
 #include "model/formats/packed.hpp"
 
@@ -107,6 +107,31 @@ void convert_row_k256(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   }
 }
 
+// One row of nb q2_K blocks: plain -> packed (pack) or back. The 16 bytes of
+// scales and the f16 d, dmin (bytes 80-83) stay. Plain: value l of group g =
+// 8h + 2j + p is bits 2j of qs[32h + 16p + l]; packed: bits 2k of byte
+// 4g + l' hold value 4k + l' of group g.
+void convert_row_q2_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* src = in + 84 * b;
+    uint8_t* dst = out + 84 * b;
+    std::memcpy(dst, src, 16);
+    std::memcpy(dst + 80, src + 80, 4);
+    auto plain_at = [](int g, int l) -> std::pair<int, int> { // (byte, shift)
+      return {32 * (g / 8) + 16 * (g % 2) + l, 2 * (g % 8 / 2)};
+    };
+    auto packed_at = [](int g, int l) -> std::pair<int, int> { return {4 * g + l % 4, 2 * (l / 4)}; };
+    uint8_t* q = dst + 16;
+    std::memset(q, 0, 64);
+    for (int g = 0; g < 16; ++g)
+      for (int l = 0; l < 16; ++l) {
+        const auto [fb, fs] = pack ? plain_at(g, l) : packed_at(g, l);
+        const auto [tb, ts] = pack ? packed_at(g, l) : plain_at(g, l);
+        q[tb] = static_cast<uint8_t>(q[tb] | (((src[16 + fb] >> fs) & 3) << ts));
+      }
+  }
+}
+
 // One row of nb q4_0 (Q5 false; iq4_nl blocks are alike) or q5_0 blocks. Plain: d, [q5_0: qh, bit v the
 // 5th bit of value v], 16 bytes whose low nibbles are values 0..15 and high
 // nibbles 16..31. Packed, group g of L blocks at byte BB * 8g: the L scales,
@@ -151,6 +176,7 @@ void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
   switch (m.type) {
     case WType::q4_K: return convert_row_k256<144, 16, false>(in, out, m.cols / 256, pack);
     case WType::iq4_xs: return convert_row_k256<136, 8, true>(in, out, m.cols / 256, pack);
+    case WType::q2_K: return convert_row_q2_K(in, out, m.cols / 256, pack);
     case WType::q4_0: case WType::iq4_nl: return convert_row_q4<false>(in, out, m.cols / 32, pack);
     case WType::q5_0: return convert_row_q4<true>(in, out, m.cols / 32, pack);
     default: return convert_row(in, out, m.cols / 32, pack);
@@ -162,6 +188,7 @@ void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
 bool packable(const WMatrix& m) {
   switch (m.type) {
     case WType::q8_0: case WType::q4_0: case WType::q5_0: case WType::iq4_nl: case WType::q4_K: case WType::iq4_xs:
+    case WType::q2_K:
       return !m.packed;
     default: return false;
   }

@@ -31,6 +31,12 @@
 // 4k + l of block j (low nibble) and value 4k + 16 + l (high nibble), then
 // (q5_0) the L 32-bit words of 5th bits as the plain blocks hold them.
 // iq4_nl blocks (an f16 scale and 16 bytes of nibbles, as q4_0's) pack as q4_0.
+//
+// q2_K, packed: each 84-byte block keeps its 16 bytes of scales (scale | min
+// << 4 of each group of 16) and its f16 d, dmin (bytes 80-83); its 64 bytes
+// of 2-bit values hold value 4k + l of group g in bits 2k, 2k+1 of byte
+// 4g + l. One 64-byte load and a shift and a mask then give 4 values of each
+// of the 16 groups, lane g for group g (activations: QuantActs::qi16).
 
 #include "model/formats/wmatrix.hpp"
 
@@ -41,7 +47,7 @@ namespace strata::model::detail {
 /// Blocks per group of the packed layout.
 constexpr int64_t pack_group = 8;
 
-/// Whether `m` can take a packed layout (plain q8_0, q4_0, q5_0, iq4_nl, q4_K or iq4_xs).
+/// Whether `m` can take a packed layout (plain q8_0, q4_0, q5_0, iq4_nl, q4_K, iq4_xs or q2_K).
 bool packable(const WMatrix& m);
 /// A packed copy of a packable matrix (an owned buffer); throws
 /// Error(bad_argument) for any other.

@@ -107,6 +107,24 @@ void interleave_q8_0(QuantActs& a) {
     a.corr[i] = -128 * static_cast<int32_t>(a.sums32[i]);
 }
 
+// QuantActs::qi16 and ::dsum16 from q, d and sums (the activations of packed q2_K).
+void interleave_q8_K16(QuantActs& a) {
+  const int64_t nb = a.cols / 256;
+  a.qi16.resize(a.q.size());
+  a.dsum16.resize(a.sums.size());
+  for (int64_t m = 0; m < a.rows; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int8_t* q = a.q.data() + m * a.cols + 256 * b;
+      int8_t* out = a.qi16.data() + m * a.cols + 256 * b;
+      for (int k = 0; k < 4; ++k)
+        for (int g = 0; g < 16; ++g)
+          std::memcpy(out + 64 * k + 4 * g, q + 16 * g + 4 * k, 4);
+      const auto at = static_cast<std::size_t>(m * nb + b);
+      for (std::size_t g = 0; g < 16; ++g)
+        a.dsum16[16 * at + g] = a.d[at] * static_cast<float>(a.sums[16 * at + g]);
+    }
+}
+
 uint16_t to_bf16(float f) {
   uint32_t b;
   std::memcpy(&b, &f, 4);
@@ -187,6 +205,8 @@ void quantize_acts(WType t, const float* X, int64_t M, int64_t cols, QuantActs& 
     for (std::size_t i = 0; i < out.sums32.size(); ++i)
       out.sums32[i] = static_cast<int16_t>(out.sums[2 * i] + out.sums[2 * i + 1]);
     interleave_q8_0(out); // for packed q4_K (a block of 256 is a group of 8 blocks of 32)
+    if (t == WType::q2_K)
+      interleave_q8_K16(out);
     out.d32.resize(out.sums32.size());
     out.dsum32.resize(out.sums32.size());
     for (std::size_t i = 0; i < out.sums32.size(); ++i) {

@@ -32,6 +32,11 @@ struct QuantActs {
   /// K-type activations for packed q4_K / iq4_xs: per 32 values, the scale of their
   /// 256-value block and that scale times their sum.
   std::vector<float> d32, dsum32;
+  /// q8_K activations for packed q2_K (for q2_K only): each 256-value block
+  /// as 4 steps of 64 bytes, byte 4g + l of step k being value 16g + 4k + l,
+  /// and per 16 values the block's scale times their sum.
+  std::vector<int8_t> qi16;
+  std::vector<float> dsum16;
 };
 
 /// The activation block a weight type pairs with, as llama.cpp pairs them: 32
@@ -48,7 +53,7 @@ void set_fused_isa(FusedIsa isa);
 /// Whether this CPU (and the setting above) has a fused kernel for `t`.
 bool fused_available(WType t);
 /// `m` in the layout this CPU's kernels read fastest: packed q8_0 / q4_0 /
-/// q5_0 / iq4_nl / q4_K / iq4_xs (packed.hpp) where AVX-512 VNNI runs, else `m` itself. Either layout gives every kernel
+/// q5_0 / iq4_nl / q4_K / iq4_xs / q2_K (packed.hpp) where AVX-512 VNNI runs, else `m` itself. Either layout gives every kernel
 /// setting the same products (a packed matrix under another setting is
 /// unpacked on the fly).
 WMatrix pack_for_kernels(const WMatrix& m);

@@ -459,6 +459,82 @@ struct IQ4XSp {
   }
 };
 
+// Packed q2_K (packed.hpp) against q8_K activations interleaved by 16
+// (QuantActs::qi16): a block is 16 groups of 16, one per 32-bit lane. One
+// 64-byte load, then per step k a shift and a mask give values 4k .. 4k+3 of
+// every group (0..3, unsigned: no correction) for one vpdpbusd, leaving each
+// group's integer dot in its lane after 4 steps; then d x scale_g x da and
+// dmin x min_g x (da x the group's activation sum) meet the 16 lanes in one
+// multiply-add each. PAIR: two blocks, one after the other.
+struct Q2Kp {
+  const WMatrix& W;
+  const QuantActs& A;
+  int64_t ng_full, nb;
+  std::size_t rb;
+  int64_t tail = 0; // q2_K rows are whole blocks: PART is never asked for
+
+  Q2Kp(const WMatrix& w, const QuantActs& a) : W(w), A(a), ng_full(w.cols / 256), nb(w.cols / 256), rb(w.row_bytes()) {}
+
+  template <int R>
+  struct Prep {
+    __m512 sc[R][2], mn[R][2]; // d x scales, dmin x mins of blocks g and g + 1
+  };
+  template <bool PAIR, bool PART, int R>
+  __attribute__((always_inline)) void prepare(int64_t g, int64_t r, Prep<R>& p) const {
+    for (int i = 0; i < R; ++i)
+      for (int b = 0; b < (PAIR ? 2 : 1); ++b) {
+        const uint8_t* blk = row_at(W, rb, r + i) + (g + b) * 84;
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+        p.sc[i][b] = _mm512_mul_ps(_mm512_set1_ps(vnni::half_to_float(blk + 80)),
+                                   _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))));
+        p.mn[i][b] = _mm512_mul_ps(_mm512_set1_ps(vnni::half_to_float(blk + 82)), _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)));
+      }
+  }
+
+  template <bool PAIR, bool PART, int R, int MT>
+  __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
+                                             __m512 (&acc)[R][MT]) const {
+    const uint8_t* row0 = row_at(W, rb, r);
+    constexpr bool two = MT == 1; // steps 0, 2 and 1, 3 in two chains for one activation row
+    const __m512i m2 = _mm512_set1_epi8(3);
+    for (int b = 0; b < (PAIR ? 2 : 1); ++b) {
+      const int64_t blk_i = g + b;
+      __m512i P0[R][MT], P1[R][MT], w[R];
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + blk_i * 84;
+        if (fetch) {
+          _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + 64), _MM_HINT_T0);
+        }
+        w[i] = _mm512_loadu_si512(blk + 16);
+        for (int t = 0; t < MT; ++t)
+          P0[i][t] = P1[i][t] = _mm512_setzero_si512();
+      }
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        __m512i a[MT];
+        for (int t = 0; t < MT; ++t)
+          a[t] = _mm512_loadu_si512(A.qi16.data() + (m0 + t) * W.cols + 256 * blk_i + 64 * k);
+        for (int i = 0; i < R; ++i) {
+          const __m512i q = _mm512_and_si512(_mm512_srli_epi16(w[i], 2 * k), m2);
+          for (int t = 0; t < MT; ++t) {
+            auto& P = two && (k & 1) ? P1 : P0;
+            P[i][t] = _mm512_dpbusd_epi32(P[i][t], q, a[t]);
+          }
+        }
+      }
+      for (int i = 0; i < R; ++i)
+        for (int t = 0; t < MT; ++t) {
+          const int64_t at = (m0 + t) * nb + blk_i;
+          const __m512i p = two ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
+          acc[i][t] = _mm512_fmadd_ps(_mm512_mul_ps(prep.sc[i][b], _mm512_set1_ps(A.d[static_cast<std::size_t>(at)])),
+                                      _mm512_cvtepi32_ps(p), acc[i][t]);
+          acc[i][t] = _mm512_fnmadd_ps(prep.mn[i][b], _mm512_loadu_ps(A.dsum16.data() + 16 * at), acc[i][t]);
+        }
+    }
+  }
+};
+
 // A packed kernel K over weight rows [r0, r1): four rows side by side (the next
 // four prefetched on the first tile), activation rows in tiles of 2 (the
 // chains, sums and accumulators fill most of the 32 registers), each tile over
@@ -614,6 +690,8 @@ void quant_q8_K_avx512(const float* x, int64_t n, int8_t* q, float* d, int32_t* 
 void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
   if (W.packed && W.type == WType::q4_K)
     return run_packed(Q4Kp(W, A), Y, ldy, r0, r1, acc);
+  if (W.packed && W.type == WType::q2_K)
+    return run_packed(Q2Kp(W, A), Y, ldy, r0, r1, acc);
   if (W.packed && W.type == WType::iq4_xs)
     return run_packed(IQ4XSp(W, A), Y, ldy, r0, r1, acc);
   if (W.packed && W.type == WType::q4_0)

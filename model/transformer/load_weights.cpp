@@ -127,7 +127,8 @@ ShardWeights load_weights(TensorSource& src, LayerRange range, const LoadOptions
     });
   for (int64_t i = range.first; i <= range.last; ++i)
     jobs.push_back([&, i] {
-      const std::string p = "L" + std::to_string(i) + ".";
+      // (appended, not "L" + to_string(i): GCC 12 reports a false overflow in that operator+)
+      const std::string p = std::string("L").append(std::to_string(i)).append(".");
       LayerWeights& lw = w.layers[static_cast<std::size_t>(i - range.first)];
       lw.attn_norm = src.load(p + "attn_norm", {D});
       if (src.has(p + "wqkv")) { // fused (phi3)
