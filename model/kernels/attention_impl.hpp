@@ -335,19 +335,20 @@ inline __attribute__((always_inline)) void prefetch_block(const CacheRows& rows,
       __builtin_prefetch(p + l, 0, 3);
 }
 
-// The value pass of m <= L lanes over keys [lo, n) (hd a multiple of 16), 16
-// output columns at a time, each value row read once for all lanes: lane t's
-// weight of key j at at(j)[STRIDE * t], its output at out + t * out_stride.
-template <class E, int L, int STRIDE, class At>
-inline __attribute__((always_inline)) void value_columns(const CacheRows& rows, int64_t lo, int64_t n, int64_t hd,
-                                                         int64_t m, At at, float* out, int64_t out_stride) {
+// The value pass of m <= L lanes over keys [lo, n) (hd a multiple of 16 x CW),
+// 16 x CW output columns at a time, each value row read once for all lanes:
+// lane t's weight of key j at at(j)[STRIDE * t], its output at out + t *
+// out_stride. Each output column adds the keys in order whatever CW is.
+template <class E, int L, int STRIDE, int CW, class At>
+inline __attribute__((always_inline)) void value_columns_w(const CacheRows& rows, int64_t lo, int64_t n, int64_t hd,
+                                                           int64_t m, At at, float* out, int64_t out_stride) {
   const int64_t bt = rows.block_tokens, b0 = lo / bt;
   const std::size_t rs = rows.row_stride;
-  for (int64_t c = 0; c < hd; c += 16) {
-    v16 acc[L] = {};
+  for (int64_t c = 0; c < hd; c += 16 * CW) {
+    v16 acc[L][CW] = {};
     // These columns of the values two blocks ahead (a block's keys take less
     // time than a fetch from memory).
-    const int64_t v_at = E::bytes(c), v_bytes = std::max<int64_t>(E::bytes(16), 34);
+    const int64_t v_at = E::bytes(c), v_bytes = std::max<int64_t>(E::bytes(16 * CW), 34);
     prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.v_offset, v_at, v_bytes);
     for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
       const int64_t first = std::max<int64_t>(lo - j0, 0);
@@ -355,20 +356,45 @@ inline __attribute__((always_inline)) void value_columns(const CacheRows& rows, 
       const int64_t cnt = std::min(bt, n - j0);
       prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.v_offset, v_at, v_bytes);
       for (int64_t j = j0 + first; j < j0 + cnt; ++j, vp += rs) {
-        const v16 vj = E::get16(vp, c);
         // Each lane's weight broadcast from memory (a load, folded into the
         // multiply-add), not extracted from a register (a shuffle each).
         const float* p = at(j);
+#pragma GCC unroll 8
+        for (int u = 0; u < CW; ++u) {
+          const v16 vj = E::get16(vp, c + 16 * u);
 #pragma GCC unroll 16
-        for (int t = 0; t < L; ++t)
-          acc[t] += p[STRIDE * t] * vj;
+          for (int t = 0; t < L; ++t)
+            acc[t][u] += p[STRIDE * t] * vj;
+        }
       }
     }
 #pragma GCC unroll 16
     for (int t = 0; t < L; ++t) // (constant indices: a run-time one would keep acc in memory)
       if (t < m)
-        __builtin_memcpy(out + t * out_stride + c, &acc[t], sizeof(v16));
+        for (int u = 0; u < CW; ++u)
+          __builtin_memcpy(out + t * out_stride + c + 16 * u, &acc[t][u], sizeof(v16));
   }
+}
+
+// As many columns per pass as L x CW accumulators fit the registers (16 v16
+// with AVX-512's 32 registers, 8 otherwise): few lanes (a decode step's heads
+// of one kv head) then read each value row in one pass, whole cache lines,
+// rather than a part of it per pass over the whole cache (a 16-column pass
+// over a bf16 cache reads half of each line, so each line came twice).
+template <class E, int L, int STRIDE, class At>
+inline __attribute__((always_inline)) void value_columns(const CacheRows& rows, int64_t lo, int64_t n, int64_t hd,
+                                                         int64_t m, At at, float* out, int64_t out_stride) {
+  const int budget = __builtin_cpu_supports("avx512f") ? 16 : 8;
+  if constexpr (L <= 2)
+    if (8 * L <= budget && hd % 128 == 0)
+      return value_columns_w<E, L, STRIDE, 8>(rows, lo, n, hd, m, at, out, out_stride);
+  if constexpr (L <= 4)
+    if (4 * L <= budget && hd % 64 == 0)
+      return value_columns_w<E, L, STRIDE, 4>(rows, lo, n, hd, m, at, out, out_stride);
+  if constexpr (L <= 8)
+    if (2 * L <= budget && hd % 32 == 0)
+      return value_columns_w<E, L, STRIDE, 2>(rows, lo, n, hd, m, at, out, out_stride);
+  value_columns_w<E, L, STRIDE, 1>(rows, lo, n, hd, m, at, out, out_stride);
 }
 
 // The sum of a softmax's weights, the same bits in every kernel: weight j

@@ -8,7 +8,8 @@
 // contexts cheap). A benchmark, not a test: it prints tables, asserts nothing.
 //
 // Usage: strata_bench arch [DIR [LLAMA_BIN]] (STRATA_BENCH_ROUNDS: rounds of
-// strata then llama.cpp, default 3, medians): DIR holds the generated files
+// strata then llama.cpp, default 3, medians; STRATA_BENCH_KV: strata's KV cache
+// type, default f32; STRATA_BENCH_ARCH=moe|gemma: one model only): DIR holds the generated files
 // (default build/bench-models), LLAMA_BIN the folder with llama-bench and
 // llama-quantize (default: $LLAMA_CPP_BIN; none: strata alone, on f32).
 
@@ -77,7 +78,16 @@ int arch_bench_main(int argc, char** argv) {
   std::printf("read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (2 threads); %d interleaved rounds "
               "(STRATA_BENCH_ROUNDS), medians\n",
               bw1, bw2, rounds);
+  // STRATA_BENCH_KV=bf16|f16|q8_0: strata's KV cache type (default f32; llama.cpp keeps f16);
+  // STRATA_BENCH_ARCH=moe|gemma: one of the two models only.
+  model::LoadOptions opts;
+  if (const char* kv = std::getenv("STRATA_BENCH_KV"))
+    opts.kv_dtype = kv;
+  const std::string only = std::getenv("STRATA_BENCH_ARCH") ? std::getenv("STRATA_BENCH_ARCH") : "";
+  std::printf("strata's KV cache: %s (STRATA_BENCH_KV)\n", opts.kv_dtype.c_str());
   for (const Shape* s : {&moe_shape, &gemma_shape}) {
+    if (!only.empty() && only != (s == &moe_shape ? "moe" : "gemma"))
+      continue;
     const auto f32 = dir / (s->file + "-f32.gguf");
     if (!fs::exists(f32)) {
       const auto t0 = clk::now();
@@ -91,7 +101,7 @@ int arch_bench_main(int argc, char** argv) {
         return 1;
       file = q.string();
     }
-    auto shard = model::Shard::load(file);
+    auto shard = model::Shard::load(file, opts);
     const auto& c = shard->config();
     const double active = active_bytes(file, *s);
     std::printf("\n## %s: %s\n\n%s, %.2f GB resident, %.0f MB read per token\n\n", s->file.c_str(),
