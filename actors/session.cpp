@@ -103,7 +103,10 @@ bool take_token(session_self self, int32_t token) {
   st.result.ids.push_back(token);
   if (st.req.sampling.penalized())
     ++st.penalty_counts[token];
-  msg::token_event ev{st.req.session, static_cast<int64_t>(st.result.ids.size()) - 1, token};
+  msg::token_event ev;
+  ev.session = st.req.session;
+  ev.index = static_cast<int64_t>(st.result.ids.size()) - 1;
+  ev.token = token;
   ev.logprob = st.last_logprob;
   ev.top_ids = std::move(st.last_top_ids);
   ev.top_logprobs = std::move(st.last_top_logprobs);

@@ -206,8 +206,12 @@ int cmd_generate(int argc, char** argv) {
     greq.session = msg::mint_session_id("cli");
     greq.prompt = req.prompt_ids;
     greq.max_tokens = req.max_tokens;
-    greq.sampling = {req.sampling.temperature, req.sampling.top_k, req.sampling.top_p,
-                     model::Sampler(req.sampling).state(), req.sampling.min_p};
+    greq.sampling = msg::sampling_state{};
+    greq.sampling.temperature = req.sampling.temperature;
+    greq.sampling.top_k = req.sampling.top_k;
+    greq.sampling.top_p = req.sampling.top_p;
+    greq.sampling.rng_state = model::Sampler(req.sampling).state();
+    greq.sampling.min_p = req.sampling.min_p;
     greq.stop_ids = rules.stop_ids;
     greq.speculate = speculate;
     actors::SessionOptions sopts;

@@ -161,7 +161,7 @@ int run_status(int argc, char** argv) {
     std::snprintf(alive, sizeof alive, "%.1fs ago", static_cast<double>(s.silent_ms) / 1000.0);
     std::string misses;
     for (std::size_t r = 1; r < st.misses.size(); ++r)
-      misses += (r > 1 ? "," : "") + std::to_string(st.misses[r]);
+      misses.append(r > 1 ? "," : "").append(std::to_string(st.misses[r])); // (not "," + to_string: GCC 12 misreports it)
     auto n = [](uint64_t v) { return std::to_string(v); };
     table.push_back({std::to_string(i), caf::to_string(s.shard.shard.node()), s.address.empty() ? "-" : s.address,
                      std::to_string(s.shard.first) + "-" + std::to_string(s.shard.last),
