@@ -281,6 +281,36 @@ struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
   }
 };
 
+// Chunk k (32 bytes) of the nibbles of 256-value block g of a packed row
+// (blocks of BB bytes, H header bytes first: q4_K, iq4_xs), and with PAIR the
+// next block's in the upper half; `fetch` prefetches the same bytes R rows on.
+template <std::size_t BB, std::size_t H, bool PAIR, int R>
+__attribute__((always_inline)) inline __m512i k256_chunk(const uint8_t* row, std::size_t rb, int64_t g, int k,
+                                                         bool fetch) {
+  const uint8_t* wp = row + g * BB + H + 32 * k;
+  if (fetch) {
+    _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb), _MM_HINT_T0);
+    if (PAIR)
+      _mm_prefetch(reinterpret_cast<const char*>(wp + BB + R * rb), _MM_HINT_T0);
+  }
+  const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+  return PAIR ? _mm512_inserti64x4(_mm512_castsi256_si512(w0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + BB)), 1)
+              : _mm512_zextsi256_si512(w0);
+}
+
+// What the packed 256-value kernels share (q4_K, iq4_xs): a block is a group
+// of 8 sub-blocks of 32, rows are whole blocks (PART is never asked for).
+struct Blocks256 {
+  const WMatrix& W;
+  const QuantActs& A;
+  int64_t ng_full, nb32, qis;
+  std::size_t rb;
+  int64_t tail = 0;
+
+  Blocks256(const WMatrix& w, const QuantActs& a)
+      : W(w), A(a), ng_full(w.cols / 256), nb32(w.cols / 32), qis(w.cols / 256 * 256), rb(w.row_bytes()) {}
+};
+
 // Packed q4_K (packed.hpp) against q8_K activations interleaved as q8_0's
 // (a q4_K block is a group of 8 sub-blocks of 32), two blocks at a time in
 // 512-bit vectors: per chunk of 32 bytes one load and two masks give steps k
@@ -288,15 +318,8 @@ struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
 // vpdpbusd leave each sub-block's integer dot in its lane; then d x scale_j x
 // da and dmin x min_j x (da x the activations' sum of sub-block j) are one
 // multiply-add each for the 16 lanes.
-struct Q4Kp {
-  const WMatrix& W;
-  const QuantActs& A;
-  int64_t ng_full, nb32, qis;
-  std::size_t rb;
-  int64_t tail = 0; // q4_K rows are whole blocks: PART is never asked for
-
-  Q4Kp(const WMatrix& w, const QuantActs& a)
-      : W(w), A(a), ng_full(w.cols / 256), nb32(w.cols / 32), qis(w.cols / 256 * 256), rb(w.row_bytes()) {}
+struct Q4Kp : Blocks256 {
+  using Blocks256::Blocks256;
 
   // The weight side every activation row shares: d x scales, dmin x mins,
   // of one block (lanes 0-7) or two (PAIR: the next one in lanes 8-15), from
@@ -343,16 +366,7 @@ struct Q4Kp {
       for (int t = 0; t < MT; ++t)
         P0[i][t] = P1[i][t] = _mm512_setzero_si512();
     auto chunk = [&](int i, int k) __attribute__((always_inline)) {
-      const uint8_t* wp = row0 + i * rb + g * 144 + 16 + 32 * k;
-      if (fetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb), _MM_HINT_T0);
-        if (PAIR)
-          _mm_prefetch(reinterpret_cast<const char*>(wp + 144 + R * rb), _MM_HINT_T0);
-      }
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
-      return PAIR ? _mm512_inserti64x4(_mm512_castsi256_si512(w0),
-                                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 144)), 1)
-                  : _mm512_zextsi256_si512(w0);
+      return k256_chunk<144, 16, PAIR, R>(row0 + i * rb, rb, g, k, fetch);
     };
     nibble_dots<PAIR, R, MT>(A, qis, m0, g, chunk, [](int, int, __m512i&, __m512i&) {}, P0, P1);
     for (int i = 0; i < R; ++i) {
@@ -376,15 +390,8 @@ struct Q4Kp {
 // (one byte shuffle), the +128 taken back through -128 x each sub-block's
 // activation sum (A.corr) in its lane's integer sum; then d x (ls_j - 32) x
 // da meets that sum in one multiply-add for the 16 lanes.
-struct IQ4XSp {
-  const WMatrix& W;
-  const QuantActs& A;
-  int64_t ng_full, nb32, qis;
-  std::size_t rb;
-  int64_t tail = 0; // iq4_xs rows are whole blocks: PART is never asked for
-
-  IQ4XSp(const WMatrix& w, const QuantActs& a)
-      : W(w), A(a), ng_full(w.cols / 256), nb32(w.cols / 32), qis(w.cols / 256 * 256), rb(w.row_bytes()) {}
+struct IQ4XSp : Blocks256 {
+  using Blocks256::Blocks256;
 
   // d x (ls_j - 32) of the block's 8 sub-blocks: ls_j's low 4 bits are bits
   // 4j .. 4j+3 of the scales_l word, its high 2 bits 2j, 2j+1 of scales_h.
@@ -431,16 +438,7 @@ struct IQ4XSp {
       }
     }
     auto chunk = [&](int i, int k) __attribute__((always_inline)) {
-      const uint8_t* wp = row0 + i * rb + g * 136 + 8 + 32 * k;
-      if (fetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb), _MM_HINT_T0);
-        if (PAIR)
-          _mm_prefetch(reinterpret_cast<const char*>(wp + 136 + R * rb), _MM_HINT_T0);
-      }
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
-      return PAIR ? _mm512_inserti64x4(_mm512_castsi256_si512(w0),
-                                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 136)), 1)
-                  : _mm512_zextsi256_si512(w0);
+      return k256_chunk<136, 8, PAIR, R>(row0 + i * rb, rb, g, k, fetch);
     };
     const __m512i table = iq4_table_u512();
     nibble_dots<PAIR, R, MT>(A, qis, m0, g, chunk,
