@@ -41,13 +41,6 @@ void convert_row(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   }
 }
 
-// One row of nb 256-value blocks of BB bytes with H header bytes and 128
-// bytes of nibbles (q4_K: 144 / 16, iq4_xs: 136 / 8): plain -> packed (pack)
-// or back. The header stays (q4_K's scales and mins re-encoded as below); byte 4j + l of chunk k (32 bytes) holds value
-// 4k + l of sub-block j in its low nibble and value 4k + 16 + l in its high
-// nibble. Plain q4_K: sub-block 2c's value v is the low nibble of byte
-// 32c + v, sub-block 2c + 1's the high nibble; plain iq4_xs: sub-block j's
-// value v (< 16) the low nibble of byte 16j + v, value v + 16 its high nibble.
 // q4_K's 12 bytes of 6-bit scales sc_j and mins m_j (j = 0..7), plain: bytes
 // 0-3 sc_j | (sc_{j+4} >> 4) << 6, bytes 4-7 m_j | (m_{j+4} >> 4) << 6, bytes
 // 8-11 (sc_{j+4} & 15) | (m_{j+4} & 15) << 4 (j < 4). Packed, for one vector
@@ -84,6 +77,14 @@ void convert_scales_q4_K(const uint8_t* in, uint8_t* out, bool pack) {
   }
 }
 
+// One row of nb 256-value blocks of BB bytes with H header bytes and 128
+// bytes of nibbles (q4_K: 144 / 16, iq4_xs: 136 / 8): plain -> packed (pack)
+// or back. The header stays (q4_K's scales and mins re-encoded as above);
+// byte 4j + l of chunk k (32 bytes) holds value 4k + l of sub-block j in its
+// low nibble and value 4k + 16 + l in its high nibble. Plain q4_K: sub-block
+// 2c's value v is the low nibble of byte 32c + v, sub-block 2c + 1's the high
+// nibble; plain iq4_xs: sub-block j's value v (< 16) the low nibble of byte
+// 16j + v, value v + 16 its high nibble.
 template <std::size_t BB, std::size_t H, bool XS>
 void convert_row_k256(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   for (int64_t b = 0; b < nb; ++b) {
@@ -132,8 +133,8 @@ void convert_row_q2_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   }
 }
 
-// One row of nb q4_0 (Q5 false; iq4_nl blocks are alike) or q5_0 blocks. Plain: d, [q5_0: qh, bit v the
-// 5th bit of value v], 16 bytes whose low nibbles are values 0..15 and high
+// One row of nb q4_0 (Q5 false; iq4_nl blocks are alike) or q5_0 blocks.
+// Plain: d, [q5_0: qh, bit v the 5th bit of value v], 16 bytes whose low nibbles are values 0..15 and high
 // nibbles 16..31. Packed, group g of L blocks at byte BB * 8g: the L scales,
 // 4 chunks of 4L bytes (byte 4j + l of chunk k: value 4k + l of block j in
 // the low nibble, 4k + 16 + l in the high one), [q5_0: the L qh words].

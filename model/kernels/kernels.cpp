@@ -159,9 +159,9 @@ struct Prepared {
 };
 
 bool prepares_alike(WType a, WType b, bool gemm) {
-  auto kind = [](WType t) { // the same activation blocks
+  auto kind = [](WType t) { // the same activation blocks (q2_K's also interleaved by 16: its own)
     const int64_t b = acts_block(t);
-    return b == 32 ? WType::q8_0 : b == 256 ? WType::q4_K : t;
+    return t == WType::q2_K ? t : b == 32 ? WType::q8_0 : b == 256 ? WType::q4_K : t;
   };
   return kind(a) == kind(b) && (gemm || fused_available(a) == fused_available(b));
 }

@@ -1,11 +1,13 @@
 // The fused kernels for CPUs with AVX-512 VNNI (int8) and AVX-512 BF16 (bf16).
 // Library headers first: their inline functions must keep the default target
 // (the linker may pick any translation unit's copy).
+#include "model/base/error.hpp"
 #include "model/kernels/kernels_q.hpp"
 
 #include <immintrin.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16")
@@ -680,8 +682,11 @@ void quant_q8_K_avx512(const float* x, int64_t n, int8_t* q, float* d, int32_t* 
 void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
   if (W.packed && W.type == WType::q4_K)
     return run_packed(Q4Kp(W, A), Y, ldy, r0, r1, acc);
-  if (W.packed && W.type == WType::q2_K)
+  if (W.packed && W.type == WType::q2_K) {
+    if (A.for_type != WType::q2_K) // (prepares_alike keeps q2_K's activations its own)
+      throw Error(errc::bad_argument, "packed q2_K rows given activations quantized for " + std::string(to_string(A.for_type)));
     return run_packed(Q2Kp(W, A), Y, ldy, r0, r1, acc);
+  }
   if (W.packed && W.type == WType::iq4_xs)
     return run_packed(IQ4XSp(W, A), Y, ldy, r0, r1, acc);
   if (W.packed && W.type == WType::q4_0)

@@ -459,5 +459,45 @@ TEST_P(TypedKernels, MatchTheScalarPath) {
       }
 }
 
+// A stacked weight whose parts are of different types (q | k | v of a Q2_K
+// file: q2_K with q4_K and q3_K parts) multiplies each part as it would alone:
+// the activations each part needs (q2_K's also interleaved by 16) whatever
+// part came before, bit for bit, in either order.
+TEST_P(TypedKernels, StackedPartsOfMixedTypesEqualEachPartAlone) {
+  const int64_t cols = 512, M = 3;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> X(static_cast<std::size_t>(M * cols));
+  for (auto& x : X)
+    x = nd(rng);
+  for (auto order : {std::vector<WType>{WType::q4_K, WType::q2_K, WType::q3_K, WType::q2_K},
+                     std::vector<WType>{WType::q2_K, WType::q4_K, WType::q8_0, WType::q2_K}}) {
+    std::vector<std::vector<uint8_t>> bytes;
+    detail::Linear w;
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      bytes.push_back(random_blocks(order[i], 5 + static_cast<int64_t>(i), cols, static_cast<uint32_t>(70 + i)));
+      detail::WMatrix m;
+      m.type = order[i];
+      m.rows = 5 + static_cast<int64_t>(i);
+      m.cols = cols;
+      m.data = bytes.back().data();
+      w.add(detail::pack_for_kernels(m));
+    }
+    std::vector<float> Y(static_cast<std::size_t>(M * w.rows), -7.f);
+    detail::matmul_rows(w, X.data(), Y.data(), M, false);
+    int64_t col0 = 0;
+    for (const auto& part : w.parts) {
+      SCOPED_TRACE(to_string(part.type));
+      std::vector<float> alone(static_cast<std::size_t>(M * part.rows), -7.f);
+      detail::matmul_rows(part, X.data(), alone.data(), part.rows, M, false);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t r = 0; r < part.rows; ++r)
+          ASSERT_EQ(Y[static_cast<std::size_t>(m * w.rows + col0 + r)], alone[static_cast<std::size_t>(m * part.rows + r)])
+            << "row " << m << "," << r;
+      col0 += part.rows;
+    }
+  }
+}
+
 } // namespace
 } // namespace strata::model
