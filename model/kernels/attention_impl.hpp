@@ -377,14 +377,14 @@ inline __attribute__((always_inline)) void value_columns_w(const CacheRows& rows
 }
 
 // As many columns per pass as L x CW accumulators fit the registers (16 v16
-// with AVX-512's 32 registers, 8 otherwise): few lanes (a decode step's heads
+// with AVX-512's 32 registers, 8 with AVX2's 16, 2 with SSE's 16 xmm): few lanes (a decode step's heads
 // of one kv head) then read each value row in one pass, whole cache lines,
 // rather than a part of it per pass over the whole cache (a 16-column pass
 // over a bf16 cache reads half of each line, so each line came twice).
 template <class E, int L, int STRIDE, class At>
 inline __attribute__((always_inline)) void value_columns(const CacheRows& rows, int64_t lo, int64_t n, int64_t hd,
                                                          int64_t m, At at, float* out, int64_t out_stride) {
-  const int budget = __builtin_cpu_supports("avx512f") ? 16 : 8;
+  const int budget = __builtin_cpu_supports("avx512f") ? 16 : __builtin_cpu_supports("avx2") ? 8 : 2;
   if constexpr (L <= 2)
     if (8 * L <= budget && hd % 128 == 0)
       return value_columns_w<E, L, STRIDE, 8>(rows, lo, n, hd, m, at, out, out_stride);
