@@ -69,6 +69,22 @@ __attribute__((always_inline)) inline void nibble_dots(const QuantActs& A, int64
   }
 }
 
+// The integer chains of a group (pair) for weight rows i < R and activation
+// rows m0 + t: P0 starts at each lane's activation-sum correction (A.corr of
+// blocks 8g .. 8g+15 in `live` lanes, shifted right by `shift`), P1 at zero.
+template <int R, int MT>
+__attribute__((always_inline)) inline void chains_from_corr(const QuantActs& A, __mmask16 live, int64_t nb, int64_t g,
+                                                            int64_t m0, int shift, __m512i (&P0)[R][MT],
+                                                            __m512i (&P1)[R][MT]) {
+  for (int t = 0; t < MT; ++t) {
+    const __m512i cv = _mm512_srai_epi32(_mm512_maskz_loadu_epi32(live, A.corr.data() + (m0 + t) * nb + 8 * g), shift);
+    for (int i = 0; i < R; ++i) {
+      P0[i][t] = cv;
+      P1[i][t] = _mm512_setzero_si512();
+    }
+  }
+}
+
 // Row r of W, rb its bytes worked out once (W.row() works them out out of line
 // at every call: inside the group loops that cost 10-25 %).
 __attribute__((always_inline)) inline const uint8_t* row_at(const WMatrix& W, std::size_t rb, int64_t r) {
@@ -149,13 +165,7 @@ struct Q8p : Blocks32<34> {
     // chain for tiles (registers).
     constexpr bool two = MT == 1;
     __m512i P0[R][MT], P1[R][MT];
-    for (int t = 0; t < MT; ++t) {
-      const __m512i cv = _mm512_maskz_loadu_epi32(live, A.corr.data() + (m0 + t) * nb + 8 * g);
-      for (int i = 0; i < R; ++i) {
-        P0[i][t] = cv;
-        P1[i][t] = _mm512_setzero_si512();
-      }
-    }
+    chains_from_corr<R, MT>(A, live, nb, g, m0, 0, P0, P1);
     auto step = [&](__m512i(&P)[R][MT], int s, bool ahead) __attribute__((always_inline)) {
       __m512i a[MT];
       for (int t = 0; t < MT; ++t)
@@ -221,14 +231,8 @@ struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
     const __mmask32 cmask = static_cast<__mmask32>((uint64_t{1} << (4 * L)) - 1);
     const __mmask8 wmask = static_cast<__mmask8>((1u << L) - 1);
     __m512i P0[R][MT], P1[R][MT];
-    for (int t = 0; t < MT; ++t) {
-      const __m512i c = _mm512_maskz_loadu_epi32(live, A.corr.data() + (m0 + t) * nb + 8 * g);
-      const __m512i cv = NL ? c : _mm512_srai_epi32(c, Q5 ? 3 : 4); // -128 s / 8 = -16 s; / 16 = -8 s
-      for (int i = 0; i < R; ++i) {
-        P0[i][t] = cv;
-        P1[i][t] = _mm512_setzero_si512();
-      }
-    }
+    // -128 s as is (iq4_nl), / 8 = -16 s (q5_0), / 16 = -8 s (q4_0)
+    chains_from_corr<R, MT>(A, live, nb, g, m0, NL ? 0 : Q5 ? 3 : 4, P0, P1);
     // The 5th bits of 4 values per lane (bits 4k .. 4k+3 of each word) to bit 4 of their bytes.
     [[maybe_unused]] __m512i qh[R];
     if constexpr (Q5)
@@ -432,13 +436,7 @@ struct IQ4XSp : Blocks256 {
     constexpr bool two = MT == 1; // steps k and k + 4 in two chains for one activation row
     constexpr __mmask16 live = PAIR ? 0xFFFF : 0xFF;
     __m512i P0[R][MT], P1[R][MT];
-    for (int t = 0; t < MT; ++t) {
-      const __m512i cv = _mm512_maskz_loadu_epi32(live, A.corr.data() + (m0 + t) * nb32 + 8 * g);
-      for (int i = 0; i < R; ++i) {
-        P0[i][t] = cv;
-        P1[i][t] = _mm512_setzero_si512();
-      }
-    }
+    chains_from_corr<R, MT>(A, live, nb32, g, m0, 0, P0, P1);
     auto chunk = [&](int i, int k) __attribute__((always_inline)) {
       return k256_chunk<136, 8, PAIR, R>(row0 + i * rb, rb, g, k, fetch);
     };
