@@ -187,6 +187,18 @@ TEST(Batch, StaggeredSequencesEqualAloneGgufQ4KM) {
   batched_equals_alone(test::shared_path("models/gguf/rand256-q4_k_m.gguf"), "0,1");
 }
 
+// The other packed layouts of llama.cpp-made files (iq4_nl, iq4_xs; Q2_K's mix,
+// whose q | k | v stack q2_K with other K types): a staggered crowd of
+// sequences gets bit for bit what each gets alone.
+TEST(Batch, StaggeredSequencesEqualAloneInThePackedGgufTypes) {
+  for (const char* f : {"rand256-iq4_nl", "rand256-iq4_xs", "rand256-q2_k"}) {
+    const auto file = "models/gguf/" + std::string(f) + ".gguf";
+    STRATA_REQUIRE_SHARED(file);
+    SCOPED_TRACE(f);
+    batched_equals_alone(test::shared_path(file), "0,1");
+  }
+}
+
 // Mixtures of experts: each round's rows pick their experts (4 per layer, 2
 // per row here), rows of a round share some experts and not others, and each
 // expert's matrices are applied to its rows together; a row still gets bit for
