@@ -5,6 +5,15 @@
 // STRATA_ATTENTION_KERNELS): they build in parallel, and one type's kernels do
 // not wait for the others'.
 
+//
+// A file that defines STRATA_ATTENTION_AVX512 (attention_<type>_avx512.cpp)
+// includes this header after its library headers and <immintrin.h>, under
+// `#pragma GCC target` for AVX-512 with F16C: there the f16 values (an f16
+// cache's, a q8_0 block's scale) convert with vcvtph2ps, one instruction for 16
+// values, instead of the integer arithmetic every target can run. Each build
+// lives in a namespace of its own (STRATA_ATTENTION_NS), so no inline function
+// here is ever shared between translation units built for different targets.
+
 #include "model/formats/quant.hpp"
 #include "model/kernels/attention.hpp"
 #include "model/kernels/vec.hpp"
@@ -12,7 +21,11 @@
 #include <algorithm>
 #include <cmath>
 
-namespace strata::model::detail {
+#ifndef STRATA_ATTENTION_NS
+#define STRATA_ATTENTION_NS portable
+#endif
+
+namespace strata::model::detail::STRATA_ATTENTION_NS {
 
 // e^x for 16 lanes at once (Cephes' expf: x = k ln2 + r, |r| <= ln2 / 2, a
 // degree-7 polynomial in r, times 2^k), within 2 ulp of expf; 0 below -87.3
@@ -51,6 +64,16 @@ inline __attribute__((always_inline)) v16 exp16(v16 x) {
 typedef uint32_t vu16 __attribute__((vector_size(64)));
 typedef int32_t vi16 __attribute__((vector_size(64)));
 
+#ifdef STRATA_ATTENTION_AVX512
+// f16 bits (the low half of each 32-bit lane, the high half zero) to f32: the
+// halves packed (vpmovdw), then vcvtph2ps. Exact, as the arithmetic below.
+inline __attribute__((always_inline)) v16 f16_bits_to_f32(vu16 x) {
+  return reinterpret_cast<v16>(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(reinterpret_cast<__m512i>(x))));
+}
+inline __attribute__((always_inline)) v16 f16_to_f32_16(const uint8_t* p) {
+  return reinterpret_cast<v16>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+}
+#else
 // f16 bits (the low half of each 32-bit lane, the high half zero) to f32.
 inline __attribute__((always_inline)) v16 f16_bits_to_f32(vu16 x) {
   const vu16 em = x & 0x7fffu;
@@ -65,6 +88,7 @@ inline __attribute__((always_inline)) v16 f16_to_f32_16(const uint8_t* p) {
   __builtin_memcpy(&h, p, sizeof h);
   return f16_bits_to_f32(__builtin_convertvector(h, vu16));
 }
+#endif
 
 // Transposes 16 vectors of 16 lanes in place (R[r][c] becomes R[c][r]): the
 // off-diagonal halves of each 2B x 2B square swap, for B = 8, 4, 2, 1.
@@ -191,15 +215,20 @@ struct KvF16 {
 struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
   static constexpr int64_t bytes(int64_t n) { return 34 * (n / 32); }
   // The f16 scale as f32 by f16_bits_to_f32's arithmetic on one lane (a
-  // _Float16 conversion is a library call where AVX-512 FP16 is missing).
+  // _Float16 conversion is a library call where AVX-512 FP16 is missing), or
+  // by vcvtph2ps where the file is built for AVX-512.
   static inline __attribute__((always_inline)) float scale(const uint8_t* blk) {
     uint16_t h;
     __builtin_memcpy(&h, blk, 2);
+#ifdef STRATA_ATTENTION_AVX512
+    return _cvtsh_ss(h);
+#else
     const uint32_t x = h, em = x & 0x7fffu;
     float f = __builtin_bit_cast(float, em << 13) * 0x1p112f;
     if (em >= 0x7c00u)
       f = __builtin_bit_cast(float, 0x7f800000u | ((em & 0x3ffu) << 13));
     return __builtin_bit_cast(float, __builtin_bit_cast(uint32_t, f) | ((x & 0x8000u) << 16));
+#endif
   }
   // Two blocks a transposition: unit u < 8 holds values 4u .. 4u+3 of the
   // first, unit 8 + u those of the second; each value d * q as row() makes it.
@@ -245,12 +274,18 @@ struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
     return tmp;
   }
   static inline __attribute__((always_inline)) v16 get16(const uint8_t* p, int64_t c) {
-    typedef int8_t i16v __attribute__((vector_size(16), aligned(1)));
     const uint8_t* blk = p + 34 * (c / 32);
+#ifdef STRATA_ATTENTION_AVX512
+    // vpmovsxbd (GCC 12 widens the vector below one byte at a time)
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + c % 32));
+    return reinterpret_cast<v16>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))) * scale(blk);
+#else
+    typedef int8_t i16v __attribute__((vector_size(16), aligned(1)));
     i16v q;
     __builtin_memcpy(&q, blk + 2 + c % 32, sizeof q);
     // (through int32: a direct int8 -> float conversion is done lane by lane)
     return __builtin_convertvector(__builtin_convertvector(q, vi16), v16) * scale(blk);
+#endif
   }
 };
 
@@ -717,24 +752,26 @@ inline __attribute__((always_inline)) void attend_heads_typed(const float* q, in
   return attend_heads_lanes<E, 16>(q, m, rows, n, hd, scale, scores, out);
 }
 
-} // namespace strata::model::detail
+} // namespace strata::model::detail::STRATA_ATTENTION_NS
 
 // The three entry points for one cache type E, named attend*_<name>, each built
 // for AVX-512, x86-64-v3 (AVX2, FMA) and the baseline, chosen at load time.
 #define STRATA_ATTENTION_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
-#define STRATA_ATTENTION_KERNELS(E, name)                                                                         \
+#define STRATA_ATTENTION_KERNELS(E, name) STRATA_ATTENTION_KERNELS_WITH(E, name, STRATA_ATTENTION_CLONES)
+// The same for one target (ATTRS: the functions' attributes, if any).
+#define STRATA_ATTENTION_KERNELS_WITH(E, name, ATTRS)                                                             \
   namespace strata::model::detail {                                                                              \
-  STRATA_ATTENTION_CLONES void attend_##name(const float* q, const CacheRows& rows, int64_t n, int64_t hd,        \
-                                             float scale, float* scores, float* out) {                           \
-    attend_typed<E>(q, rows, n, hd, scale, scores, out);                                                          \
+  ATTRS void attend_##name(const float* q, const CacheRows& rows, int64_t n, int64_t hd, float scale,             \
+                           float* scores, float* out) {                                                           \
+    STRATA_ATTENTION_NS::attend_typed<STRATA_ATTENTION_NS::E>(q, rows, n, hd, scale, scores, out);                \
   }                                                                                                               \
-  STRATA_ATTENTION_CLONES void attend_rows_##name(const float* q, int64_t q_stride, int64_t m,                    \
-                                                  const CacheRows& rows, int64_t n0, int64_t hd, float scale,    \
-                                                  float* scores, float* out, int64_t out_stride) {               \
-    attend_rows_typed<E>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);                           \
+  ATTRS void attend_rows_##name(const float* q, int64_t q_stride, int64_t m, const CacheRows& rows, int64_t n0,   \
+                                int64_t hd, float scale, float* scores, float* out, int64_t out_stride) {         \
+    STRATA_ATTENTION_NS::attend_rows_typed<STRATA_ATTENTION_NS::E>(q, q_stride, m, rows, n0, hd, scale, scores,   \
+                                                                   out, out_stride);                              \
   }                                                                                                               \
-  STRATA_ATTENTION_CLONES void attend_heads_##name(const float* q, int64_t m, const CacheRows& rows, int64_t n,  \
-                                                   int64_t hd, float scale, float* scores, float* out) {         \
-    attend_heads_typed<E>(q, m, rows, n, hd, scale, scores, out);                                                 \
+  ATTRS void attend_heads_##name(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t hd,         \
+                                 float scale, float* scores, float* out) {                                        \
+    STRATA_ATTENTION_NS::attend_heads_typed<STRATA_ATTENTION_NS::E>(q, m, rows, n, hd, scale, scores, out);       \
   }                                                                                                               \
   }

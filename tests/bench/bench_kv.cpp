@@ -2,12 +2,17 @@
 // KV cache type (f32, bf16, f16, q8_0), on a Qwen2.5-0.5B-shaped model with
 // Q8_0 weights (seeded random weights, quantized by llama-quantize), with the
 // KV bytes one token takes; llama-bench on the same file at the same depths
-// (its default f16 cache) when LLAMA_CPP_BIN is set. A benchmark, not a test.
+// (its default f16 cache) when LLAMA_CPP_BIN is set. Where the CPU runs the
+// AVX-512 attention kernels, the f16 and q8_0 caches are also measured with the
+// portable ones (same bits, integer f16 conversion), in turn in the same run.
+// A benchmark, not a test.
 //
 // Usage: strata_bench kv [DIR [LLAMA_BIN]] (STRATA_BENCH_THREADS, default 2;
-// STRATA_BENCH_DEPTH, default 8192). llama-quantize is needed only while DIR
+// STRATA_BENCH_DEPTH, default 8192; STRATA_BENCH_KV_TYPES, default
+// f32,bf16,f16,q8_0). llama-quantize is needed only while DIR
 // holds no Q8_0 file from an earlier run.
 
+#include "model/kernels/attention.hpp"
 #include "model/transformer/kv_cache.hpp"
 #include "model/transformer/shard.hpp"
 #include "tests/bench/bench_gguf.hpp"
@@ -15,7 +20,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 using namespace strata;
 using namespace strata::benchgguf;
@@ -50,15 +57,28 @@ int kv_bench_main(int argc, char** argv) {
               q.filename().c_str(), threads, static_cast<long long>(depth));
   std::printf("| KV type | KV bytes / token | decode at 64 | at %lld | ratio |\n|---|---|---|---|---|\n",
               static_cast<long long>(depth));
-  for (const char* type : {"f32", "bf16", "f16", "q8_0"}) {
+  const char* types_env = std::getenv("STRATA_BENCH_KV_TYPES");
+  std::vector<std::string> types;
+  std::stringstream list(types_env ? types_env : "f32,bf16,f16,q8_0");
+  for (std::string t; std::getline(list, t, ',');)
+    types.push_back(t);
+  for (const auto& type : types) {
     model::LoadOptions o;
     o.kv_dtype = type;
     auto shard = model::Shard::load(q.string(), o);
-    const double a = strata_speed(*shard, threads, 0, 64).decode;
-    const double b = strata_speed(*shard, threads, 0, depth).decode;
-    std::printf("| strata %s | %zu | %s | %s | %s |\n", type, model::BlockPool::kv_bytes_per_token(shard->cache_shape()),
-                fmt(a).c_str(), fmt(b).c_str(), ratio(b, a).c_str());
-    std::fflush(stdout);
+    const bool both = model::detail::attention_avx512_available() && (type == "f16" || type == "q8_0");
+    for (int portable = 0; portable <= (both ? 1 : 0); ++portable) {
+      model::detail::set_attention_isa(portable ? model::detail::AttentionIsa::portable
+                                                : model::detail::AttentionIsa::best);
+      const double a = strata_speed(*shard, threads, 0, 64).decode;
+      const double b = strata_speed(*shard, threads, 0, depth).decode;
+      std::printf("| strata %s%s | %zu | %s | %s | %s |\n", type.c_str(),
+                  !both ? "" : portable ? " (portable kernels)" : " (AVX-512 kernels)",
+                  model::BlockPool::kv_bytes_per_token(shard->cache_shape()), fmt(a).c_str(), fmt(b).c_str(),
+                  ratio(b, a).c_str());
+      std::fflush(stdout);
+    }
+    model::detail::set_attention_isa(model::detail::AttentionIsa::best);
   }
   if (peer) {
     const double a = llama_speed(llama, q.string(), threads, 0, 64).decode;

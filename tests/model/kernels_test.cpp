@@ -191,5 +191,66 @@ TEST(Kernels, DecodeHeadsEqualPrefillRowsBitForBit) {
     }
 }
 
+
+// The kernels built for AVX-512 (f16 values converted by vcvtph2ps) give the
+// same bits as the portable ones (integer arithmetic) for an f16 and a q8_0
+// cache, for every kernel, with windows and soft-capping, and with subnormal
+// f16 values and scales among the stored ones: a machine of either kind
+// computes the same tokens.
+TEST(Kernels, Avx512CacheKernelsEqualPortableOnesBitForBit) {
+  if (!attention_avx512_available())
+    GTEST_SKIP() << "this CPU lacks AVX-512 (F, BW, VL) with F16C: only the portable kernels run here";
+  struct Restore {
+    ~Restore() { set_attention_isa(AttentionIsa::best); }
+  } restore;
+  const int64_t bt = 32, blocks = 6;
+  for (WType type : {WType::f16, WType::q8_0})
+    for (int64_t hd : {32, 48, 64, 96, 128}) {
+      if (type == WType::q8_0 && hd % 32 != 0)
+        continue;
+      const int64_t kv = hd;
+      const std::size_t stride = row_bytes(type, kv);
+      std::vector<std::vector<uint8_t>> store;
+      std::vector<const uint8_t*> ptrs;
+      for (int64_t b = 0; b < blocks; ++b) {
+        auto x = random(static_cast<std::size_t>(2 * bt * kv), static_cast<uint32_t>(40 + b));
+        // Block 1 holds tiny values: f16 subnormals, and q8_0 blocks whose
+        // scale is an f16 subnormal.
+        if (b == 1)
+          for (auto& v : x)
+            v *= 2e-6f;
+        store.emplace_back(2 * bt * stride);
+        quantize(type, x.data(), store.back().data(), 2 * bt * kv);
+        ptrs.push_back(store.back().data());
+      }
+      for (int64_t window : {0, 40})
+        for (float cap : {0.f, 3.f}) {
+          SCOPED_TRACE(std::string(to_string(type)) + " hd " + std::to_string(hd) + " window " + std::to_string(window) +
+                       " cap " + std::to_string(cap));
+          const CacheRows rows{ptrs.data(), bt, stride, 0, bt * stride, window, cap, type};
+          const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+          for (int64_t m : {1, 7, 16})
+            for (int64_t n : {1, 17, 70, 150, 192}) {
+              const auto q = random(static_cast<std::size_t>(16 * hd), static_cast<uint32_t>(11 * m + n));
+              std::vector<float> scores(static_cast<std::size_t>(attend_scores_floats(n + 1)));
+              auto run = [&](AttentionIsa isa) {
+                set_attention_isa(isa);
+                std::vector<float> all(static_cast<std::size_t>(3 * 16 * hd));
+                attend(q.data(), rows, n, hd, scale, scores.data(), all.data());
+                attend_heads(q.data(), m, rows, n, hd, scale, scores.data(), all.data() + 16 * hd);
+                const int64_t rows_in = std::min<int64_t>(m, n);
+                attend_rows(q.data(), hd, rows_in, rows, n - rows_in, hd, scale, scores.data(),
+                            all.data() + 32 * hd, hd);
+                return all;
+              };
+              const auto fast = run(AttentionIsa::best), portable = run(AttentionIsa::portable);
+              for (std::size_t i = 0; i < fast.size(); ++i)
+                ASSERT_EQ(__builtin_bit_cast(uint32_t, fast[i]), __builtin_bit_cast(uint32_t, portable[i]))
+                  << "m " << m << " n " << n << " output " << i / (16 * hd) << " value " << i % (16 * hd);
+            }
+        }
+    }
+}
+
 } // namespace
 } // namespace strata::model::detail
