@@ -281,10 +281,12 @@ struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
     return reinterpret_cast<v16>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))) * scale(blk);
 #else
     typedef int8_t i16v __attribute__((vector_size(16), aligned(1)));
+    typedef int16_t s16v __attribute__((vector_size(32)));
     i16v q;
     __builtin_memcpy(&q, blk + 2 + c % 32, sizeof q);
-    // (through int32: a direct int8 -> float conversion is done lane by lane)
-    return __builtin_convertvector(__builtin_convertvector(q, vi16), v16) * scale(blk);
+    // (int8 -> int16 -> int32 -> float: GCC 12 widens int8 to int32 in one step
+    // one byte at a time, and int8 to float lane by lane)
+    return __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(q, s16v), vi16), v16) * scale(blk);
 #endif
   }
 };
@@ -756,7 +758,7 @@ inline __attribute__((always_inline)) void attend_heads_typed(const float* q, in
 
 // The three entry points for one cache type E, named attend*_<name>, each built
 // for AVX-512, x86-64-v3 (AVX2, FMA) and the baseline, chosen at load time.
-#define STRATA_ATTENTION_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+#define STRATA_ATTENTION_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #define STRATA_ATTENTION_KERNELS(E, name) STRATA_ATTENTION_KERNELS_WITH(E, name, STRATA_ATTENTION_CLONES)
 // The same for one target (ATTRS: the functions' attributes, if any).
 #define STRATA_ATTENTION_KERNELS_WITH(E, name, ATTRS)                                                             \

@@ -346,6 +346,7 @@ double bench_bandwidth(int threads) { // for bench_arch.cpp
 int arch_bench_main(int argc, char** argv);    // bench_arch.cpp
 int types_bench_main(int argc, char** argv);   // bench_types.cpp
 int kv_bench_main(int argc, char** argv);      // bench_kv.cpp
+int attention_bench_main(int argc, char** argv); // bench_attention.cpp
 int cluster_bench_main(int argc, char** argv); // bench_cluster.cpp
 int batch_bench_main(int argc, char** argv);   // bench_batch.cpp
 int prefix_bench_main(int argc, char** argv);  // bench_prefix.cpp
@@ -365,6 +366,8 @@ int main(int argc, char** argv) {
     return types_bench_main(argc, argv);
   if (what == "kv")
     return kv_bench_main(argc, argv);
+  if (what == "attention")
+    return attention_bench_main(argc, argv);
   if (what == "kernels") {
     std::printf("# strata_bench kernels (%u hardware threads)\n", std::thread::hardware_concurrency());
     bench_kernels();
