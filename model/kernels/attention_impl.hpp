@@ -4,7 +4,6 @@
 // Each cache type is compiled in a file of its own (attention_<type>.cpp, through
 // STRATA_ATTENTION_KERNELS): they build in parallel, and one type's kernels do
 // not wait for the others'.
-
 //
 // A file that defines STRATA_ATTENTION_AVX512 (attention_<type>_avx512.cpp)
 // includes this header after its library headers and <immintrin.h>, under
@@ -276,7 +275,7 @@ struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
   static inline __attribute__((always_inline)) v16 get16(const uint8_t* p, int64_t c) {
     const uint8_t* blk = p + 34 * (c / 32);
 #ifdef STRATA_ATTENTION_AVX512
-    // vpmovsxbd (GCC 12 widens the vector below one byte at a time)
+    // (vpmovsxbd, vcvtdq2ps)
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + c % 32));
     return reinterpret_cast<v16>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))) * scale(blk);
 #else
@@ -757,7 +756,10 @@ inline __attribute__((always_inline)) void attend_heads_typed(const float* q, in
 } // namespace strata::model::detail::STRATA_ATTENTION_NS
 
 // The three entry points for one cache type E, named attend*_<name>, each built
-// for AVX-512, x86-64-v3 (AVX2, FMA) and the baseline, chosen at load time.
+// for x86-64-v4 (AVX-512 F, BW, CD, DQ, VL), x86-64-v3 (AVX2, FMA) and the
+// baseline, chosen at load time. (A clone for AVX-512F alone ran the bf16 decode
+// kernel at half the speed: without VL, 256- and 128-bit work cannot use the
+// upper 16 vector registers, and the transpositions spilled.)
 #define STRATA_ATTENTION_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #define STRATA_ATTENTION_KERNELS(E, name) STRATA_ATTENTION_KERNELS_WITH(E, name, STRATA_ATTENTION_CLONES)
 // The same for one target (ATTRS: the functions' attributes, if any).
