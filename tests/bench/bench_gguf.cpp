@@ -37,7 +37,7 @@ struct Kv {
   uint32_t type; // 4 u32, 6 f32, 8 string, 9 array (of `u`: 8 strs, 6 floats, 5 ints)
   uint32_t u = 0;
   float f = 0;
-  std::string s;
+  std::string s = {};
   std::vector<std::string> strs = {};
   std::vector<float> floats = {};
   std::vector<int32_t> ints = {};
