@@ -139,6 +139,29 @@ TEST(Kernels, GroupedAttentionEqualsOneRowAttentionForEveryKvType) {
     }
 }
 
+// `blocks` cache blocks of `bt` positions of key rows then value rows, `kv`
+// values a row, stored as `type` from seeded normal values (block b from seed
+// seed0 + b); block `tiny` (if any) scaled by 2e-6: f16 subnormals, and q8_0
+// blocks whose scale is an f16 subnormal.
+struct StoredBlocks {
+  std::vector<std::vector<uint8_t>> store;
+  std::vector<const uint8_t*> ptrs;
+};
+StoredBlocks stored_blocks(WType type, int64_t kv, int64_t bt, int64_t blocks, uint32_t seed0, int64_t tiny = -1) {
+  StoredBlocks s;
+  const std::size_t stride = row_bytes(type, kv);
+  for (int64_t b = 0; b < blocks; ++b) {
+    auto x = random(static_cast<std::size_t>(2 * bt * kv), seed0 + static_cast<uint32_t>(b));
+    if (b == tiny)
+      for (auto& v : x)
+        v *= 2e-6f;
+    s.store.emplace_back(2 * bt * stride);
+    quantize(type, x.data(), s.store.back().data(), 2 * bt * kv);
+    s.ptrs.push_back(s.store.back().data());
+  }
+  return s;
+}
+
 // A decode step's heads (attend_heads: keys in lanes) are the same bits as the
 // prefill kernel (attend_rows: query rows in lanes) gives the same query at the
 // same position, alone or as the last row of a piece, with sliding windows and
@@ -151,14 +174,8 @@ TEST(Kernels, DecodeHeadsEqualPrefillRowsBitForBit) {
         continue;
       const int64_t kv = hd;
       const std::size_t stride = row_bytes(type, kv);
-      std::vector<std::vector<uint8_t>> store;
-      std::vector<const uint8_t*> ptrs;
-      for (int64_t b = 0; b < blocks; ++b) {
-        const auto x = random(static_cast<std::size_t>(2 * bt * kv), static_cast<uint32_t>(20 + b));
-        store.emplace_back(2 * bt * stride);
-        quantize(type, x.data(), store.back().data(), 2 * bt * kv);
-        ptrs.push_back(store.back().data());
-      }
+      const StoredBlocks cache = stored_blocks(type, kv, bt, blocks, 20);
+      const auto& ptrs = cache.ptrs;
       for (int64_t window : {0, 17, 40})
         for (float cap : {0.f, 3.f}) {
           SCOPED_TRACE(std::string(to_string(type)) + " hd " + std::to_string(hd) + " window " + std::to_string(window) +
@@ -210,19 +227,9 @@ TEST(Kernels, Avx512CacheKernelsEqualPortableOnesBitForBit) {
         continue;
       const int64_t kv = hd;
       const std::size_t stride = row_bytes(type, kv);
-      std::vector<std::vector<uint8_t>> store;
-      std::vector<const uint8_t*> ptrs;
-      for (int64_t b = 0; b < blocks; ++b) {
-        auto x = random(static_cast<std::size_t>(2 * bt * kv), static_cast<uint32_t>(40 + b));
-        // Block 1 holds tiny values: f16 subnormals, and q8_0 blocks whose
-        // scale is an f16 subnormal.
-        if (b == 1)
-          for (auto& v : x)
-            v *= 2e-6f;
-        store.emplace_back(2 * bt * stride);
-        quantize(type, x.data(), store.back().data(), 2 * bt * kv);
-        ptrs.push_back(store.back().data());
-      }
+      // Block 1 holds tiny values: f16 subnormals, q8_0 blocks with subnormal scales.
+      const StoredBlocks cache = stored_blocks(type, kv, bt, blocks, 40, 1);
+      const auto& ptrs = cache.ptrs;
       for (int64_t window : {0, 40})
         for (float cap : {0.f, 3.f}) {
           SCOPED_TRACE(std::string(to_string(type)) + " hd " + std::to_string(hd) + " window " + std::to_string(window) +
