@@ -82,6 +82,7 @@ int kv_bench_main(int argc, char** argv) {
   struct Row {
     Type* type;
     bool portable;
+    std::string label;
     std::vector<double> at64, deep;
   };
   std::vector<std::unique_ptr<Type>> loaded;
@@ -109,7 +110,8 @@ int kv_bench_main(int argc, char** argv) {
     prefill(*t->shard, t->deep, depth);
     const bool both = model::detail::attention_avx512_available() && (type == "f16" || type == "q8_0");
     for (int portable = 0; portable <= (both ? 1 : 0); ++portable)
-      rows.push_back(Row{t.get(), portable != 0, {}, {}});
+      rows.push_back(Row{t.get(), portable != 0,
+                         type + (!both ? "" : portable ? " (portable kernels)" : " (AVX-512 kernels)"), {}, {}});
     loaded.push_back(std::move(t));
   }
   // Decode tok/s: the median of 24 steps (after 2 not counted), then the cache cut back.
@@ -136,12 +138,10 @@ int kv_bench_main(int argc, char** argv) {
     }
   model::detail::set_attention_isa(model::detail::AttentionIsa::best);
   for (const auto& row : rows) {
-    const bool both = model::detail::attention_avx512_available() && (row.type->name == "f16" || row.type->name == "q8_0");
     std::vector<double> ratios;
     for (std::size_t i = 0; i < row.at64.size(); ++i)
       ratios.push_back(row.deep[i] / row.at64[i]);
-    std::printf("| strata %s%s | %zu | %s | %s | %.2f |\n", row.type->name.c_str(),
-                !both ? "" : row.portable ? " (portable kernels)" : " (AVX-512 kernels)",
+    std::printf("| strata %s | %zu | %s | %s | %.2f |\n", row.label.c_str(),
                 model::BlockPool::kv_bytes_per_token(row.type->shard->cache_shape()), fmt(median_of(row.at64)).c_str(),
                 fmt(median_of(row.deep)).c_str(), median_of(ratios));
     std::fflush(stdout);
