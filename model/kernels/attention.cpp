@@ -1,6 +1,7 @@
-// Attention entry points: each cache type's kernels live in attention_<type>.cpp;
-// the f16 and q8_0 caches' also in attention_<type>_avx512.cpp, chosen where the
-// CPU runs them.
+// Attention entry points: each cache type's kernels live in attention_<type>.cpp
+// (built for AVX-512 and for the baseline), attention_<type>_avx2.cpp (AVX2, for
+// CPUs without AVX-512) and, for the f16 and q8_0 caches, attention_<type>_avx512.cpp
+// (AVX-512 with F16C), each chosen where the CPU runs it.
 
 #include "model/kernels/attention.hpp"
 
@@ -21,11 +22,10 @@ STRATA_ATTENTION_DECLARE(f16)
 STRATA_ATTENTION_DECLARE(q8_0)
 STRATA_ATTENTION_DECLARE(f16_avx512)
 STRATA_ATTENTION_DECLARE(q8_0_avx512)
-
-namespace {
-std::atomic<bool> portable_only{false};
-bool avx512() { return attention_avx512_available() && !portable_only.load(std::memory_order_relaxed); }
-} // namespace
+STRATA_ATTENTION_DECLARE(f32_avx2)
+STRATA_ATTENTION_DECLARE(bf16_avx2)
+STRATA_ATTENTION_DECLARE(f16_avx2)
+STRATA_ATTENTION_DECLARE(q8_0_avx2)
 
 bool attention_avx512_available() {
   static const bool v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -33,47 +33,60 @@ bool attention_avx512_available() {
                         __builtin_cpu_supports("fma");
   return v;
 }
-void set_attention_isa(AttentionIsa isa) { portable_only.store(isa == AttentionIsa::portable); }
+bool attention_avx2_available() {
+  static const bool v =
+    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return v;
+}
+
+namespace {
+// The build each cache type runs: 0 = attention_<type>.cpp's (its AVX-512 clone
+// where the CPU has AVX-512), 1 = the AVX2 build, 2 = the AVX-512 with F16C build
+// (f16 and q8_0; the others run 0 there).
+enum Build { plain = 0, avx2 = 1, avx512 = 2 };
+Build best_build() {
+  return attention_avx512_available() ? avx512 : attention_avx2_available() ? avx2 : plain;
+}
+std::atomic<int> chosen{best_build()};
+Build build() { return static_cast<Build>(chosen.load(std::memory_order_relaxed)); }
+} // namespace
+
+void set_attention_isa(AttentionIsa isa) {
+  switch (isa) {
+    case AttentionIsa::portable: chosen.store(plain); break;
+    case AttentionIsa::avx2: chosen.store(attention_avx2_available() ? avx2 : plain); break;
+    default: chosen.store(best_build()); break;
+  }
+}
+
+// Each entry point by cache type and build: f32 and bf16 have no AVX-512 build
+// of their own (the AVX-512 clone of the plain one is theirs).
+#define STRATA_ATTENTION_DISPATCH(fn, ...)                                                                          \
+  switch (rows.type) {                                                                                              \
+    case WType::bf16: return build() == avx2 ? fn##_bf16_avx2(__VA_ARGS__) : fn##_bf16(__VA_ARGS__);                \
+    case WType::f16:                                                                                                \
+      return build() == avx512 ? fn##_f16_avx512(__VA_ARGS__)                                                       \
+             : build() == avx2 ? fn##_f16_avx2(__VA_ARGS__)                                                         \
+                               : fn##_f16(__VA_ARGS__);                                                             \
+    case WType::q8_0:                                                                                               \
+      return build() == avx512 ? fn##_q8_0_avx512(__VA_ARGS__)                                                      \
+             : build() == avx2 ? fn##_q8_0_avx2(__VA_ARGS__)                                                        \
+                               : fn##_q8_0(__VA_ARGS__);                                                            \
+    default: return build() == avx2 ? fn##_f32_avx2(__VA_ARGS__) : fn##_f32(__VA_ARGS__);                           \
+  }
 
 void attend(const float* q, const CacheRows& rows, int64_t n, int64_t hd, float scale, float* scores, float* out) {
-  switch (rows.type) {
-    case WType::bf16: return attend_bf16(q, rows, n, hd, scale, scores, out);
-    case WType::f16:
-      return avx512() ? attend_f16_avx512(q, rows, n, hd, scale, scores, out)
-                      : attend_f16(q, rows, n, hd, scale, scores, out);
-    case WType::q8_0:
-      return avx512() ? attend_q8_0_avx512(q, rows, n, hd, scale, scores, out)
-                      : attend_q8_0(q, rows, n, hd, scale, scores, out);
-    default: return attend_f32(q, rows, n, hd, scale, scores, out);
-  }
+  STRATA_ATTENTION_DISPATCH(attend, q, rows, n, hd, scale, scores, out)
 }
 
 void attend_rows(const float* q, int64_t q_stride, int64_t m, const CacheRows& rows, int64_t n0, int64_t hd,
                  float scale, float* scores, float* out, int64_t out_stride) {
-  switch (rows.type) {
-    case WType::bf16: return attend_rows_bf16(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
-    case WType::f16:
-      return avx512() ? attend_rows_f16_avx512(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride)
-                      : attend_rows_f16(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
-    case WType::q8_0:
-      return avx512() ? attend_rows_q8_0_avx512(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride)
-                      : attend_rows_q8_0(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
-    default: return attend_rows_f32(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
-  }
+  STRATA_ATTENTION_DISPATCH(attend_rows, q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride)
 }
 
 void attend_heads(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t hd, float scale,
                   float* scores, float* out) {
-  switch (rows.type) {
-    case WType::bf16: return attend_heads_bf16(q, m, rows, n, hd, scale, scores, out);
-    case WType::f16:
-      return avx512() ? attend_heads_f16_avx512(q, m, rows, n, hd, scale, scores, out)
-                      : attend_heads_f16(q, m, rows, n, hd, scale, scores, out);
-    case WType::q8_0:
-      return avx512() ? attend_heads_q8_0_avx512(q, m, rows, n, hd, scale, scores, out)
-                      : attend_heads_q8_0(q, m, rows, n, hd, scale, scores, out);
-    default: return attend_heads_f32(q, m, rows, n, hd, scale, scores, out);
-  }
+  STRATA_ATTENTION_DISPATCH(attend_heads, q, m, rows, n, hd, scale, scores, out)
 }
 
 } // namespace strata::model::detail

@@ -50,14 +50,18 @@ constexpr int64_t attend_group = 16;
 /// n-1 of a piece. `scores` has room for attend_scores_floats(n) floats.
 void attend_heads(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t head_dim, float scale,
                   float* scores, float* out);
-/// Which kernels read an f16 or q8_0 cache (tests compare them on one machine):
-/// best = those built for AVX-512 with F16C where the CPU has it (f16 values
-/// convert with vcvtph2ps), portable = those every x86-64 CPU runs (integer
-/// arithmetic). Both give the same bits.
-enum class AttentionIsa { best, portable };
+/// Which build of the kernels runs (tests and benches compare them on one
+/// machine; all give the same bits): best = the widest this CPU runs (AVX-512,
+/// with F16C's vcvtph2ps for f16 values; else AVX2; else the baseline),
+/// avx2 = the AVX2 build (where the CPU has AVX2), portable = the plain build
+/// (its AVX-512 clone where the CPU has it; f16 values converted by integer
+/// arithmetic). Process-wide.
+enum class AttentionIsa { best, avx2, portable };
 void set_attention_isa(AttentionIsa isa);
 /// Whether this CPU runs the AVX-512 attention kernels.
 bool attention_avx512_available();
+/// Whether this CPU runs the AVX2 ones (AVX2, FMA, F16C).
+bool attention_avx2_available();
 
 /// The scratch every kernel here needs against n cached rows.
 constexpr int64_t attend_scores_floats(int64_t n) { return attend_group * (n + 80); }

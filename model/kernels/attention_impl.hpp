@@ -12,6 +12,12 @@
 // values, instead of the integer arithmetic every target can run. Each build
 // lives in a namespace of its own (STRATA_ATTENTION_NS), so no inline function
 // here is ever shared between translation units built for different targets.
+//
+// A file that defines STRATA_ATTENTION_AVX2 (attention_<type>_avx2.cpp) builds
+// them for AVX2 with FMA and F16C: there the 16-lane vectors (v16, vu16, vi16)
+// are vec_ops.hpp's two halves of 8, which GCC keeps in registers, where it
+// keeps a 64-byte vector in memory. The code is written once for both: vector
+// selects, casts, conversions and loads go through vec_ops.hpp's helpers.
 
 #include "model/formats/quant.hpp"
 #include "model/kernels/attention.hpp"
@@ -19,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #ifndef STRATA_ATTENTION_NS
 #define STRATA_ATTENTION_NS portable
@@ -26,17 +33,49 @@
 
 namespace strata::model::detail::STRATA_ATTENTION_NS {
 
+#ifdef STRATA_ATTENTION_AVX2
+#define STRATA_VEC_PAIR
+#endif
+#include "model/kernels/vec_ops.hpp"
+#undef STRATA_VEC_PAIR
+
+#ifdef STRATA_ATTENTION_AVX2
+using v16 = pair16<v8>;
+using vu16 = pair16<vu8>;
+using vi16 = pair16<vi8>;
+// Accumulators a kernel may keep in registers, in 16-lane vectors.
+constexpr int wide_registers = 8;
+// 16 uint16 values at p, each into a 32-bit lane.
+inline __attribute__((always_inline)) vu16 widen_u16(const uint8_t* p) {
+  return {reinterpret_cast<vu8>(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))),
+          reinterpret_cast<vu8>(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))))};
+}
+#else
+typedef uint32_t vu16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+#ifdef STRATA_ATTENTION_AVX512
+constexpr int wide_registers = 16;
+#else
+constexpr int wide_registers = 0; // known at run time: wide_registers_here()
+#endif
+inline __attribute__((always_inline)) vu16 widen_u16(const uint8_t* p) {
+  typedef uint16_t h16 __attribute__((vector_size(32), aligned(2)));
+  h16 h;
+  __builtin_memcpy(&h, p, sizeof h);
+  return __builtin_convertvector(h, vu16);
+}
+#endif
+
 // e^x for 16 lanes at once (Cephes' expf: x = k ln2 + r, |r| <= ln2 / 2, a
 // degree-7 polynomial in r, times 2^k), within 2 ulp of expf; 0 below -87.3
 // (so -inf, a masked score, gives exactly 0; so does NaN). Lane by lane a pure function of
 // its input, so a score gets the same weight whichever kernel, lane or batch it
 // is computed in.
 inline __attribute__((always_inline)) v16 exp16(v16 x) {
-  typedef int32_t vi16 __attribute__((vector_size(64)));
   const v16 lo = v16{} - 87.33654f, hi = v16{} + 88.72283f;
   const vi16 under = ~(x >= lo); // NaN too (an unused lane's -inf - -inf)
-  x = x >= lo ? x : lo;
-  x = x > hi ? hi : x;
+  x = select(x >= lo, x, lo);
+  x = select(x > hi, hi, x);
   // k = round(x / ln2) by the 1.5 * 2^23 trick (|x / ln2| < 2^22).
   const v16 shifter = v16{} + 12582912.0f;
   const v16 kf = (x * 1.44269504088896341f + shifter) - shifter;
@@ -49,21 +88,19 @@ inline __attribute__((always_inline)) v16 exp16(v16 x) {
   p = p * r + 1.6666665459E-1f;
   p = p * r + 5.0000001201E-1f;
   p = p * r2 + r + 1.0f;
-  const vi16 k = __builtin_convertvector(kf, vi16);
-  const v16 two_k = reinterpret_cast<v16>((k + 127) << 23);
+  const vi16 k = vconvert<vi16>(kf);
+  const v16 two_k = vcast<v16>((k + 127) << 23);
   const v16 e = p * two_k;
-  return under ? v16{} : e;
+  return select(under, v16{}, e);
 }
 
 // f16 bits to f32 with integer and float vector operations only (every target
 // clone has them; a _Float16 conversion would be a library call per value on
 // CPUs without AVX-512 FP16): exponent and mantissa shifted into place and
 // rebiased by one exact multiplication (normals and subnormals alike), inf and
-// NaN kept, the sign put back.
-typedef uint32_t vu16 __attribute__((vector_size(64)));
-typedef int32_t vi16 __attribute__((vector_size(64)));
-
-#ifdef STRATA_ATTENTION_AVX512
+// NaN kept, the sign put back. Where the file is built for F16C, vcvtph2ps:
+// the same values.
+#if defined(STRATA_ATTENTION_AVX512)
 // f16 bits (the low half of each 32-bit lane, the high half zero) to f32: the
 // halves packed (vpmovdw), then vcvtph2ps. Exact, as the arithmetic below.
 inline __attribute__((always_inline)) v16 f16_bits_to_f32(vu16 x) {
@@ -72,20 +109,32 @@ inline __attribute__((always_inline)) v16 f16_bits_to_f32(vu16 x) {
 inline __attribute__((always_inline)) v16 f16_to_f32_16(const uint8_t* p) {
   return reinterpret_cast<v16>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
 }
+#elif defined(STRATA_ATTENTION_AVX2)
+// Each half's 8 lanes packed to 16 bits (vpackusdw: the high halves are zero),
+// then vcvtph2ps.
+inline __attribute__((always_inline)) v8 f16_bits_to_f32_8(vu8 x) {
+  const __m256i v = reinterpret_cast<__m256i>(x);
+  return reinterpret_cast<v8>(
+    _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1))));
+}
+inline __attribute__((always_inline)) v16 f16_bits_to_f32(vu16 x) {
+  return {f16_bits_to_f32_8(x.lo), f16_bits_to_f32_8(x.hi)};
+}
+inline __attribute__((always_inline)) v16 f16_to_f32_16(const uint8_t* p) {
+  return {reinterpret_cast<v8>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))),
+          reinterpret_cast<v8>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))))};
+}
 #else
 // f16 bits (the low half of each 32-bit lane, the high half zero) to f32.
 inline __attribute__((always_inline)) v16 f16_bits_to_f32(vu16 x) {
   const vu16 em = x & 0x7fffu;
-  const v16 scaled = reinterpret_cast<v16>(em << 13) * 0x1p112f;
-  const vu16 special = reinterpret_cast<vu16>(em >= 0x7c00u); // inf / NaN: all ones where so
-  const vu16 bits = (reinterpret_cast<vu16>(scaled) & ~special) | ((0x7f800000u | ((em & 0x3ffu) << 13)) & special);
-  return reinterpret_cast<v16>(bits | ((x & 0x8000u) << 16));
+  const v16 scaled = vcast<v16>(em << 13) * 0x1p112f;
+  const vu16 special = vcast<vu16>(em >= 0x7c00u); // inf / NaN: all ones where so
+  const vu16 bits = (vcast<vu16>(scaled) & ~special) | ((0x7f800000u | ((em & 0x3ffu) << 13)) & special);
+  return vcast<v16>(bits | ((x & 0x8000u) << 16));
 }
 inline __attribute__((always_inline)) v16 f16_to_f32_16(const uint8_t* p) {
-  typedef uint16_t h16 __attribute__((vector_size(32), aligned(2)));
-  h16 h;
-  __builtin_memcpy(&h, p, sizeof h);
-  return f16_bits_to_f32(__builtin_convertvector(h, vu16));
+  return f16_bits_to_f32(widen_u16(p));
 }
 #endif
 
@@ -111,19 +160,51 @@ inline __attribute__((always_inline)) void transpose_stage(vu16* R) {
 #undef STRATA_IA
 #undef STRATA_IB
 }
+#ifdef STRATA_ATTENTION_AVX2
+// The same on two halves: for B = 8 the squares are whole halves, which swap;
+// for B < 8 each half's lanes move as above, within the half.
+template <int B>
+inline __attribute__((always_inline)) void transpose_stage_halves(vu16* R) {
+#define STRATA_IA(c) (((c) & B) ? 8 + (c) - B : (c))
+#define STRATA_IB(c) (((c) & B) ? 8 + (c) : (c) + B)
+#define STRATA_SHUF(a, b, I) __builtin_shufflevector(a, b, I(0), I(1), I(2), I(3), I(4), I(5), I(6), I(7))
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r)
+    if ((r & B) == 0) {
+      const vu16 a = R[r], b = R[r + B];
+      R[r] = {STRATA_SHUF(a.lo, b.lo, STRATA_IA), STRATA_SHUF(a.hi, b.hi, STRATA_IA)};
+      R[r + B] = {STRATA_SHUF(a.lo, b.lo, STRATA_IB), STRATA_SHUF(a.hi, b.hi, STRATA_IB)};
+    }
+#undef STRATA_SHUF
+#undef STRATA_IA
+#undef STRATA_IB
+}
+inline __attribute__((always_inline)) void transpose16(vu16* R) {
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) {
+    const vu16 a = R[r], b = R[r + 8];
+    R[r] = {a.lo, b.lo};
+    R[r + 8] = {a.hi, b.hi};
+  }
+  transpose_stage_halves<4>(R);
+  transpose_stage_halves<2>(R);
+  transpose_stage_halves<1>(R);
+}
+#else
 inline __attribute__((always_inline)) void transpose16(vu16* R) {
   transpose_stage<8>(R);
   transpose_stage<4>(R);
   transpose_stage<2>(R);
   transpose_stage<1>(R);
 }
+#endif
 
 // Bytes [at, at + len) of each of 16 rows into the lanes' first len bytes (the
 // rest zero), then transposed: R[u] holds 32-bit unit u of every row.
 inline __attribute__((always_inline)) void load_units(const uint8_t* const* p, int64_t at, int64_t len, vu16* R) {
   for (int r = 0; r < 16; ++r) {
     if (len == 64) {
-      __builtin_memcpy(&R[r], p[r] + at, 64);
+      R[r] = vload<vu16>(p[r] + at);
     } else {
       R[r] = vu16{};
       __builtin_memcpy(&R[r], p[r] + at, static_cast<std::size_t>(len));
@@ -146,12 +227,12 @@ struct KvF32 {
       vu16 R[16];
       load_units(p, 4 * c0, 4 * w, R);
       for (int64_t c = 0; c < w; ++c)
-        kt[c0 + c] = reinterpret_cast<v16>(R[c]);
+        kt[c0 + c] = vcast<v16>(R[c]);
     }
   }
   static const float* row(const uint8_t* p, int64_t, float*) { return reinterpret_cast<const float*>(p); }
   static inline __attribute__((always_inline)) v16 get16(const uint8_t* p, int64_t c) {
-    return load16(reinterpret_cast<const float*>(p) + c);
+    return vload<v16>(p + 4 * c);
   }
 };
 // Two 16-bit values a 32-bit unit: value 2u in its low half, 2u + 1 in its high.
@@ -172,7 +253,7 @@ inline __attribute__((always_inline)) void keys16_pairs(const uint8_t* const* p,
 struct KvBf16 {
   static constexpr int64_t bytes(int64_t n) { return 2 * n; }
   static inline __attribute__((always_inline)) void keys16(const uint8_t* const* p, int64_t hd, v16* kt) {
-    keys16_pairs(p, hd, kt, [](vu16 b) __attribute__((always_inline)) { return reinterpret_cast<v16>(b << 16); });
+    keys16_pairs(p, hd, kt, [](vu16 b) __attribute__((always_inline)) { return vcast<v16>(b << 16); });
   }
   static const float* row(const uint8_t* p, int64_t n, float* tmp) {
     const auto* h = reinterpret_cast<const uint16_t*>(p);
@@ -182,11 +263,7 @@ struct KvBf16 {
     return tmp;
   }
   static inline __attribute__((always_inline)) v16 get16(const uint8_t* p, int64_t c) {
-    typedef uint16_t h16 __attribute__((vector_size(32), aligned(2)));
-    typedef uint32_t u16v __attribute__((vector_size(64)));
-    h16 h;
-    __builtin_memcpy(&h, p + 2 * c, sizeof h);
-    return reinterpret_cast<v16>(__builtin_convertvector(h, u16v) << 16);
+    return vcast<v16>(widen_u16(p + 2 * c) << 16);
   }
 };
 struct KvF16 {
@@ -195,12 +272,12 @@ struct KvF16 {
     keys16_pairs(p, hd, kt, [](vu16 b) __attribute__((always_inline)) { return f16_bits_to_f32(b); });
   }
   static const float* row(const uint8_t* p, int64_t n, float* tmp) {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
+    const int64_t whole = n & ~int64_t{15};
+    for (int64_t i = 0; i < whole; i += 16) {
       const v16 v = f16_to_f32_16(p + 2 * i);
-      __builtin_memcpy(tmp + i, &v, sizeof v);
+      vstore(tmp + i, v);
     }
-    for (; i < n; ++i) {
+    for (int64_t i = whole; i < n; ++i) {
       uint16_t h;
       __builtin_memcpy(&h, p + 2 * i, 2);
       tmp[i] = f16_to_f32(h);
@@ -219,7 +296,7 @@ struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
   static inline __attribute__((always_inline)) float scale(const uint8_t* blk) {
     uint16_t h;
     __builtin_memcpy(&h, blk, 2);
-#ifdef STRATA_ATTENTION_AVX512
+#if defined(STRATA_ATTENTION_AVX512) || defined(STRATA_ATTENTION_AVX2)
     return _cvtsh_ss(h);
 #else
     const uint32_t x = h, em = x & 0x7fffu;
@@ -242,22 +319,20 @@ struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
         uint16_t h;
         __builtin_memcpy(&h, blk, 2);
         d0[r] = h;
-        R[r] = vu16{};
-        __builtin_memcpy(&R[r], blk + 2, 32);
+        R[r] = vload_halves<vu16>(blk + 2, two ? blk + 36 : nullptr);
         if (two) {
           __builtin_memcpy(&h, blk + 34, 2);
           d1[r] = h;
-          __builtin_memcpy(reinterpret_cast<uint8_t*>(&R[r]) + 32, blk + 36, 32);
         }
       }
       transpose16(R);
       const v16 s0 = f16_bits_to_f32(d0), s1 = f16_bits_to_f32(d1);
       for (int u = 0; u < (two ? 16 : 8); ++u) {
         const v16 d = u < 8 ? s0 : s1;
-        const vi16 x = reinterpret_cast<vi16>(R[u]);
+        const vi16 x = vcast<vi16>(R[u]);
 #pragma GCC unroll 4
         for (int k = 0; k < 4; ++k)
-          kt[32 * b0 + 4 * u + k] = __builtin_convertvector((x << (24 - 8 * k)) >> 24, v16) * d;
+          kt[32 * b0 + 4 * u + k] = vconvert<v16>((x << (24 - 8 * k)) >> 24) * d;
       }
     }
   }
@@ -278,6 +353,12 @@ struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
     // (vpmovsxbd, vcvtdq2ps)
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + c % 32));
     return reinterpret_cast<v16>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))) * scale(blk);
+#elif defined(STRATA_ATTENTION_AVX2)
+    // (vpmovsxbd, vcvtdq2ps; 8 values a half)
+    const uint8_t* q = blk + 2 + c % 32;
+    const v16 x{reinterpret_cast<v8>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))))),
+                reinterpret_cast<v8>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8)))))};
+    return x * scale(blk);
 #else
     typedef int8_t i16v __attribute__((vector_size(16), aligned(1)));
     typedef int16_t s16v __attribute__((vector_size(32)));
@@ -311,10 +392,15 @@ __attribute__((always_inline)) inline void attend_impl(const float* q, const Cac
     const int64_t m = std::min(bt, n - j0);
     for (int64_t j = first; j < m; ++j, kp += rows.row_stride) {
       const float* k = E::row(kp, hd, tmp);
-      float s = 0.f;
-#pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < hd; ++i)
-        s += q[i] * k[i];
+      // 16 lanes (element i in lane i % 16), summed across as hsum does, then
+      // a tail past the last 16 in order: the same bits at every vector width.
+      v16 acc = v16{};
+      int64_t i = 0;
+      for (; i + 16 <= hd; i += 16)
+        acc += vload<v16>(q + i) * vload<v16>(k + i);
+      float s = hsum(acc);
+      for (; i < hd; ++i) // (fused by hand, as in kernels_rows_impl.hpp's tail)
+        s = __builtin_fmaf(q[i], k[i], s);
       s *= scale;
       if (cap > 0)
         s = cap * std::tanh(s * inv_cap);
@@ -327,15 +413,15 @@ __attribute__((always_inline)) inline void attend_impl(const float* q, const Cac
   v16 sum16 = v16{};
   int64_t j = lo;
   for (; j + 16 <= n; j += 16) {
-    const v16 e = exp16(load16(scores + j) - mx);
-    __builtin_memcpy(scores + j, &e, sizeof e);
+    const v16 e = exp16(vload<v16>(scores + j) - mx);
+    vstore(scores + j, e);
     sum16 += e;
   }
   if (j < n) {
     float tail[16];
     for (int t = 0; t < 16; ++t)
       tail[t] = j + t < n ? scores[j + t] - mx : -INFINITY;
-    const v16 e = exp16(load16(tail));
+    const v16 e = exp16(vload<v16>(tail));
     for (int t = 0; j + t < n; ++t)
       scores[j + t] = e[t];
     sum16 += e;
@@ -358,6 +444,15 @@ __attribute__((always_inline)) inline void attend_impl(const float* q, const Cac
   }
 }
 
+
+// How many 16-lane accumulators this build keeps in registers: 16 on AVX-512
+// (32 registers), 8 on AVX2 (16 registers, two a vector: the rest of a loop
+// needs the others), 2 on the baseline's SSE (16 registers, four a vector).
+inline __attribute__((always_inline)) int wide_registers_here() {
+  if constexpr (wide_registers > 0)
+    return wide_registers;
+  return __builtin_cpu_supports("avx512f") ? 16 : 2;
+}
 
 // Prefetches `bytes` from byte `at` of the first `count` rows of block `b`
 // (from byte `offset` of each row); nothing when count <= 0.
@@ -408,7 +503,7 @@ inline __attribute__((always_inline)) void value_columns_w(const CacheRows& rows
     for (int t = 0; t < L; ++t) // (constant indices: a run-time one would keep acc in memory)
       if (t < m)
         for (int u = 0; u < CW; ++u)
-          __builtin_memcpy(out + t * out_stride + c + 16 * u, &acc[t][u], sizeof(v16));
+          vstore(out + t * out_stride + c + 16 * u, acc[t][u]);
   }
 }
 
@@ -420,7 +515,7 @@ inline __attribute__((always_inline)) void value_columns_w(const CacheRows& rows
 template <class E, int L, int STRIDE, class At>
 inline __attribute__((always_inline)) void value_columns(const CacheRows& rows, int64_t lo, int64_t n, int64_t hd,
                                                          int64_t m, At at, float* out, int64_t out_stride) {
-  const int budget = __builtin_cpu_supports("avx512f") ? 16 : __builtin_cpu_supports("avx2") ? 8 : 2;
+  const int budget = wide_registers_here();
   if constexpr (L <= 2)
     if (8 * L <= budget && hd % 128 == 0)
       return value_columns_w<E, L, STRIDE, 8>(rows, lo, n, hd, m, at, out, out_stride);
@@ -458,7 +553,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
     float lane[L] = {};
     for (int64_t t = 0; t < m; ++t)
       lane[t] = q[t * q_stride + i];
-    qt[i] = load16(lane);
+    qt[i] = vload<v16>(lane);
   }
   const int64_t n = n0 + m;
   const int64_t bt = rows.block_tokens;
@@ -468,7 +563,8 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
   const int64_t lo = w > 0 ? std::max<int64_t>(0, n0 + 1 - w) : 0;
   const int64_t b0 = lo / bt;
   const float cap = rows.softcap, inv_cap = cap > 0 ? 1.0f / cap : 0.f;
-  v16u* S = reinterpret_cast<v16u*>(scores_raw);
+  // Key j's scores of every row at S + 16 j.
+  float* const S = scores_raw;
   v16 lanes;
   for (int t = 0; t < L; ++t)
     lanes[t] = static_cast<float>(t);
@@ -482,14 +578,14 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
         acc[t] = cap * std::tanh(acc[t] * inv_cap);
     if (jj > n0) { // causal: lane t sees key jj only when jj <= n0 + t
       const v16 from = v16{} + static_cast<float>(jj - n0);
-      acc = lanes >= from ? acc : v16{} - INFINITY;
+      acc = select(lanes >= from, acc, v16{} - INFINITY);
     }
     if (w > 0 && jj + w <= n0 + L - 1) { // window: lane t sees key jj only when n0 + t - jj < w
       const v16 until = v16{} + static_cast<float>(jj - n0 + w - 1);
-      acc = lanes <= until ? acc : v16{} - INFINITY;
+      acc = select(lanes <= until, acc, v16{} - INFINITY);
     }
-    S[jj] = acc;
-    mx = mx > acc ? mx : acc;
+    vstore(S + 16 * jj, acc);
+    mx = select(mx > acc, mx, acc);
   };
   // Four keys at a time in four independent chains (one chain of hd dependent
   // multiply-adds per key waited on the previous one's latency: about 80 ns a
@@ -535,13 +631,15 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
   }
   v16 part[16] = {};
   for (int64_t j = lo; j < n; ++j) {
-    const v16 e = exp16(S[j] - mx);
-    S[j] = e;
+    const v16 e = exp16(vload<v16>(S + 16 * j) - mx);
+    vstore(S + 16 * j, e);
     part[j & 15] += e;
   }
   const v16 inv = 1.0f / sum_parts(part);
-  for (int64_t j = lo; j < n; ++j)
-    S[j] = S[j] * inv; // probabilities; 0 where a row may not look
+  for (int64_t j = lo; j < n; ++j) {
+    const v16 p = vload<v16>(S + 16 * j) * inv; // probabilities; 0 where a row may not look
+    vstore(S + 16 * j, p);
+  }
   if (hd % 16 == 0) // 16 output columns of all rows at a time: each value row is read once
     return value_columns<E, L, 1>(rows, lo, n, hd, m, [&](int64_t j) { return scores_raw + j * L; }, out, out_stride);
   for (int64_t t = 0; t < m; ++t) {
@@ -555,7 +653,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
       const int64_t cnt = std::min(bt, nt - j0);
       for (int64_t j = first; j < cnt; ++j, vp += rows.row_stride) {
         const float* v = E::row(vp, hd, tmp);
-        const float a = S[j0 + j][t];
+        const float a = S[16 * (j0 + j) + t];
 #pragma omp simd
         for (int64_t i = 0; i < hd; ++i)
           o[i] += a * v[i];
@@ -598,7 +696,10 @@ template <class E, int HD, int MH>
 inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int64_t m, const CacheRows& rows, int64_t n,
                                                              int64_t hd_rt, float scale, float* scores, float* out) {
   const int64_t hd = HD > 0 ? HD : hd_rt;
-  constexpr int C = HD == 0 || MH >= 16 ? 1 : MH >= 8 ? 2 : 4;
+  // (AVX2 has half the registers: half the groups)
+  constexpr int C = HD == 0 || MH >= 16 ? 1
+                    : wide_registers == 8 ? (MH >= 8 ? 1 : MH >= 4 ? 2 : 4)
+                                          : (MH >= 8 ? 2 : 4);
   constexpr int64_t HM = HD > 0 ? HD : 256;
   float qb[MH][HM];
   for (int h = 0; h < MH; ++h)
@@ -648,16 +749,16 @@ inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int
       const int64_t cs = c0 + 16 * c;
       // lane r is key cs + r: seen when lo <= cs + r < n
       const v16 from = v16{} + static_cast<float>(lo - cs), until = v16{} + static_cast<float>(n - cs);
-      const auto seen = lanes >= from && lanes < until;
+      const auto seen = (lanes >= from) & (lanes < until);
       float* S = scores + (cs - base) * MH;
       for (int h = 0; h < MH; ++h) {
         v16 a = acc[c][h] * scale;
         if (cap > 0)
           for (int t = 0; t < 16; ++t)
             a[t] = cap * std::tanh(a[t] * inv_cap);
-        a = seen ? a : v16{} - INFINITY;
-        __builtin_memcpy(S + 16 * h, &a, sizeof a);
-        mx[h] = mx[h] > a ? mx[h] : a;
+        a = select(seen, a, v16{} - INFINITY);
+        vstore(S + 16 * h, a);
+        mx[h] = select(mx[h] > a, mx[h], a);
       }
     }
   }
@@ -670,14 +771,14 @@ inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int
     v16 part = v16{};
     float* S = scores + 16 * h;
     for (int64_t k = 0; k < chunks; ++k) {
-      const v16 e = exp16(load16(S + k * 16 * MH) - top);
-      __builtin_memcpy(S + k * 16 * MH, &e, sizeof e);
+      const v16 e = exp16(vload<v16>(S + k * 16 * MH) - top);
+      vstore(S + k * 16 * MH, e);
       part += e;
     }
     const float inv = 1.0f / hsum(part);
     for (int64_t k = 0; k < chunks; ++k) {
-      const v16 p = load16(S + k * 16 * MH) * inv;
-      __builtin_memcpy(S + k * 16 * MH, &p, sizeof p);
+      const v16 p = vload<v16>(S + k * 16 * MH) * inv;
+      vstore(S + k * 16 * MH, p);
     }
   }
   const int64_t bt = rows.block_tokens;
@@ -756,11 +857,11 @@ inline __attribute__((always_inline)) void attend_heads_typed(const float* q, in
 } // namespace strata::model::detail::STRATA_ATTENTION_NS
 
 // The three entry points for one cache type E, named attend*_<name>, each built
-// for x86-64-v4 (AVX-512 F, BW, CD, DQ, VL), x86-64-v3 (AVX2, FMA) and the
-// baseline, chosen at load time. (A clone for AVX-512F alone ran the bf16 decode
+// for x86-64-v4 (AVX-512 F, BW, CD, DQ, VL) and the baseline, chosen at load
+// time (CPUs with AVX2 but not AVX-512 run attention_<type>_avx2.cpp's build). (A clone for AVX-512F alone ran the bf16 decode
 // kernel at half the speed: without VL, 256- and 128-bit work cannot use the
 // upper 16 vector registers, and the transpositions spilled.)
-#define STRATA_ATTENTION_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define STRATA_ATTENTION_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
 #define STRATA_ATTENTION_KERNELS(E, name) STRATA_ATTENTION_KERNELS_WITH(E, name, STRATA_ATTENTION_CLONES)
 // The same for one target (ATTRS: the functions' attributes, if any).
 #define STRATA_ATTENTION_KERNELS_WITH(E, name, ATTRS)                                                             \

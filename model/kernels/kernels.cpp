@@ -8,12 +8,13 @@
 #include "model/kernels/kernels.hpp"
 #include "model/formats/packed.hpp"
 #include "model/kernels/kernels_q.hpp"
+#include "model/kernels/kernels_rows_impl.hpp"
 #include "model/kernels/vec.hpp"
 
 #include <ATen/Parallel.h>
 #include <oneapi/dnnl/dnnl.h>
 
-#include <array>
+#include <atomic>
 #include <optional>
 #include <chrono>
 #include <cmath>
@@ -24,108 +25,55 @@
 
 namespace strata::model::detail {
 
+void rows_kernel_avx2(const float* W, const float* X, float* Y, int64_t ldy, int64_t M, int64_t r0, int64_t r1,
+                      int64_t cols, bool accumulate);
+void rows_kernel_q_avx2(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, int64_t r0, int64_t r1,
+                        float* buf, bool accumulate);
+double fma_loop_avx2(int64_t iters);
+
 namespace {
 
-// Y rows [m, m+MR) x the RR weight rows at w (stride cols): RR*MR dot products
-// over `cols`. y points at column 0 of this weight block in Y row 0.
-template <int RR, int MR, bool PREFETCH = false>
-inline __attribute__((always_inline)) void tile(const float* w, const float* X, float* y, int64_t ldy, int64_t m,
-                                                int64_t cols, bool accumulate) {
-  v16 acc[RR][MR];
-#pragma GCC unroll 4
-  for (int i = 0; i < RR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < MR; ++j)
-      acc[i][j] = v16{};
-  const float* x = X + m * cols;
-  int64_t c = 0;
-  for (; c + 16 <= cols; c += 16) {
-    v16 wv[RR];
-#pragma GCC unroll 4
-    for (int i = 0; i < RR; ++i) {
-      wv[i] = load16(w + i * cols + c);
-      if constexpr (PREFETCH) // the next block's rows, while this one computes
-        __builtin_prefetch(w + (RR + i) * cols + c, 0, 3);
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < MR; ++j) {
-      const v16 xv = load16(x + j * cols + c);
-#pragma GCC unroll 4
-      for (int i = 0; i < RR; ++i)
-        acc[i][j] += wv[i] * xv;
-    }
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < RR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < MR; ++j) {
-      float s = hsum(acc[i][j]);
-      for (int64_t cc = c; cc < cols; ++cc)
-        s += w[i * cols + cc] * x[j * cols + cc];
-      float& out = y[(m + j) * ldy + i];
-      out = accumulate ? out + s : s;
-    }
+// The few-row f32 product (kernels_rows_impl.hpp), built for AVX-512 and the
+// baseline here, for AVX2 in kernels_rows_avx2.cpp; chosen by the CPU (or by
+// set_rows_isa, for tests).
+__attribute__((target_clones("avx512f", "default"))) void rows_kernel_plain(const float* W, const float* X, float* Y,
+                                                                           int64_t ldy, int64_t M, int64_t r0,
+                                                                           int64_t r1, int64_t cols, bool accumulate) {
+  plain::rows_kernel(W, X, Y, ldy, M, r0, r1, cols, accumulate);
+}
+__attribute__((target_clones("avx512f", "default"))) void rows_kernel_q_plain(const WMatrix& W, const float* X,
+                                                                             float* Y, int64_t ldy, int64_t M,
+                                                                             int64_t r0, int64_t r1, float* buf,
+                                                                             bool accumulate) {
+  plain::rows_kernel_q(W, X, Y, ldy, M, r0, r1, buf, accumulate);
+}
+__attribute__((target_clones("avx512f", "default"))) double fma_loop_plain(int64_t iters) {
+  return plain::fma_loop(iters);
 }
 
-// Four weight rows (at w, stride cols) against all M rows of X; `first` asks
-// the first pass to prefetch the next four rows.
-template <bool PREFETCH>
-inline __attribute__((always_inline)) void block4(const float* w, const float* X, float* y, int64_t ldy, int64_t M,
-                                                  int64_t cols, bool accumulate) {
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) {
-    if (m == 0)
-      tile<4, 4, PREFETCH>(w, X, y, ldy, m, cols, accumulate);
-    else
-      tile<4, 4>(w, X, y, ldy, m, cols, accumulate);
-  }
-  const bool first = m == 0;
-  switch (M - m) {
-    case 3: first ? tile<4, 3, PREFETCH>(w, X, y, ldy, m, cols, accumulate) : tile<4, 3>(w, X, y, ldy, m, cols, accumulate); break;
-    case 2: first ? tile<4, 2, PREFETCH>(w, X, y, ldy, m, cols, accumulate) : tile<4, 2>(w, X, y, ldy, m, cols, accumulate); break;
-    case 1: first ? tile<4, 1, PREFETCH>(w, X, y, ldy, m, cols, accumulate) : tile<4, 1>(w, X, y, ldy, m, cols, accumulate); break;
-    default: break;
-  }
+bool avx2_cpu() {
+  static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return v;
 }
-
-// f32 weight rows [r0, r1) against all M rows of X: a block of 4 weight rows
-// stays in L1 while every group of up to 4 input rows passes over it.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void rows_kernel(const float* W, const float* X,
-                                                                               float* Y, int64_t ldy, int64_t M,
-                                                                               int64_t r0, int64_t r1, int64_t cols,
-                                                                               bool accumulate) {
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) {
-    // The first pass over this block of weight rows brings them from memory;
-    // it also asks for the next block's, so memory and arithmetic overlap.
-    if (r + 8 <= r1)
-      block4<true>(W + r * cols, X, Y + r, ldy, M, cols, accumulate);
-    else
-      block4<false>(W + r * cols, X, Y + r, ldy, M, cols, accumulate);
-  }
-  for (; r < r1; ++r)
-    for (int64_t m = 0; m < M; ++m)
-      tile<1, 1>(W + r * cols, X, Y + r, ldy, m, cols, accumulate);
+std::atomic<bool> force_avx2{false};
+// AVX2 without AVX-512, or asked for: the AVX2 build.
+bool rows_avx2() {
+  static const bool v = !__builtin_cpu_supports("avx512f") && avx2_cpu();
+  return v || force_avx2.load(std::memory_order_relaxed);
 }
-
-// The same for another type: four rows at a time expanded to f32 in `buf`
-// (4 * cols floats), then the f32 tile.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void rows_kernel_q(const WMatrix& W, const float* X,
-                                                                                 float* Y, int64_t ldy, int64_t M,
-                                                                                 int64_t r0, int64_t r1, float* buf,
-                                                                                 bool accumulate) {
-  const int64_t cols = W.cols;
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) {
-    dequantize_rows(W, r, 4, buf);
-    block4<false>(buf, X, Y + r, ldy, M, cols, accumulate);
-  }
-  for (; r < r1; ++r) {
-    dequantize_rows(W, r, 1, buf);
-    for (int64_t m = 0; m < M; ++m)
-      tile<1, 1>(buf, X, Y + r, ldy, m, cols, accumulate);
-  }
+void rows_kernel(const float* W, const float* X, float* Y, int64_t ldy, int64_t M, int64_t r0, int64_t r1,
+                 int64_t cols, bool accumulate) {
+  if (rows_avx2())
+    return rows_kernel_avx2(W, X, Y, ldy, M, r0, r1, cols, accumulate);
+  rows_kernel_plain(W, X, Y, ldy, M, r0, r1, cols, accumulate);
 }
+void rows_kernel_q(const WMatrix& W, const float* X, float* Y, int64_t ldy, int64_t M, int64_t r0, int64_t r1,
+                   float* buf, bool accumulate) {
+  if (rows_avx2())
+    return rows_kernel_q_avx2(W, X, Y, ldy, M, r0, r1, buf, accumulate);
+  rows_kernel_q_plain(W, X, Y, ldy, M, r0, r1, buf, accumulate);
+}
+double fma_loop(int64_t iters) { return rows_avx2() ? fma_loop_avx2(iters) : fma_loop_plain(iters); }
 
 float* scratch(std::size_t floats) {
   thread_local std::vector<float> buf;
@@ -317,25 +265,13 @@ void matmul_gemm(const Linear& w, const float* X, float* Y, int64_t M, bool accu
 
 namespace {
 
-// 8 independent multiply-add chains on the widest vectors: the FMA units' peak.
-__attribute__((target_clones("avx512f", "avx2", "default"))) double fma_loop(int64_t iters) {
-  v16 a[8], b = load16(std::array<float, 16>{1.000001f, 1.000001f, 1.000001f, 1.000001f, 1.000001f, 1.000001f,
-                                             1.000001f, 1.000001f, 1.000001f, 1.000001f, 1.000001f, 1.000001f,
-                                             1.000001f, 1.000001f, 1.000001f, 1.000001f}
-                                 .data());
-  for (int i = 0; i < 8; ++i)
-    a[i] = v16{} + static_cast<float>(i);
-  for (int64_t n = 0; n < iters; ++n)
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i)
-      a[i] = a[i] * b + b;
-  float s = 0.f;
-  for (int i = 0; i < 8; ++i)
-    s += hsum(a[i]);
-  return s;
-}
-
 } // namespace
+
+bool set_rows_isa_avx2(bool on) {
+  const bool ok = !on || avx2_cpu();
+  force_avx2.store(on && ok);
+  return ok;
+}
 
 double fma_rate_per_thread(double seconds) {
   volatile double sink = fma_loop(1000); // warm the clock up

@@ -48,4 +48,9 @@ constexpr int64_t small_rows = 16;
 /// registers (the widest vector unit this CPU has), for benchmarks.
 double fma_rate_per_thread(double seconds);
 
+/// Tests: run the few-row f32 product's AVX2 build (what CPUs with AVX2 but
+/// without AVX-512 run; the same bits as the others) instead of the CPU's
+/// best, process-wide. False (and nothing changes) where the CPU lacks AVX2.
+bool set_rows_isa_avx2(bool on);
+
 } // namespace strata::model::detail

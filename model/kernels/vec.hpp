@@ -1,6 +1,11 @@
 #pragma once
-// Internal to model/kernels: GCC vector types the compiler maps onto AVX-512,
-// AVX2 or SSE, whichever the function being compiled targets.
+// Internal to model/kernels: GCC vector types.
+//
+// v16 (64 bytes) is for code built for AVX-512, where it is one register. GCC
+// 12 also accepts it on AVX2 and SSE, but keeps every such vector in memory
+// there and moves it through the stack at each operation (measured: the
+// decode attention 20x slower than its AVX-512 build): code built for AVX2
+// takes vec_ops.hpp's pair16 instead.
 
 #include <cstdint>
 

@@ -209,20 +209,55 @@ TEST(Kernels, DecodeHeadsEqualPrefillRowsBitForBit) {
 }
 
 
-// The kernels built for AVX-512 (f16 values converted by vcvtph2ps) give the
-// same bits as the portable ones (integer arithmetic) for an f16 and a q8_0
-// cache, for every kernel, with windows and soft-capping, and with subnormal
-// f16 values and scales among the stored ones: a machine of either kind
-// computes the same tokens.
-TEST(Kernels, Avx512CacheKernelsEqualPortableOnesBitForBit) {
-  if (!attention_avx512_available())
-    GTEST_SKIP() << "this CPU lacks AVX-512 (F, BW, VL) with F16C: only the portable kernels run here";
+// The few-row product's AVX2 build (16 lanes as two halves of 8, 2 x 2 tiles)
+// gives the same bits as the build this CPU runs by default, for f32 weights
+// and for the types expanded to f32 on the way (bf16, f16), at every row count
+// and with column tails: a machine without AVX-512 computes the same tokens.
+TEST(Kernels, FewRowProductAvx2BuildGivesTheSameBits) {
+  if (!set_rows_isa_avx2(false) || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    GTEST_SKIP() << "this CPU lacks AVX2 with FMA: only the baseline build runs here";
+  struct Restore {
+    ~Restore() { set_rows_isa_avx2(false); }
+  } restore;
+  for (WType type : {WType::f32, WType::bf16, WType::f16})
+    for (int64_t cols : {64, 896, 100, 7}) {
+      if (type != WType::f32 && cols % 32 != 0)
+        continue;
+      const int64_t rows = 37;
+      const WMatrix W = convert(owned_f32(random(static_cast<std::size_t>(rows * cols), 3), rows, cols), type);
+      for (int64_t M : {1, 2, 3, 4, 5, 9, 16}) {
+        const auto X = random(static_cast<std::size_t>(M * cols), static_cast<uint32_t>(4 + M));
+        auto run = [&](bool avx2, bool accumulate) {
+          EXPECT_TRUE(set_rows_isa_avx2(avx2));
+          std::vector<float> Y(static_cast<std::size_t>(M * rows), 0.5f);
+          matmul_rows(W, X.data(), Y.data(), rows, M, accumulate);
+          return Y;
+        };
+        for (bool accumulate : {false, true}) {
+          const auto best = run(false, accumulate), avx2 = run(true, accumulate);
+          for (std::size_t i = 0; i < best.size(); ++i)
+            ASSERT_EQ(__builtin_bit_cast(uint32_t, best[i]), __builtin_bit_cast(uint32_t, avx2[i]))
+              << to_string(type) << " cols " << cols << " M " << M << " value " << i;
+        }
+      }
+    }
+}
+
+// Every build of the kernels gives the same bits: the AVX-512 one with F16C
+// (f16 values converted by vcvtph2ps), the AVX2 one (16-lane vectors as two
+// halves of 8, F16C) and the plain one (its AVX-512 clone here; f16 values
+// converted by integer arithmetic), for every cache type and kernel, with
+// windows and soft-capping, and with subnormal f16 values and scales among the
+// stored ones: machines of every kind compute the same tokens.
+TEST(Kernels, EveryBuildOfTheCacheKernelsGivesTheSameBits) {
+  if (!attention_avx2_available())
+    GTEST_SKIP() << "this CPU lacks AVX2 with FMA and F16C: only the plain kernels run here";
   struct Restore {
     ~Restore() { set_attention_isa(AttentionIsa::best); }
   } restore;
   const int64_t bt = 32, blocks = 6;
-  for (WType type : {WType::f16, WType::q8_0})
-    for (int64_t hd : {32, 48, 64, 96, 128}) {
+  for (WType type : {WType::f32, WType::bf16, WType::f16, WType::q8_0})
+    for (int64_t hd : {32, 40, 48, 64, 96, 128}) {
       if (type == WType::q8_0 && hd % 32 != 0)
         continue;
       const int64_t kv = hd;
@@ -236,7 +271,7 @@ TEST(Kernels, Avx512CacheKernelsEqualPortableOnesBitForBit) {
                        " cap " + std::to_string(cap));
           const CacheRows rows{ptrs.data(), bt, stride, 0, bt * stride, window, cap, type};
           const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-          for (int64_t m : {1, 7, 16})
+          for (int64_t m : {1, 2, 4, 7, 16})
             for (int64_t n : {1, 17, 70, 150, 192}) {
               const auto q = random(static_cast<std::size_t>(16 * hd), static_cast<uint32_t>(11 * m + n));
               std::vector<float> scores(static_cast<std::size_t>(attend_scores_floats(n + 1)));
@@ -250,10 +285,15 @@ TEST(Kernels, Avx512CacheKernelsEqualPortableOnesBitForBit) {
                             all.data() + 32 * hd, hd);
                 return all;
               };
-              const auto fast = run(AttentionIsa::best), portable = run(AttentionIsa::portable);
-              for (std::size_t i = 0; i < fast.size(); ++i)
-                ASSERT_EQ(__builtin_bit_cast(uint32_t, fast[i]), __builtin_bit_cast(uint32_t, portable[i]))
-                  << "m " << m << " n " << n << " output " << i / (16 * hd) << " value " << i % (16 * hd);
+              const auto best = run(AttentionIsa::best), avx2 = run(AttentionIsa::avx2),
+                         plain = run(AttentionIsa::portable);
+              for (std::size_t i = 0; i < best.size(); ++i) {
+                ASSERT_EQ(__builtin_bit_cast(uint32_t, best[i]), __builtin_bit_cast(uint32_t, avx2[i]))
+                  << "AVX2 build, m " << m << " n " << n << " output " << i / (16 * hd) << " value " << i % (16 * hd);
+                ASSERT_EQ(__builtin_bit_cast(uint32_t, best[i]), __builtin_bit_cast(uint32_t, plain[i]))
+                  << "plain build, m " << m << " n " << n << " output " << i / (16 * hd) << " value "
+                  << i % (16 * hd);
+              }
             }
         }
     }
