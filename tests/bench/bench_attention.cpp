@@ -5,8 +5,9 @@
 // the threads as the engine runs them. Two shapes: Qwen2.5-0.5B (24 layers, 2 kv
 // heads of 64, 7 query heads each) and Gemma 3's global layers scaled down as in
 // `bench arch` (2 layers, 4 kv heads of 128, 2 query heads each). Where the CPU
-// runs the AVX-512 kernels, the f16 and q8_0 caches are measured with them and
-// with the portable ones, in turn. A benchmark, not a test.
+// runs the AVX-512 kernels, every type is also measured with the AVX2 build
+// (what CPUs without AVX-512 run), and the f16 and q8_0 caches with the plain
+// build, in turn. A benchmark, not a test.
 //
 // Usage: strata_bench attention (STRATA_BENCH_THREADS, default 2;
 // STRATA_BENCH_DEPTH, default 8192; STRATA_BENCH_ROUNDS, default 3: rounds of
@@ -24,6 +25,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace strata;
@@ -116,15 +118,24 @@ int attention_bench_main(int, char**) {
   const bool both = detail::attention_avx512_available();
   const AttnShape shapes[] = {{"Qwen2.5-0.5B", 24, 2, 64, 7}, {"Gemma-3 global layers", 2, 4, 128, 2}};
   std::vector<Case> cases;
+  const bool avx2 = detail::attention_avx2_available();
   for (const auto& s : shapes)
-    for (WType t : {WType::f32, WType::bf16, WType::f16, WType::q8_0})
-      for (int portable = 0; portable <= ((both && (t == WType::f16 || t == WType::q8_0)) ? 1 : 0); ++portable) {
-        Case c{s, t, portable ? detail::AttentionIsa::portable : detail::AttentionIsa::best, "", {}, {}, {}, {}};
-        c.label = std::string(to_string(t)) +
-                  (!both || (t != WType::f16 && t != WType::q8_0) ? "" : portable ? " (portable)" : " (AVX-512)");
+    for (WType t : {WType::f32, WType::bf16, WType::f16, WType::q8_0}) {
+      // The builds this CPU runs: the best; where that is AVX-512, the AVX2
+      // one too, and for f16 and q8_0 the plain one (their AVX-512 build is
+      // another file).
+      std::vector<std::pair<detail::AttentionIsa, const char*>> isas{
+        {detail::AttentionIsa::best, both ? " (AVX-512)" : avx2 ? " (AVX2)" : ""}};
+      if (both && avx2)
+        isas.emplace_back(detail::AttentionIsa::avx2, " (AVX2)");
+      if (both && (t == WType::f16 || t == WType::q8_0))
+        isas.emplace_back(detail::AttentionIsa::portable, " (plain, AVX-512 clone)");
+      for (const auto& [isa, name] : isas) {
+        Case c{s, t, isa, std::string(to_string(t)) + name, {}, {}, {}, {}};
         fill(c, n);
         cases.push_back(std::move(c));
       }
+    }
   std::printf("# strata_bench attention\n\none decode step's attention at %lld tokens of context, %d threads; ms per "
               "step: the median over %d rounds (every row in turn each round) of each round's best of 5 steps\n\n",
               static_cast<long long>(n), threads, rounds);
