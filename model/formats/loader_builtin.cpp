@@ -54,6 +54,19 @@ const std::map<std::string, BuiltinSpec>& builtin_specs() {
     tiny.eos_ids = {2};
     m.emplace("tiny", BuiltinSpec{tiny, 0x5eed0001});
 
+    // Multi-head attention, one kv head per query head (as in Llama 2 and
+    // Phi-3-mini), every matrix's columns a multiple of 32 (so each can be
+    // q8_0) and a head size a q8_0 cache takes: for tests of that path.
+    ModelConfig mha = tiny;
+    mha.identity = "builtin:tiny-mha";
+    mha.dim = 128;
+    mha.hidden_dim = 320;
+    mha.n_layers = 3;
+    mha.n_heads = 4;
+    mha.n_kv_heads = 4;
+    mha.head_dim = 32;
+    m.emplace("tiny-mha", BuiltinSpec{mha, 0x5eed0002});
+
     ModelConfig q;
     q.architecture = "qwen2";
     q.identity = "builtin:qwen2-0.5b";

@@ -181,7 +181,10 @@ struct Pass {
     for (std::size_t k = 0; k < plan.seqs.size(); ++k) {
       const auto& q = plan.seqs[k];
       const int64_t share = nh / cfg().n_kv_heads;
-      if (q.rows == 1 && grouped && share > 1) {
+      // (multi-head attention too, one head a kv head: then a decode step adds
+      // every score's products in the order a prefill piece does, as grouped
+      // heads do, and a recovery that rebuilds the cache gets the same bits)
+      if (q.rows == 1 && grouped) {
         for (int64_t h0 = 0; h0 < nh; h0 += share)
           for (int64_t h = h0; h < h0 + share; h += detail::attend_group)
             items.push_back(Item{static_cast<int32_t>(k), static_cast<int32_t>(h), 0,

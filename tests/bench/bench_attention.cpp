@@ -4,7 +4,9 @@
 // kv head's query heads together (attend_heads), the kv heads side by side on
 // the threads as the engine runs them. Two shapes: Qwen2.5-0.5B (24 layers, 2 kv
 // heads of 64, 7 query heads each) and Gemma 3's global layers scaled down as in
-// `bench arch` (2 layers, 4 kv heads of 128, 2 query heads each). Where the CPU
+// `bench arch` (2 layers, 4 kv heads of 128, 2 query heads each), and multi-head
+// attention as in Llama 2 (8 of Llama-2-7B's 32 heads of 128 in 4 layers, one
+// query head a kv head). Where the CPU
 // runs the AVX-512 kernels, every type is also measured with the AVX2 build
 // (what CPUs without AVX-512 run), and the f16 and q8_0 caches with the plain
 // build, in turn. A benchmark, not a test.
@@ -116,7 +118,9 @@ int attention_bench_main(int, char**) {
   const char* rounds_env = std::getenv("STRATA_BENCH_ROUNDS");
   const int rounds = std::max(1, rounds_env ? std::atoi(rounds_env) : 3);
   const bool both = detail::attention_avx512_available();
-  const AttnShape shapes[] = {{"Qwen2.5-0.5B", 24, 2, 64, 7}, {"Gemma-3 global layers", 2, 4, 128, 2}};
+  const AttnShape shapes[] = {{"Qwen2.5-0.5B", 24, 2, 64, 7},
+                              {"Gemma-3 global layers", 2, 4, 128, 2},
+                              {"multi-head, Llama-2-7B's heads (4 layers)", 4, 8, 128, 1}};
   std::vector<Case> cases;
   const bool avx2 = detail::attention_avx2_available();
   for (const auto& s : shapes)

@@ -286,6 +286,45 @@ TEST(Batch, ChunkedPrefillEqualsOnePrefill) {
   }
 }
 
+// A decode step equals the stateless recomputation of the same position bit
+// for bit with multi-head attention (one kv head per query head, as in Llama 2
+// and Phi-3-mini; GgufArchitecture.CachedEqualsStateless checks grouped heads),
+// for every KV type: the products of q8_0 weights take the same kernel at every
+// row count, and a decode step's attention adds every score's products in the
+// order a prefill piece does.
+// (Decode steps of multi-head models once took a one-query kernel that summed
+// in another order: their recoveries, which rebuild caches by prefill, moved
+// the logits by float rounding.) 40 steps, past 16 rows, where the stateless
+// pass cuts the sequence into groups of 16 rows.
+TEST(Batch, CachedDecodeEqualsStatelessBitForBitWithMultiHeadAttention) {
+  for (const char* kv : {"f32", "bf16", "f16", "q8_0"}) {
+    SCOPED_TRACE(std::string("KV ") + kv);
+    model::LoadOptions o;
+    o.dtype = "q8_0";
+    o.kv_dtype = kv;
+    auto s = Shard::load("builtin:tiny-mha", o);
+    ASSERT_EQ(s->config().n_kv_heads, s->config().n_heads);
+    std::vector<int32_t> tokens;
+    for (int j = 0; j < 9; ++j)
+      tokens.push_back(static_cast<int32_t>((5 + 29 * j) % 250 + 3));
+    auto cache = s->new_cache();
+    auto cached = s->forward(tokens, model::consecutive_positions(0, 9), cache).logits;
+    for (int step = 0; step < 40; ++step) {
+      auto fresh = s->new_cache();
+      const auto stateless =
+        s->forward(tokens, model::consecutive_positions(0, static_cast<int64_t>(tokens.size())), fresh).logits;
+      ASSERT_EQ(cached.size(), stateless.size());
+      for (std::size_t v = 0; v < cached.size(); ++v)
+        ASSERT_EQ(__builtin_bit_cast(uint32_t, cached[v]), __builtin_bit_cast(uint32_t, stateless[v]))
+          << "step " << step << " logit " << v << ": " << cached[v] << " cached, " << stateless[v] << " stateless";
+      tokens.push_back(argmax(cached));
+      cached = s->forward(std::vector<int32_t>{tokens.back()},
+                          model::consecutive_positions(static_cast<int64_t>(tokens.size()) - 1, 1), cache)
+                 .logits;
+    }
+  }
+}
+
 // One bad sequence in a batch gets its own typed error and leaves its cache
 // untouched; the others run and equal their lone runs.
 TEST(Batch, ABadSequenceFailsAloneAndTheOthersRun) {
