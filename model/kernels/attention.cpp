@@ -10,8 +10,6 @@
 namespace strata::model::detail {
 
 #define STRATA_ATTENTION_DECLARE(name)                                                                              \
-  void attend_##name(const float* q, const CacheRows& rows, int64_t n, int64_t hd, float scale, float* scores,     \
-                     float* out);                                                                                   \
   void attend_rows_##name(const float* q, int64_t q_stride, int64_t m, const CacheRows& rows, int64_t n0,           \
                           int64_t hd, float scale, float* scores, float* out, int64_t out_stride);                  \
   void attend_heads_##name(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t hd, float scale,   \
@@ -74,10 +72,6 @@ void set_attention_isa(AttentionIsa isa) {
                                : fn##_q8_0(__VA_ARGS__);                                                            \
     default: return build() == avx2 ? fn##_f32_avx2(__VA_ARGS__) : fn##_f32(__VA_ARGS__);                           \
   }
-
-void attend(const float* q, const CacheRows& rows, int64_t n, int64_t hd, float scale, float* scores, float* out) {
-  STRATA_ATTENTION_DISPATCH(attend, q, rows, n, hd, scale, scores, out)
-}
 
 void attend_rows(const float* q, int64_t q_stride, int64_t m, const CacheRows& rows, int64_t n0, int64_t hd,
                  float scale, float* scores, float* out, int64_t out_stride) {

@@ -27,11 +27,15 @@ struct CacheRows {
   WType type = WType::f32;
 };
 
-/// One query head against cached rows 0..n-1 (the query is at position n-1;
-/// with a window only the last `window` of them): out = softmax(q.K^T * scale) V.
-/// `scores` has room for n floats.
-void attend(const float* q, const CacheRows& rows, int64_t n, int64_t head_dim, float scale, float* scores, float* out);
-
+/// Attention of query rows against a sequence's cached rows: out =
+/// softmax(q.K^T * scale) V over the keys a row sees (with a window only the
+/// last `window` of them), head sizes up to max_head_dim. Two kernels, the same
+/// bits for the same query at the same position: a score adds its products in
+/// order of the head dimension, the softmax weights are summed by key position
+/// mod 16 in one fixed tree, the value pass adds keys in order. So a decode step
+/// equals the stateless recomputation of its position, and a rebuilt cache the
+/// one it replaces.
+///
 /// Up to 16 consecutive query rows of one head (rows of one piece of one
 /// sequence) against cached rows: row t (0 <= t < m) sees the first n0 + t + 1
 /// cached rows (causal). Query row t starts at q + t * q_stride, its output at
@@ -42,8 +46,8 @@ void attend_rows(const float* q, int64_t q_stride, int64_t m, const CacheRows& r
                  float scale, float* scores, float* out, int64_t out_stride);
 constexpr int64_t attend_group = 16;
 
-/// Up to 16 query heads of one position that share a kv head (grouped-query
-/// attention at decode), query head t at q + t * head_dim, its output at
+/// Up to 16 query heads of one position that share a kv head (a decode step;
+/// one head where each has its own kv head), query head t at q + t * head_dim, its output at
 /// out + t * head_dim, against cached rows 0..n-1: each key and value row is
 /// read once for all of them, not once per head. A head's result does not
 /// depend on m, and is the same bits as attend_rows gives the same query as row
@@ -62,6 +66,9 @@ void set_attention_isa(AttentionIsa isa);
 bool attention_avx512_available();
 /// Whether this CPU runs the AVX2 ones (AVX2, FMA, F16C).
 bool attention_avx2_available();
+
+/// The largest head size the kernels take (ModelConfig::validate refuses larger).
+constexpr int64_t max_head_dim = 512;
 
 /// The scratch every kernel here needs against n cached rows.
 constexpr int64_t attend_scores_floats(int64_t n) { return attend_group * (n + 80); }

@@ -373,78 +373,6 @@ struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
 
 // HD > 0: head_dim known at compile time (loops fully unrolled); HD == 0: runtime `hd`.
 
-template <class E, int HD>
-__attribute__((always_inline)) inline void attend_impl(const float* q, const CacheRows& rows, int64_t n, int64_t hd_rt,
-                                                       float scale, float* scores, float* out) {
-  const int64_t hd = HD > 0 ? HD : hd_rt;
-  const int64_t bt = rows.block_tokens;
-  float tmp[HD > 0 ? HD : 512];
-  // The first key the query sees (a sliding window starts later), and the
-  // block it lies in: blocks before it are not read.
-  const int64_t lo = rows.window > 0 ? std::max<int64_t>(0, n - rows.window) : 0;
-  const int64_t b0 = lo / bt;
-  const float cap = rows.softcap, inv_cap = cap > 0 ? 1.0f / cap : 0.f;
-  // Walk the cache block by block: no division per row.
-  float mx = -INFINITY;
-  for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
-    const int64_t first = std::max<int64_t>(lo - j0, 0);
-    const uint8_t* kp = rows.blocks[b] + rows.k_offset + static_cast<std::size_t>(first) * rows.row_stride;
-    const int64_t m = std::min(bt, n - j0);
-    for (int64_t j = first; j < m; ++j, kp += rows.row_stride) {
-      const float* k = E::row(kp, hd, tmp);
-      // 16 lanes (element i in lane i % 16), summed across as hsum does, then
-      // a tail past the last 16 in order: the same bits at every vector width.
-      v16 acc = v16{};
-      int64_t i = 0;
-      for (; i + 16 <= hd; i += 16)
-        acc += vload<v16>(q + i) * vload<v16>(k + i);
-      float s = hsum(acc);
-      for (; i < hd; ++i) // (fused by hand, as in kernels_rows_impl.hpp's tail)
-        s = __builtin_fmaf(q[i], k[i], s);
-      s *= scale;
-      if (cap > 0)
-        s = cap * std::tanh(s * inv_cap);
-      scores[j0 + j] = s;
-      mx = std::max(mx, s);
-    }
-  }
-  // Softmax weights 16 at a time (a tail padded with -inf: weight 0), summed
-  // in lanes, then across them in a fixed order.
-  v16 sum16 = v16{};
-  int64_t j = lo;
-  for (; j + 16 <= n; j += 16) {
-    const v16 e = exp16(vload<v16>(scores + j) - mx);
-    vstore(scores + j, e);
-    sum16 += e;
-  }
-  if (j < n) {
-    float tail[16];
-    for (int t = 0; t < 16; ++t)
-      tail[t] = j + t < n ? scores[j + t] - mx : -INFINITY;
-    const v16 e = exp16(vload<v16>(tail));
-    for (int t = 0; j + t < n; ++t)
-      scores[j + t] = e[t];
-    sum16 += e;
-  }
-  const float sum = hsum(sum16);
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < hd; ++i)
-    out[i] = 0.f;
-  for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
-    const int64_t first = std::max<int64_t>(lo - j0, 0);
-    const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rows.row_stride;
-    const int64_t m = std::min(bt, n - j0);
-    for (int64_t j = first; j < m; ++j, vp += rows.row_stride) {
-      const float* v = E::row(vp, hd, tmp);
-      const float a = scores[j0 + j] * inv;
-#pragma omp simd
-      for (int64_t i = 0; i < hd; ++i)
-        out[i] += a * v[i];
-    }
-  }
-}
-
-
 // How many 16-lane accumulators this build keeps in registers: 16 on AVX-512
 // (32 registers), 8 on AVX2 (16 registers, two a vector: the rest of a loop
 // needs the others), 2 on the baseline's SSE (16 registers, four a vector).
@@ -546,9 +474,9 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
                                                             int64_t out_stride) {
   const int64_t hd = HD > 0 ? HD : hd_rt;
   constexpr int64_t L = attend_group;
-  float tmp[HD > 0 ? HD : 512];
+  float tmp[HD > 0 ? HD : max_head_dim];
   // Queries transposed: qt[i] holds element i of every row's query, one row a lane.
-  v16 qt[HD > 0 ? HD : 256];
+  v16 qt[HD > 0 ? HD : max_head_dim];
   for (int64_t i = 0; i < hd; ++i) {
     float lane[L] = {};
     for (int64_t t = 0; t < m; ++t)
@@ -591,7 +519,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
   // multiply-adds per key waited on the previous one's latency: about 80 ns a
   // key at head size 64); each lane still adds its products in order i = 0 ..
   // hd-1, so every score is the same bits as one key at a time.
-  float tmp4[4][HD > 0 ? HD : 512];
+  float tmp4[4][HD > 0 ? HD : max_head_dim];
   prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.k_offset, 0, E::bytes(hd));
   for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
     const int64_t first = std::max<int64_t>(lo - j0, 0);
@@ -700,7 +628,7 @@ inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int
   constexpr int C = HD == 0 || MH >= 16 ? 1
                     : wide_registers == 8 ? (MH >= 8 ? 1 : MH >= 4 ? 2 : 4)
                                           : (MH >= 8 ? 2 : 4);
-  constexpr int64_t HM = HD > 0 ? HD : 256;
+  constexpr int64_t HM = HD > 0 ? HD : max_head_dim;
   float qb[MH][HM];
   for (int h = 0; h < MH; ++h)
     for (int64_t i = 0; i < hd; ++i)
@@ -811,16 +739,6 @@ inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int
 // The head sizes with a kernel of their own (loops unrolled at compile time):
 // every other size goes through the run-time loop, with the same arithmetic.
 template <class E>
-inline __attribute__((always_inline)) void attend_typed(const float* q, const CacheRows& rows, int64_t n, int64_t hd,
-                                                        float scale, float* scores, float* out) {
-  switch (hd) {
-    case 64: return attend_impl<E, 64>(q, rows, n, hd, scale, scores, out);
-    case 128: return attend_impl<E, 128>(q, rows, n, hd, scale, scores, out);
-    default: return attend_impl<E, 0>(q, rows, n, hd, scale, scores, out);
-  }
-}
-
-template <class E>
 inline __attribute__((always_inline)) void attend_rows_typed(const float* q, int64_t q_stride, int64_t m,
                                                              const CacheRows& rows, int64_t n0, int64_t hd, float scale,
                                                              float* scores, float* out, int64_t out_stride) {
@@ -856,7 +774,7 @@ inline __attribute__((always_inline)) void attend_heads_typed(const float* q, in
 
 } // namespace strata::model::detail::STRATA_ATTENTION_NS
 
-// The three entry points for one cache type E, named attend*_<name>, each built
+// The two entry points for one cache type E, named attend_{rows,heads}_<name>, each built
 // for x86-64-v4 (AVX-512 F, BW, CD, DQ, VL) and the baseline, chosen at load
 // time (CPUs with AVX2 but not AVX-512 run attention_<type>_avx2.cpp's build). (A clone for AVX-512F alone ran the bf16 decode
 // kernel at half the speed: without VL, 256- and 128-bit work cannot use the
@@ -866,10 +784,6 @@ inline __attribute__((always_inline)) void attend_heads_typed(const float* q, in
 // The same for one target (ATTRS: the functions' attributes, if any).
 #define STRATA_ATTENTION_KERNELS_WITH(E, name, ATTRS)                                                             \
   namespace strata::model::detail {                                                                              \
-  ATTRS void attend_##name(const float* q, const CacheRows& rows, int64_t n, int64_t hd, float scale,             \
-                           float* scores, float* out) {                                                           \
-    STRATA_ATTENTION_NS::attend_typed<STRATA_ATTENTION_NS::E>(q, rows, n, hd, scale, scores, out);                \
-  }                                                                                                               \
   ATTRS void attend_rows_##name(const float* q, int64_t q_stride, int64_t m, const CacheRows& rows, int64_t n0,   \
                                 int64_t hd, float scale, float* scores, float* out, int64_t out_stride) {         \
     STRATA_ATTENTION_NS::attend_rows_typed<STRATA_ATTENTION_NS::E>(q, q_stride, m, rows, n0, hd, scale, scores,   \

@@ -163,7 +163,7 @@ struct Pass {
   // Causal grouped-query attention of every row against its own sequence's
   // cache. A one-row piece (a decode step) is one item per kv head: the query
   // heads that share it, up to 16 at a time (attend_heads: each cached row is
-  // read once for all of them), or one item per head without sharing; a longer
+  // read once for all of them; one head with multi-head attention); a longer
   // piece is cut into groups of up to 16 rows per head (attend_rows), counted
   // from the piece's first row, so a row's arithmetic depends only on its own
   // piece.
@@ -176,22 +176,21 @@ struct Pass {
 
   void plan_attention() {
     const int64_t nh = cfg().n_heads;
-    const bool grouped = cfg().head_dim <= 256;
     items.clear();
     for (std::size_t k = 0; k < plan.seqs.size(); ++k) {
       const auto& q = plan.seqs[k];
       const int64_t share = nh / cfg().n_kv_heads;
-      // (multi-head attention too, one head a kv head: then a decode step adds
-      // every score's products in the order a prefill piece does, as grouped
-      // heads do, and a recovery that rebuilds the cache gets the same bits)
-      if (q.rows == 1 && grouped) {
+      // (multi-head attention too, one head a kv head: a decode step then adds
+      // every score's products in the order a prefill piece does, and a
+      // recovery that rebuilds the cache gets the same bits)
+      if (q.rows == 1) {
         for (int64_t h0 = 0; h0 < nh; h0 += share)
           for (int64_t h = h0; h < h0 + share; h += detail::attend_group)
             items.push_back(Item{static_cast<int32_t>(k), static_cast<int32_t>(h), 0,
                                  std::min(detail::attend_group, h0 + share - h), true});
         continue;
       }
-      const int64_t g = q.rows == 1 || !grouped ? 1 : detail::attend_group;
+      const int64_t g = detail::attend_group;
       for (int64_t t0 = 0; t0 < q.rows; t0 += g)
         for (int64_t h = 0; h < nh; ++h)
           items.push_back(Item{static_cast<int32_t>(k), static_cast<int32_t>(h), t0, std::min(g, q.rows - t0)});
@@ -231,8 +230,6 @@ struct Pass {
         // causal: row t of the piece sees positions 0 .. past + t
         if (w.heads)
           detail::attend_heads(qp, w.m, rows, q.past + 1, hd, scale, scores.data(), op);
-        else if (w.m == 1 && q.rows == 1)
-          detail::attend(qp, rows, q.past + w.t0 + 1, hd, scale, scores.data(), op);
         else
           detail::attend_rows(qp, qkv_stride, w.m, rows, q.past + w.t0, hd, scale, scores.data(), op, c.q_dim());
       }

@@ -54,9 +54,10 @@ TEST(Kernels, FewRowProductEqualsPlainLoopsAndIgnoresOtherRows) {
   }
 }
 
-// Attention over rows stored in every KV cache type: the grouped kernel equals
-// the one-row kernel, and both equal plain loops over the values the cache
-// stores (each row dequantized: the rounding is the cache's, the math exact).
+// Attention over rows stored in every KV cache type: a piece of rows and a
+// group of heads equal each query alone (one row of a piece), and all equal
+// plain loops over the values the cache stores (each row dequantized: the
+// rounding is the cache's, the math exact).
 TEST(Kernels, GroupedAttentionEqualsOneRowAttentionForEveryKvType) {
   const int64_t bt = 32, blocks = 4;
   for (WType type : {WType::f32, WType::bf16, WType::f16, WType::q8_0})
@@ -94,7 +95,7 @@ TEST(Kernels, GroupedAttentionEqualsOneRowAttentionForEveryKvType) {
           std::vector<float> scores(static_cast<std::size_t>(attend_scores_floats(n0 + m + 1)));
           attend_rows(q.data(), qs, m, rows, n0, hd, scale, scores.data(), out.data(), qs);
           for (int64_t t = 0; t < m; ++t) {
-            attend(q.data() + t * qs, rows, n0 + t + 1, hd, scale, scores.data(), ref.data());
+            attend_rows(q.data() + t * qs, qs, 1, rows, n0 + t, hd, scale, scores.data(), ref.data(), hd);
             // Plain loops in double over the stored values.
             const int64_t n = n0 + t + 1;
             std::vector<double> p(static_cast<std::size_t>(n));
@@ -126,7 +127,7 @@ TEST(Kernels, GroupedAttentionEqualsOneRowAttentionForEveryKvType) {
             std::copy(q.begin() + t * qs, q.begin() + t * qs + hd, qh.begin() + t * hd);
           attend_heads(qh.data(), m, rows, n, hd, scale, scores.data(), heads.data());
           for (int64_t t = 0; t < m; ++t) {
-            attend(qh.data() + t * hd, rows, n, hd, scale, scores.data(), ref.data());
+            attend_rows(qh.data() + t * hd, hd, 1, rows, n - 1, hd, scale, scores.data(), ref.data(), hd);
             attend_heads(qh.data() + t * hd, 1, rows, n, hd, scale, scores.data(), one.data());
             for (int64_t i = 0; i < hd; ++i) {
               ASSERT_NEAR(heads[static_cast<std::size_t>(t * hd + i)], ref[static_cast<std::size_t>(i)], 1e-5)
@@ -169,7 +170,7 @@ StoredBlocks stored_blocks(WType type, int64_t kv, int64_t bt, int64_t blocks, u
 TEST(Kernels, DecodeHeadsEqualPrefillRowsBitForBit) {
   const int64_t bt = 32, blocks = 6;
   for (WType type : {WType::f32, WType::bf16, WType::f16, WType::q8_0})
-    for (int64_t hd : {8, 32, 48, 64, 96, 128}) {
+    for (int64_t hd : {8, 32, 48, 64, 96, 128, 256, 320, 512}) {
       if (type == WType::q8_0 && hd % 32 != 0)
         continue;
       const int64_t kv = hd;
@@ -257,7 +258,7 @@ TEST(Kernels, EveryBuildOfTheCacheKernelsGivesTheSameBits) {
   } restore;
   const int64_t bt = 32, blocks = 6;
   for (WType type : {WType::f32, WType::bf16, WType::f16, WType::q8_0})
-    for (int64_t hd : {32, 40, 48, 64, 96, 128}) {
+    for (int64_t hd : {32, 40, 48, 64, 96, 128, 320}) {
       if (type == WType::q8_0 && hd % 32 != 0)
         continue;
       const int64_t kv = hd;
@@ -277,12 +278,11 @@ TEST(Kernels, EveryBuildOfTheCacheKernelsGivesTheSameBits) {
               std::vector<float> scores(static_cast<std::size_t>(attend_scores_floats(n + 1)));
               auto run = [&](AttentionIsa isa) {
                 set_attention_isa(isa);
-                std::vector<float> all(static_cast<std::size_t>(3 * 16 * hd));
-                attend(q.data(), rows, n, hd, scale, scores.data(), all.data());
-                attend_heads(q.data(), m, rows, n, hd, scale, scores.data(), all.data() + 16 * hd);
+                std::vector<float> all(static_cast<std::size_t>(2 * 16 * hd));
+                attend_heads(q.data(), m, rows, n, hd, scale, scores.data(), all.data());
                 const int64_t rows_in = std::min<int64_t>(m, n);
                 attend_rows(q.data(), hd, rows_in, rows, n - rows_in, hd, scale, scores.data(),
-                            all.data() + 32 * hd, hd);
+                            all.data() + 16 * hd, hd);
                 return all;
               };
               const auto best = run(AttentionIsa::best), avx2 = run(AttentionIsa::avx2),
