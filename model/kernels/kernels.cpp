@@ -35,7 +35,7 @@ namespace {
 
 // The few-row f32 product (kernels_rows_impl.hpp), built for AVX-512 and the
 // baseline here, for AVX2 in kernels_rows_avx2.cpp; chosen by the CPU (or by
-// set_rows_isa, for tests).
+// set_rows_isa_avx2, for tests).
 __attribute__((target_clones("avx512f", "default"))) void rows_kernel_plain(const float* W, const float* X, float* Y,
                                                                            int64_t ldy, int64_t M, int64_t r0,
                                                                            int64_t r1, int64_t cols, bool accumulate) {

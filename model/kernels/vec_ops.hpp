@@ -1,10 +1,10 @@
 // Internal to model/kernels: the vector operations a kernel source writes once
 // for every build, included by that source INSIDE its build's namespace, after
 // the file's `#pragma GCC target` (no #pragma once: each build has its own
-// copy). A function defined before the pragma keeps the default target, and
-// GCC lowers its 64-byte vector operations for SSE2 (four 16-byte pieces)
-// before inlining it into an AVX-512 or AVX2 kernel: measured, the f16 decode
-// attention took 50 % longer.
+// copy). A function defined before the pragma keeps the default target; with
+// these helpers defined there, the AVX-512 kernels that inline them grew by a
+// quarter, full of lane-by-lane extractions (valignd, vpextrd), and the f16
+// decode attention took 50 % longer.
 //
 // - select, vcast, vconvert, vload, vstore, vload_halves: a vector select,
 //   bit cast, lane-wise conversion, load and store, for native vectors and
