@@ -38,6 +38,7 @@ msg::shard_stats shard_state::stats() const {
   s.pool_used = static_cast<uint64_t>(pool->in_use());
   s.block_bytes = pool->block_bytes();
   s.kv_dtype = model::to_string(pool->shape().kv_type);
+  s.kernels = model::kernel_builds();
   s.kv_bytes_per_token = model::BlockPool::kv_bytes_per_token(pool->shape());
   s.kept_bytes_per_token = model::BlockPool::out_bytes_per_token(pool->shape());
   s.queued = scheduler->queued();

@@ -562,6 +562,7 @@ struct shard_stats {
   uint64_t kv_bytes_per_token = 0;  ///< keys and values of one position over the shard's layers
   uint64_t kept_bytes_per_token = 0; ///< the output row kept per position for recovery (0: the tail)
   uint64_t rolled_back = 0;          ///< positions of rejected proposals cut from caches (speculative decoding)
+  std::string kernels;               ///< the kernel builds the node's CPU runs (model::kernel_builds)
 };
 
 template <class Inspector>
@@ -570,7 +571,7 @@ typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
            guard(x.misses), x.evictions, x.steps, x.duplicates, x.conflicts, x.orphans, x.pool_blocks, x.pool_used,
            x.block_bytes, x.queued, x.rounds, x.batched_rows, x.max_batch, x.overloaded, x.computed, x.recomputed,
            x.prefix_hit_tokens, x.prefix_blocks, x.prefix_cached, x.window_used, x.window_block_bytes, x.kv_dtype,
-           x.kv_bytes_per_token, x.kept_bytes_per_token, x.rolled_back);
+           x.kv_bytes_per_token, x.kept_bytes_per_token, x.rolled_back, x.kernels);
 }
 
 /// Streamed to a generation's client for every token, in order.

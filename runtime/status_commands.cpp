@@ -130,6 +130,7 @@ int run_status(int argc, char** argv) {
                              {"window_used", st.window_used},
                              {"block_bytes", st.block_bytes},
                              {"kv_dtype", st.kv_dtype},
+                             {"kernels", st.kernels},
                              {"kv_bytes_per_token", st.kv_bytes_per_token},
                              {"kept_bytes_per_token", st.kept_bytes_per_token},
                              {"queued", st.queued},
@@ -151,7 +152,7 @@ int run_status(int argc, char** argv) {
   std::printf("route: %s\n", route.empty() ? "none complete (some layers have no node)" : route.c_str());
   // An aligned table: every column as wide as its widest cell.
   std::vector<std::vector<std::string>> table = {{"#", "node", "address", "layers", "alive", "inc", "role", "cache-bytes",
-                                                  "pool(used/blocks)", "window-used", "kv", "bytes/token(kv+kept)", "rounds", "max-batch", "queued", "overloaded",
+                                                  "pool(used/blocks)", "window-used", "kv", "bytes/token(kv+kept)", "kernels", "rounds", "max-batch", "queued", "overloaded",
                                                   "sessions", "hits", "orphans", "conflicts",
                                                   "misses(unknown,ttl,lru,released,superseded,seq)"}};
   for (std::size_t i = 0; i < cs.shards.size(); ++i) {
@@ -169,7 +170,7 @@ int run_status(int argc, char** argv) {
                      n(st.cache_bytes), n(st.pool_used) + "/" + n(st.pool_blocks),
                      st.window_block_bytes > 0 ? n(st.window_used) : "-", rows[i].answered ? st.kv_dtype : "-",
                      rows[i].answered ? n(st.kv_bytes_per_token) + "+" + n(st.kept_bytes_per_token) : "-",
-                     n(st.rounds), n(st.max_batch),
+                     rows[i].answered && !st.kernels.empty() ? st.kernels : "-", n(st.rounds), n(st.max_batch),
                      n(st.queued), n(st.overloaded), n(st.sessions), n(st.hits), n(st.orphans), n(st.conflicts),
                      rows[i].answered ? misses : "-"});
   }

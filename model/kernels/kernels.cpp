@@ -6,6 +6,7 @@
 // recognise this CPU and falls back to its generic kernel (see docs/benchmarks.md).
 
 #include "model/kernels/kernels.hpp"
+#include "model/kernels/attention.hpp"
 #include "model/formats/packed.hpp"
 #include "model/kernels/kernels_q.hpp"
 #include "model/kernels/kernels_rows_impl.hpp"
@@ -266,6 +267,15 @@ void matmul_gemm(const Linear& w, const float* X, float* Y, int64_t M, bool accu
 namespace {
 
 } // namespace
+
+std::string kernel_builds() {
+  std::string s = attention_avx512_available() ? "avx512" : attention_avx2_available() ? "avx2" : "baseline";
+  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
+    s += "+vnni";
+  if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"))
+    s += "+bf16";
+  return s;
+}
 
 bool set_rows_isa_avx2(bool on) {
   const bool ok = !on || avx2_cpu();

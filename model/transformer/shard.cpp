@@ -195,6 +195,10 @@ double fma_rate_per_thread(double seconds) {
   return detail::fma_rate_per_thread(seconds);
 }
 
+std::string kernel_builds() {
+  return detail::kernel_builds();
+}
+
 ModelConfig read_config(const std::string& model) {
   return detail::open_source(model)->config();
 }

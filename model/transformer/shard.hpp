@@ -134,6 +134,9 @@ private:
 /// (a register-only loop run for `seconds`): the basis of a peak-FLOP/s figure.
 double fma_rate_per_thread(double seconds);
 
+/// The kernel builds this CPU runs (e.g. "avx512+vnni+bf16", "avx2"), for status.
+std::string kernel_builds();
+
 /// The configuration of `model` (same specs as Shard::load) without loading weights.
 ModelConfig read_config(const std::string& model);
 

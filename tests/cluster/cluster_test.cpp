@@ -4,6 +4,7 @@
 
 #include "tests/cluster/cluster_support.hpp"
 #include "tests/cluster/process.hpp"
+#include "model/transformer/shard.hpp"
 #include "tests/support.hpp"
 
 #include <nlohmann/json.hpp>
@@ -460,6 +461,8 @@ TEST(Cluster, NewArchitecturesAcrossProcessesWithFaultsEqualLlamaCpp) {
     }
     const auto st = nlohmann::json::parse(run("status --cluster " + c.address + " --json"));
     EXPECT_EQ(st["architecture"], f.name);
+    for (const auto& s : st["shards"]) // every node names the kernel builds its CPU runs
+      EXPECT_EQ(s["kernels"], model::kernel_builds());
     if (f.name == "qwen3moe") {
       EXPECT_EQ(st["experts"], 4);
       EXPECT_EQ(st["experts_active"], 2);

@@ -210,6 +210,23 @@ TEST(Kernels, DecodeHeadsEqualPrefillRowsBitForBit) {
 }
 
 
+// The kernel builds named for `strata status` are the ones that run here.
+TEST(Kernels, KernelBuildsNameWhatThisCpuRuns) {
+  const std::string s = kernel_builds();
+  const std::string base = attention_avx512_available() ? "avx512" : attention_avx2_available() ? "avx2" : "baseline";
+  ASSERT_EQ(s.substr(0, base.size()), base) << s;
+  std::string rest = s.substr(base.size());
+  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw")) {
+    ASSERT_EQ(rest.substr(0, 5), "+vnni") << s;
+    rest = rest.substr(5);
+  }
+  if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")) {
+    ASSERT_EQ(rest, "+bf16") << s;
+    rest.clear();
+  }
+  EXPECT_EQ(rest, "") << s;
+}
+
 // The few-row product's AVX2 build (16 lanes as two halves of 8, 2 x 2 tiles)
 // gives the same bits as the build this CPU runs by default, for f32 weights
 // and for the types expanded to f32 on the way (bf16, f16), at every row count
