@@ -52,14 +52,10 @@ __attribute__((target_clones("avx512f", "default"))) double fma_loop_plain(int64
   return plain::fma_loop(iters);
 }
 
-bool avx2_cpu() {
-  static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return v;
-}
 std::atomic<bool> force_avx2{false};
 // AVX2 without AVX-512, or asked for: the AVX2 build.
 bool rows_avx2() {
-  static const bool v = !__builtin_cpu_supports("avx512f") && avx2_cpu();
+  static const bool v = !__builtin_cpu_supports("avx512f") && attention_avx2_available();
   return v || force_avx2.load(std::memory_order_relaxed);
 }
 void rows_kernel(const float* W, const float* X, float* Y, int64_t ldy, int64_t M, int64_t r0, int64_t r1,
@@ -268,17 +264,8 @@ namespace {
 
 } // namespace
 
-std::string kernel_builds() {
-  std::string s = attention_avx512_available() ? "avx512" : attention_avx2_available() ? "avx2" : "baseline";
-  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
-    s += "+vnni";
-  if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"))
-    s += "+bf16";
-  return s;
-}
-
 bool set_rows_isa_avx2(bool on) {
-  const bool ok = !on || avx2_cpu();
+  const bool ok = !on || attention_avx2_available();
   force_avx2.store(on && ok);
   return ok;
 }

@@ -49,12 +49,6 @@ constexpr int64_t small_rows = 16;
 /// registers (the widest vector unit this CPU has), for benchmarks.
 double fma_rate_per_thread(double seconds);
 
-/// The kernel builds this CPU runs, for `strata status`: "avx512" (AVX-512 F,
-/// BW, VL with F16C), "avx2" (AVX2, FMA, F16C) or "baseline", then "+vnni" where
-/// the int8 kernels use AVX-512 VNNI and "+bf16" where bf16 weights use
-/// AVX-512 BF16 (e.g. "avx512+vnni+bf16").
-std::string kernel_builds();
-
 /// Tests: run the few-row f32 product's AVX2 build (what CPUs with AVX2 but
 /// without AVX-512 run; the same bits as the others) instead of the CPU's
 /// best, process-wide. False (and nothing changes) where the CPU lacks AVX2.

@@ -3,6 +3,7 @@
 // many rows share the call.
 
 #include "model/kernels/kernels_q.hpp"
+#include "model/kernels/attention.hpp"
 
 #include "model/formats/packed.hpp"
 #include "model/formats/quant.hpp"
@@ -30,10 +31,8 @@ bool has_vnni() {
                         __builtin_cpu_supports("avx512bw");
   return v;
 }
-bool has_avx2() {
-  static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                        __builtin_cpu_supports("f16c");
-  return v;
+bool has_avx2() { // (AVX2, FMA, F16C: what the attention's AVX2 build needs too)
+  return attention_avx2_available();
 }
 bool has_bf16() {
   static const bool v = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
@@ -148,6 +147,15 @@ int64_t acts_block(WType t) {
     case WType::f32: case WType::f16: case WType::bf16: return 0;
     default: return block_values(t);
   }
+}
+
+std::string kernel_builds() {
+  std::string s = attention_avx512_available() ? "avx512" : has_avx2() ? "avx2" : "baseline";
+  if (has_vnni())
+    s += "+vnni";
+  if (has_bf16())
+    s += "+bf16";
+  return s;
 }
 
 bool fused_available(WType t) {

@@ -9,6 +9,7 @@
 #include "model/formats/wmatrix.hpp"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace strata::model::detail {
@@ -52,6 +53,11 @@ void set_fused_isa(FusedIsa isa);
 
 /// Whether this CPU (and the setting above) has a fused kernel for `t`.
 bool fused_available(WType t);
+/// The kernel builds this CPU runs, for `strata status`: "avx512" (AVX-512 F,
+/// BW, VL with F16C), "avx2" (AVX2, FMA, F16C) or "baseline", then "+vnni" where
+/// the int8 kernels use AVX-512 VNNI and "+bf16" where bf16 weights use
+/// AVX-512 BF16 (e.g. "avx512+vnni+bf16").
+std::string kernel_builds();
 /// `m` in the layout this CPU's kernels read fastest: packed q8_0 / q4_0 /
 /// q5_0 / iq4_nl / q4_K / iq4_xs / q2_K (packed.hpp) where AVX-512 VNNI runs, else `m` itself. Either layout gives every kernel
 /// setting the same products (a packed matrix under another setting is

@@ -11,16 +11,8 @@
 
 namespace strata::model::detail {
 
-// A 64-byte vector of floats; the compiler maps it onto AVX-512, AVX2 or SSE.
+// A 64-byte vector of floats (loads and stores: vec_ops.hpp's vload, vstore).
 typedef float v16 __attribute__((vector_size(64)));
-// The same, for memory that may not be 64-byte aligned.
-typedef float v16u __attribute__((vector_size(64), aligned(4)));
-
-inline __attribute__((always_inline)) v16 load16(const float* p) {
-  v16 v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));

@@ -190,10 +190,10 @@ struct Pass {
                                  std::min(detail::attend_group, h0 + share - h), true});
         continue;
       }
-      const int64_t g = detail::attend_group;
-      for (int64_t t0 = 0; t0 < q.rows; t0 += g)
+      for (int64_t t0 = 0; t0 < q.rows; t0 += detail::attend_group)
         for (int64_t h = 0; h < nh; ++h)
-          items.push_back(Item{static_cast<int32_t>(k), static_cast<int32_t>(h), t0, std::min(g, q.rows - t0)});
+          items.push_back(Item{static_cast<int32_t>(k), static_cast<int32_t>(h), t0,
+                               std::min(detail::attend_group, q.rows - t0)});
     }
   }
 

@@ -5,6 +5,7 @@
 
 #include "model/base/error.hpp"
 #include "model/kernels/kernels.hpp"
+#include "model/kernels/kernels_q.hpp"
 #include "model/transformer/shard_impl.hpp"
 
 #include <ATen/Parallel.h>

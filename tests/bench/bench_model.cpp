@@ -6,6 +6,7 @@
 #include "model/kernels/kernels.hpp"
 #include "model/formats/packed.hpp"
 #include "model/kernels/kernels_q.hpp"
+#include "model/kernels/attention.hpp"
 #include "model/formats/quant.hpp"
 #include "model/formats/safetensors.hpp"
 #include "model/transformer/shard.hpp"
@@ -303,7 +304,7 @@ void bench_kernels() {
     k.label = model::to_string(t);
     ks.push_back(std::move(k));
     if ((t == model::WType::f32 || t == model::WType::bf16) && __builtin_cpu_supports("avx512f") &&
-        model::detail::set_rows_isa_avx2(false) && __builtin_cpu_supports("avx2")) {
+        model::detail::attention_avx2_available()) {
       K a;
       a.t = t;
       a.bytes = ks.back().bytes;

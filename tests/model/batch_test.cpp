@@ -4,6 +4,8 @@
 // bad sequence fails alone, and the pool's blocks are counted and returned.
 
 #include "model/base/error.hpp"
+#include "model/kernels/attention.hpp"
+#include "model/kernels/kernels.hpp"
 #include "model/transformer/kv_cache.hpp"
 #include "model/transformer/sampler.hpp"
 #include "model/transformer/shard.hpp"
@@ -101,9 +103,18 @@ std::vector<std::vector<int32_t>> prompts(int32_t vocab) {
 }
 
 // Eight sequences joining at staggered rounds, decoded greedily together; each
-// step's logits must equal those of the same sequence run alone.
-void batched_equals_alone(const std::string& model, const std::string& split, const model::LoadOptions& load = {}) {
+// step's logits must equal those of the same sequence run alone. `crowd_on_avx2`:
+// the crowd runs the AVX2 builds of the attention and the f32 product, the
+// sequences alone the CPU's best (as an AVX2-only node and an AVX-512 one would).
+void batched_equals_alone(const std::string& model, const std::string& split, const model::LoadOptions& load = {},
+                          bool crowd_on_avx2 = false) {
   Pipeline batched(model, split, load), alone(model, split, load);
+  struct Restore {
+    ~Restore() {
+      model::detail::set_attention_isa(model::detail::AttentionIsa::best);
+      model::detail::set_rows_isa_avx2(false);
+    }
+  } restore;
   const auto vocab = static_cast<int32_t>(batched.shards.back()->config().vocab_size);
   const auto ps = prompts(vocab);
   const std::size_t n = ps.size();
@@ -118,6 +129,10 @@ void batched_equals_alone(const std::string& model, const std::string& split, co
       lg = alone.run({{argmax(lg)}}, {&c})[0];
       ref[i].push_back(lg);
     }
+  }
+  if (crowd_on_avx2) {
+    model::detail::set_attention_isa(model::detail::AttentionIsa::avx2);
+    ASSERT_TRUE(model::detail::set_rows_isa_avx2(true));
   }
   // Together: sequence i prefills in round i, decodes in every later round.
   std::vector<std::vector<KVCache>> caches(n);
@@ -163,6 +178,36 @@ TEST(Batch, StaggeredSequencesEqualAloneOneShard) {
 
 TEST(Batch, StaggeredSequencesEqualAloneThreeShards) {
   batched_equals_alone("builtin:tiny", "0-1,2-3,4");
+}
+
+// Multi-head attention (decode steps through attend_heads, one head a pass) in
+// a crowd, for every KV type.
+TEST(Batch, StaggeredMultiHeadSequencesEqualAloneInEveryKvType) {
+  for (const char* kv : {"f32", "bf16", "f16", "q8_0"}) {
+    SCOPED_TRACE(kv);
+    model::LoadOptions o;
+    o.dtype = "q8_0";
+    o.kv_dtype = kv;
+    batched_equals_alone("builtin:tiny-mha", "0,1-2", o);
+  }
+}
+
+// A crowd on the AVX2 builds gets, bit for bit, what each sequence gets alone
+// on this CPU's best ones (f32 weights: the f32 product's builds; every KV type:
+// the attention's).
+TEST(Batch, StaggeredSequencesOnTheAvx2BuildsEqualAloneOnTheBest) {
+  if (!model::detail::attention_avx2_available())
+    GTEST_SKIP() << "this CPU lacks AVX2 with FMA and F16C";
+  for (const char* kv : {"f32", "bf16", "f16"}) {
+    SCOPED_TRACE(kv);
+    model::LoadOptions o;
+    o.kv_dtype = kv;
+    batched_equals_alone("builtin:tiny", "0-1,2-3,4", o, true);
+  }
+  model::LoadOptions o;
+  o.dtype = "q8_0";
+  o.kv_dtype = "q8_0";
+  batched_equals_alone("builtin:tiny-mha", "0,1-2", o, true);
 }
 
 TEST(Batch, StaggeredSequencesEqualAloneStories) {

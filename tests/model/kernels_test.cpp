@@ -6,6 +6,7 @@
 #include "model/formats/quant.hpp"
 #include "model/kernels/attention.hpp"
 #include "model/kernels/kernels.hpp"
+#include "model/kernels/kernels_q.hpp"
 
 #include <gtest/gtest.h>
 
@@ -232,8 +233,8 @@ TEST(Kernels, KernelBuildsNameWhatThisCpuRuns) {
 // and for the types expanded to f32 on the way (bf16, f16), at every row count
 // and with column tails: a machine without AVX-512 computes the same tokens.
 TEST(Kernels, FewRowProductAvx2BuildGivesTheSameBits) {
-  if (!set_rows_isa_avx2(false) || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-    GTEST_SKIP() << "this CPU lacks AVX2 with FMA: only the baseline build runs here";
+  if (!attention_avx2_available())
+    GTEST_SKIP() << "this CPU lacks AVX2 with FMA and F16C: only the baseline build runs here";
   struct Restore {
     ~Restore() { set_rows_isa_avx2(false); }
   } restore;
