@@ -76,6 +76,10 @@ TEST(JinjaLimits, ALongLoopStopsAtTheDeadlineOrTheStepBound) {
   const std::string loop = "{% for i in range(1000000) %}{% for j in range(1000000) %}{{ '' }}{% endfor %}{% endfor %}";
   RenderLimits timed;
   timed.deadline = clk::now() + std::chrono::milliseconds(300);
+  // (each outer iteration builds its inner range again, and the byte budget
+  // counts every value created: a fast CPU reaches the 256 MiB before the
+  // deadline. This test is about the deadline.)
+  timed.max_bytes = std::size_t{1} << 40;
   const auto t0 = clk::now();
   auto e = outcome(loop, timed);
   const auto took = clk::now() - t0;
@@ -92,6 +96,10 @@ TEST(JinjaLimits, ARenderIsCancelledFromAnotherThread) {
   std::atomic<bool> cancel{false};
   RenderLimits l;
   l.cancel = &cancel;
+  // (each outer iteration builds its inner range again, and the byte budget
+  // counts every value created: a fast CPU reaches the 256 MiB before the
+  // flag is set. This test is about the flag.)
+  l.max_bytes = std::size_t{1} << 40;
   std::thread stop([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     cancel = true;
@@ -211,6 +219,10 @@ TEST(JinjaLimits, AGgufTemplateIsCheckedWithTheSameRulesWhenItIsRead) {
   ASSERT_TRUE(loop.has_value());
   RenderLimits l;
   l.deadline = clk::now() + std::chrono::milliseconds(200);
+  // (each outer iteration builds its inner range again, and the byte budget
+  // counts every value created: a fast CPU reaches the 256 MiB before the
+  // deadline. This test is about the deadline.)
+  l.max_bytes = std::size_t{1} << 40;
   try {
     (void)loop->render(nlohmann::ordered_json::array(), true, nlohmann::json::object(), l);
     FAIL() << "the loop rendered";
