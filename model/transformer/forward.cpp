@@ -208,9 +208,8 @@ struct Pass {
     float* att = s.ws.att.data();
     const int64_t max_ctx = plan.max_ctx;
     const BlockPool* pool = plan.seqs.front().view.pool;
-    const std::size_t k0 = pool->k_offset(l, 0), v0 = pool->v_offset(l, 0);
     const WType kv_type = pool->shape().kv_type;
-    const std::size_t row_stride = pool->shape().kv_row_bytes();
+    const std::size_t row_stride = pool->head_row_bytes();
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, max_ctx * hd));
     at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> scores;
@@ -221,9 +220,8 @@ struct Pass {
         const Item& w = items[static_cast<std::size_t>(it)];
         const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
         const int64_t g = w.head / group;
-        const std::size_t head_at = row_bytes(kv_type, g * hd);
-        const detail::CacheRows rows{q.view.blocks_of(l).data(), BlockPool::block_tokens, row_stride, k0 + head_at,
-                                     v0 + head_at, window, softcap, kv_type};
+        const detail::CacheRows rows{q.view.blocks_of(l).data(), BlockPool::block_tokens, row_stride,
+                                     pool->k_offset(l, 0, g), pool->v_offset(l, 0, g), window, softcap, kv_type};
         const int64_t r = q.row0 + w.t0;
         const float* qp = qkv + r * qkv_stride + w.head * hd;
         float* op = att + r * c.q_dim() + w.head * hd;
@@ -448,8 +446,10 @@ struct Pass {
           }
           rope(row, c.n_heads, pos, local);
           rope(row + Q, c.n_kv_heads, pos, local);
-          quantize(kv_type, row + Q, q.view.k(l, pos), KV); // f32: a copy
-          quantize(kv_type, row + Q + KV, q.view.v(l, pos), KV);
+          for (int64_t g = 0; g < c.n_kv_heads; ++g) { // f32: a copy
+            quantize(kv_type, row + Q + g * hd, q.view.k(l, pos, g), hd);
+            quantize(kv_type, row + Q + KV + g * hd, q.view.v(l, pos, g), hd);
+          }
         }
       });
       attention(l);

@@ -19,19 +19,23 @@ BlockPool::BlockPool(CacheShape shape, int64_t capacity, uint64_t owner)
   if (t != WType::f32 && t != WType::bf16 && t != WType::f16 && t != WType::q8_0)
     throw Error(errc::bad_argument, std::string("a KV cache cannot be kept as ") + to_string(t) +
                                       " (f32, bf16, f16 or q8_0)");
-  if (shape.kv_dim % block_values(t) != 0)
-    throw Error(errc::bad_argument, "a " + std::string(to_string(t)) + " KV cache needs a kv width that is a multiple of " +
-                                      std::to_string(block_values(t)) + " (got " + std::to_string(shape.kv_dim) + ")");
+  if (shape.head_dim < 0 || shape.kv_dim % shape.head_values() != 0)
+    throw Error(errc::bad_argument, "a block pool needs a kv width that is whole heads (got kv_dim " +
+                                      std::to_string(shape.kv_dim) + ", head_dim " + std::to_string(shape.head_dim) + ")");
+  if (shape.head_values() % block_values(t) != 0)
+    throw Error(errc::bad_argument, "a " + std::string(to_string(t)) + " KV cache needs a head width that is a multiple of " +
+                                      std::to_string(block_values(t)) + " (got " + std::to_string(shape.head_values()) + ")");
   // Each layer's place in its pool's blocks: global layers in order in this
   // pool, local ones in order in the local pool.
   int64_t global = 0;
   for (int64_t l = 0; l < shape.n_layers; ++l)
     layer_index_.push_back(shape.is_local(l) ? n_local_++ : global++);
   row_bytes_ = shape.kv_row_bytes();
+  head_bytes_ = shape.head_row_bytes();
   own_block_bytes_ = static_cast<std::size_t>((shape.n_layers - n_local_) * 2 * block_tokens) * row_bytes_ +
                      static_cast<std::size_t>(block_tokens * shape.out_dim) * sizeof(float);
   if (n_local_ > 0) {
-    CacheShape ls{n_local_, shape.kv_dim, 0, {}, 0, shape.kv_type};
+    CacheShape ls{n_local_, shape.kv_dim, 0, {}, 0, shape.kv_type, shape.head_dim};
     local_ = std::make_unique<BlockPool>(std::move(ls), capacity_, owner);
   }
 }

@@ -4,8 +4,11 @@
 //
 // * BlockPool: one per shard, sized by the node's cache budget. A block holds the
 //   keys and values of `block_tokens` positions for every layer of the shard:
-//   (n_layers, 2 = k|v, block_tokens) rows of kv_dim values in the pool's KV type
-//   (f32, bf16, f16 or q8_0 blocks: CacheShape::kv_type), then, on every shard
+//   (n_layers, 2 = k|v, kv head, block_tokens) rows of head_dim values in the
+//   pool's KV type (f32, bf16, f16 or q8_0 blocks: CacheShape::kv_type): each kv
+//   head's rows of a block lie together, so the decode attention, which reads
+//   one kv head at a time, streams whole cache lines and pages (the layout vLLM
+//   uses); then, on every shard
 //   but the tail, the shard's output rows for those positions (block_tokens,
 //   out_dim) in f32:
 //   what it sent the next shard, kept so that a next shard that lost its cache
@@ -58,8 +61,14 @@ struct CacheShape {
   /// How keys and values are stored: f32, bf16, f16 or q8_0 (kv_dim and every
   /// head's offset a multiple of 32 for q8_0).
   WType kv_type = WType::f32;
-  /// Bytes of one key (or value) row.
+  /// Values of one kv head (kv_dim a multiple of it); 0: the whole row is one head.
+  int64_t head_dim = 0;
+  int64_t head_values() const { return head_dim > 0 ? head_dim : kv_dim; }
+  int64_t kv_heads() const { return kv_dim / head_values(); }
+  /// Bytes of one position's keys (or values), every kv head.
   std::size_t kv_row_bytes() const { return row_bytes(kv_type, kv_dim); }
+  /// Bytes of one kv head's key (or value) at one position.
+  std::size_t head_row_bytes() const { return row_bytes(kv_type, head_values()); }
   bool is_local(int64_t layer) const {
     return window > 0 && static_cast<std::size_t>(layer) < local.size() && local[static_cast<std::size_t>(layer)] != 0;
   }
@@ -71,7 +80,7 @@ struct CacheShape {
   }
   bool operator==(const CacheShape& o) const {
     if (n_layers != o.n_layers || kv_dim != o.kv_dim || out_dim != o.out_dim || window != o.window ||
-        kv_type != o.kv_type)
+        kv_type != o.kv_type || head_values() != o.head_values())
       return false;
     for (int64_t l = 0; l < n_layers; ++l)
       if (is_local(l) != o.is_local(l))
@@ -151,15 +160,20 @@ public:
   uint8_t* data(int32_t block) { return storage_[static_cast<std::size_t>(block)].get(); }
   const uint8_t* data(int32_t block) const { return storage_[static_cast<std::size_t>(block)].get(); }
 
-  /// The byte offset where position `slot` (0 .. block_tokens-1) of shard layer
-  /// `layer` starts inside its block: a block of local() for a local layer, of
-  /// this pool otherwise.
-  std::size_t k_offset(int64_t layer, int64_t slot) const {
-    return static_cast<std::size_t>((index_of(layer) * 2) * block_tokens + slot) * row_bytes_;
+  /// The byte offset where kv head `head`'s key (value) of position `slot` (0 ..
+  /// block_tokens-1) of shard layer `layer` starts inside its block: a block of
+  /// local() for a local layer, of this pool otherwise. A head's positions are
+  /// head_row_bytes() apart.
+  std::size_t k_offset(int64_t layer, int64_t slot, int64_t head = 0) const {
+    return static_cast<std::size_t>(index_of(layer) * 2) * block_tokens * row_bytes_ +
+           static_cast<std::size_t>(head * block_tokens + slot) * head_bytes_;
   }
-  std::size_t v_offset(int64_t layer, int64_t slot) const {
-    return static_cast<std::size_t>((index_of(layer) * 2 + 1) * block_tokens + slot) * row_bytes_;
+  std::size_t v_offset(int64_t layer, int64_t slot, int64_t head = 0) const {
+    return static_cast<std::size_t>(index_of(layer) * 2 + 1) * block_tokens * row_bytes_ +
+           static_cast<std::size_t>(head * block_tokens + slot) * head_bytes_;
   }
+  /// Bytes from one position of a kv head to the next inside a block.
+  std::size_t head_row_bytes() const { return head_bytes_; }
   /// The byte offset of the (f32) output row of position `slot` (shape().out_dim > 0).
   std::size_t out_offset(int64_t slot) const {
     return static_cast<std::size_t>((shape_.n_layers - n_local_) * 2 * block_tokens) * row_bytes_ +
@@ -183,7 +197,8 @@ private:
   struct FreeBytes {
     void operator()(uint8_t* p) const;
   };
-  std::size_t row_bytes_ = 0;       // one key or value row
+  std::size_t row_bytes_ = 0;       // one position's keys (or values), every head
+  std::size_t head_bytes_ = 0;      // one kv head's key (or value) at one position
   std::size_t own_block_bytes_ = 0; // one block of this pool
   int64_t index_of(int64_t layer) const { return layer_index_[static_cast<std::size_t>(layer)]; }
   int64_t n_local_ = 0;
@@ -216,14 +231,15 @@ struct KVView {
   int64_t seq_len = 0;
   /// The blocks that hold `layer`'s keys and values.
   const std::vector<uint8_t*>& blocks_of(int64_t layer) const { return pool->is_local(layer) ? local_blocks : blocks; }
-  /// Where the key (value) row of `layer` at `pos` starts, in the pool's kv_type.
-  uint8_t* k(int64_t layer, int64_t pos) const {
+  /// Where kv head `head`'s key (value) of `layer` at `pos` starts, in the
+  /// pool's kv_type (head_values() of them).
+  uint8_t* k(int64_t layer, int64_t pos, int64_t head = 0) const {
     return blocks_of(layer)[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
-           pool->k_offset(layer, pos % BlockPool::block_tokens);
+           pool->k_offset(layer, pos % BlockPool::block_tokens, head);
   }
-  uint8_t* v(int64_t layer, int64_t pos) const {
+  uint8_t* v(int64_t layer, int64_t pos, int64_t head = 0) const {
     return blocks_of(layer)[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
-           pool->v_offset(layer, pos % BlockPool::block_tokens);
+           pool->v_offset(layer, pos % BlockPool::block_tokens, head);
   }
   /// The shard's output row of `pos` (pools with an out_dim only).
   float* out(int64_t pos) const {

@@ -42,7 +42,7 @@ struct Shard::Impl {
 
   // Every shard but the tail keeps its output rows beside its keys and values.
   CacheShape cache_shape() const {
-    CacheShape s{range.count(), cfg.kv_dim(), range.last == cfg.n_layers - 1 ? 0 : cfg.dim, {}, 0, kv_type};
+    CacheShape s{range.count(), cfg.kv_dim(), range.last == cfg.n_layers - 1 ? 0 : cfg.dim, {}, 0, kv_type, cfg.head_dim};
     if (cfg.sliding_window > 0 && cfg.sliding_window < cfg.max_seq_len) {
       s.window = cfg.sliding_window;
       for (int64_t l = range.first; l <= range.last; ++l)

@@ -54,7 +54,7 @@ struct Case {
 void fill(Case& c, int64_t n) {
   const auto& s = c.shape;
   const int64_t kv = s.kv_heads * s.head_dim;
-  c.pool = std::make_shared<BlockPool>(CacheShape{s.layers, kv, 0, {}, 0, c.type}, KVCache::blocks_needed(n));
+  c.pool = std::make_shared<BlockPool>(CacheShape{s.layers, kv, 0, {}, 0, c.type, s.head_dim}, KVCache::blocks_needed(n));
   c.cache = std::make_unique<KVCache>(c.pool);
   if (!c.cache->reserve(n))
     throw std::runtime_error("bench attention: the pool could not hold the context");
@@ -67,10 +67,12 @@ void fill(Case& c, int64_t n) {
     for (int64_t p = 0; p < n; ++p) {
       for (auto& x : row)
         x = d(rng);
-      quantize(c.type, row.data(), v.k(l, p), kv);
+      for (int64_t g = 0; g < s.kv_heads; ++g)
+        quantize(c.type, row.data() + g * s.head_dim, v.k(l, p, g), s.head_dim);
       for (auto& x : row)
         x = d(rng);
-      quantize(c.type, row.data(), v.v(l, p), kv);
+      for (int64_t g = 0; g < s.kv_heads; ++g)
+        quantize(c.type, row.data() + g * s.head_dim, v.v(l, p, g), s.head_dim);
     }
   c.q.resize(static_cast<std::size_t>(s.kv_heads * s.group * s.head_dim));
   for (auto& x : c.q)
@@ -82,7 +84,7 @@ double step(const Case& c, int64_t n, int threads) {
   const auto& s = c.shape;
   const KVView v = c.cache->view();
   const BlockPool& pool = *c.pool;
-  const std::size_t stride = pool.shape().kv_row_bytes();
+  const std::size_t stride = pool.head_row_bytes();
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t l = 0; l < s.layers; ++l) {
@@ -92,9 +94,8 @@ double step(const Case& c, int64_t n, int threads) {
       scores.resize(static_cast<std::size_t>(detail::attend_scores_floats(n + 1)));
       out.resize(static_cast<std::size_t>(s.group * s.head_dim));
       {
-        const std::size_t head_at = row_bytes(c.type, g * s.head_dim);
-        const detail::CacheRows rows{v.blocks_of(l).data(), BlockPool::block_tokens, stride,
-                                     pool.k_offset(l, 0) + head_at, pool.v_offset(l, 0) + head_at, 0, 0.f, c.type};
+        const detail::CacheRows rows{v.blocks_of(l).data(), BlockPool::block_tokens, stride, pool.k_offset(l, 0, g),
+                                     pool.v_offset(l, 0, g), 0, 0.f, c.type};
         detail::attend_heads(c.q.data() + g * s.group * s.head_dim, s.group, rows, n, s.head_dim, scale,
                              scores.data(), out.data());
       }

@@ -312,14 +312,15 @@ TEST(Batch, ChunkedPrefillEqualsOnePrefill) {
     EXPECT_LE(max_diff(lg, ref), 1e-4f) << "chunk " << chunk;
     ASSERT_EQ(c.seq_len(), whole.seq_len());
     auto a = c.view(), w = whole.view();
-    const int64_t kv = s->config().kv_dim();
+    const int64_t heads = s->config().n_kv_heads, hd = s->config().head_dim;
     float d = 0;
     for (int64_t l = 0; l < s->range().count(); ++l)
       for (int64_t pos = 0; pos < 100; ++pos)
-        for (int64_t i = 0; i < kv; ++i) {
-          d = std::max(d, std::abs(f32(a.k(l, pos))[i] - f32(w.k(l, pos))[i]));
-          d = std::max(d, std::abs(f32(a.v(l, pos))[i] - f32(w.v(l, pos))[i]));
-        }
+        for (int64_t g = 0; g < heads; ++g)
+          for (int64_t i = 0; i < hd; ++i) {
+            d = std::max(d, std::abs(f32(a.k(l, pos, g))[i] - f32(w.k(l, pos, g))[i]));
+            d = std::max(d, std::abs(f32(a.v(l, pos, g))[i] - f32(w.v(l, pos, g))[i]));
+          }
     EXPECT_LE(d, 1e-4f) << "cache after chunks of " << chunk;
     // And the next decode step agrees.
     const int32_t next = argmax(lg);

@@ -36,6 +36,38 @@ KVCache filled(const std::shared_ptr<BlockPool>& pool, int64_t blocks, uint64_t 
   return c;
 }
 
+TEST(BlockPool, EachKvHeadsRowsOfABlockLieTogether) {
+  // 2 layers, 3 kv heads of 32 values, f16: a head's 32 positions of a block are
+  // one run of 32 x 64 bytes, heads one after another, keys then values per layer.
+  CacheShape shape{2, 96, 0, {}, 0, WType::f16, 32};
+  auto pool = std::make_shared<BlockPool>(shape, 4);
+  const std::size_t hb = 32 * 2;
+  EXPECT_EQ(pool->head_row_bytes(), hb);
+  EXPECT_EQ(pool->block_bytes(), 2u * 2 * bt * 96 * 2);
+  for (int64_t l = 0; l < 2; ++l)
+    for (int64_t g = 0; g < 3; ++g)
+      for (int64_t slot = 0; slot < bt; ++slot) {
+        const std::size_t k = pool->k_offset(l, slot, g), v = pool->v_offset(l, slot, g);
+        EXPECT_EQ(k, ((static_cast<std::size_t>(l) * 2 * 3 + static_cast<std::size_t>(g)) * bt + static_cast<std::size_t>(slot)) * hb);
+        EXPECT_EQ(v, k + 3 * bt * hb);
+      }
+  // Every (layer, k|v, head, position) of a sequence has bytes of its own.
+  KVCache c(pool);
+  ASSERT_TRUE(c.reserve(2 * bt));
+  const KVView view = c.view();
+  std::set<const uint8_t*> starts;
+  for (int64_t l = 0; l < 2; ++l)
+    for (int64_t p = 0; p < 2 * bt; ++p)
+      for (int64_t g = 0; g < 3; ++g) {
+        EXPECT_TRUE(starts.insert(view.k(l, p, g)).second);
+        EXPECT_TRUE(starts.insert(view.v(l, p, g)).second);
+      }
+  // A width that is not whole heads, and a q8_0 head that is not whole blocks of 32, are refused.
+  EXPECT_THROW(BlockPool(CacheShape{1, 96, 0, {}, 0, WType::f32, 64}, 1), Error);
+  EXPECT_THROW(BlockPool(CacheShape{1, 96, 0, {}, 0, WType::q8_0, 48}, 1), Error);
+  EXPECT_NO_THROW(BlockPool(CacheShape{1, 96, 0, {}, 0, WType::q8_0, 32}, 1));
+}
+
 TEST(BlockPool, SharedBlocksAreCountedOnceAndNeverWritten) {
   auto pool = pool_of(8);
   KVCache a = filled(pool, 2, 7);
