@@ -9,7 +9,10 @@
 // query head a kv head). Where the CPU
 // runs the AVX-512 kernels, every type is also measured with the AVX2 build
 // (what CPUs without AVX-512 run), and the f16 and q8_0 caches with the plain
-// build, in turn. A benchmark, not a test.
+// build, in turn. STRATA_BENCH_LAYOUTS=both adds, for the best build, the
+// former position-major rows (a position's kv heads side by side, a kv head's
+// part every kv_dim values: the kernels read the same blocks with that stride),
+// in turn with the pool's own layout. A benchmark, not a test.
 //
 // Usage: strata_bench attention (STRATA_BENCH_THREADS, default 2;
 // STRATA_BENCH_DEPTH, default 8192; STRATA_BENCH_ROUNDS, default 3: rounds of
@@ -49,6 +52,7 @@ struct Case {
   std::unique_ptr<KVCache> cache;
   std::vector<float> q;
   std::vector<double> best; // per round, ms
+  bool position_major = false; // read the blocks as the former layout's rows
 };
 
 void fill(Case& c, int64_t n) {
@@ -84,7 +88,7 @@ double step(const Case& c, int64_t n, int threads) {
   const auto& s = c.shape;
   const KVView v = c.cache->view();
   const BlockPool& pool = *c.pool;
-  const std::size_t stride = pool.head_row_bytes();
+  const std::size_t stride = c.position_major ? pool.shape().kv_row_bytes() : pool.head_row_bytes();
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t l = 0; l < s.layers; ++l) {
@@ -94,8 +98,15 @@ double step(const Case& c, int64_t n, int threads) {
       scores.resize(static_cast<std::size_t>(detail::attend_scores_floats(n + 1)));
       out.resize(static_cast<std::size_t>(s.group * s.head_dim));
       {
-        const detail::CacheRows rows{v.blocks_of(l).data(), BlockPool::block_tokens, stride, pool.k_offset(l, 0, g),
-                                     pool.v_offset(l, 0, g), 0, 0.f, c.type};
+        const std::size_t head_at = row_bytes(c.type, g * s.head_dim); // (position-major)
+        const detail::CacheRows rows{v.blocks_of(l).data(),
+                                     BlockPool::block_tokens,
+                                     stride,
+                                     c.position_major ? pool.k_offset(l, 0) + head_at : pool.k_offset(l, 0, g),
+                                     c.position_major ? pool.v_offset(l, 0) + head_at : pool.v_offset(l, 0, g),
+                                     0,
+                                     0.f,
+                                     c.type};
         detail::attend_heads(c.q.data() + g * s.group * s.head_dim, s.group, rows, n, s.head_dim, scale,
                              scores.data(), out.data());
       }
@@ -119,6 +130,7 @@ int attention_bench_main(int, char**) {
   const char* rounds_env = std::getenv("STRATA_BENCH_ROUNDS");
   const int rounds = std::max(1, rounds_env ? std::atoi(rounds_env) : 3);
   const bool both = detail::attention_avx512_available();
+  const char* layouts_env = std::getenv("STRATA_BENCH_LAYOUTS");
   const AttnShape shapes[] = {{"Qwen2.5-0.5B", 24, 2, 64, 7},
                               {"Gemma-3 global layers", 2, 4, 128, 2},
                               {"multi-head, Llama-2-7B's heads (4 layers)", 4, 8, 128, 1}};
@@ -137,6 +149,12 @@ int attention_bench_main(int, char**) {
         isas.emplace_back(detail::AttentionIsa::portable, " (plain, AVX-512 clone)");
       for (const auto& [isa, name] : isas) {
         Case c{s, t, isa, std::string(to_string(t)) + name, {}, {}, {}, {}};
+        fill(c, n);
+        cases.push_back(std::move(c));
+      }
+      if (layouts_env && std::string(layouts_env) == "both") {
+        Case c{s, t, detail::AttentionIsa::best, std::string(to_string(t)) + isas.front().second + ", position-major rows",
+               {}, {}, {}, {}, true};
         fill(c, n);
         cases.push_back(std::move(c));
       }
