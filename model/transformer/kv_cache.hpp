@@ -58,13 +58,12 @@ struct CacheShape {
   /// the shard that attends only to the last `window` positions. Empty: none.
   std::vector<uint8_t> local;
   int64_t window = 0;
-  /// How keys and values are stored: f32, bf16, f16 or q8_0 (kv_dim and every
-  /// head's offset a multiple of 32 for q8_0).
+  /// How keys and values are stored: f32, bf16, f16 or q8_0 (a head of whole
+  /// blocks of 32 for q8_0).
   WType kv_type = WType::f32;
   /// Values of one kv head (kv_dim a multiple of it); 0: the whole row is one head.
   int64_t head_dim = 0;
   int64_t head_values() const { return head_dim > 0 ? head_dim : kv_dim; }
-  int64_t kv_heads() const { return kv_dim / head_values(); }
   /// Bytes of one position's keys (or values), every kv head.
   std::size_t kv_row_bytes() const { return row_bytes(kv_type, kv_dim); }
   /// Bytes of one kv head's key (or value) at one position.

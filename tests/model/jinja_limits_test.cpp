@@ -72,14 +72,17 @@ TEST(JinjaLimits, DeepNestingIsATypedErrorNamingTheLineNotACrash) {
   EXPECT_EQ(outcome("{{ ((((1 + 2)))) ~ 'a' ~ 'b' ~ [[1], [2]] | length }}").limit(), Limit::none);
 }
 
+// The loops below build their inner range(1000000) again at every outer
+// iteration, and the byte budget counts every value a render creates: a fast
+// CPU reaches the default 256 MiB before a deadline of a few hundred ms or a
+// cancel flag. The tests that are about the deadline or the flag lift it.
+constexpr std::size_t no_byte_budget = std::size_t{1} << 40;
+
 TEST(JinjaLimits, ALongLoopStopsAtTheDeadlineOrTheStepBound) {
   const std::string loop = "{% for i in range(1000000) %}{% for j in range(1000000) %}{{ '' }}{% endfor %}{% endfor %}";
   RenderLimits timed;
   timed.deadline = clk::now() + std::chrono::milliseconds(300);
-  // (each outer iteration builds its inner range again, and the byte budget
-  // counts every value created: a fast CPU reaches the 256 MiB before the
-  // deadline. This test is about the deadline.)
-  timed.max_bytes = std::size_t{1} << 40;
+  timed.max_bytes = no_byte_budget;
   const auto t0 = clk::now();
   auto e = outcome(loop, timed);
   const auto took = clk::now() - t0;
@@ -96,10 +99,7 @@ TEST(JinjaLimits, ARenderIsCancelledFromAnotherThread) {
   std::atomic<bool> cancel{false};
   RenderLimits l;
   l.cancel = &cancel;
-  // (each outer iteration builds its inner range again, and the byte budget
-  // counts every value created: a fast CPU reaches the 256 MiB before the
-  // flag is set. This test is about the flag.)
-  l.max_bytes = std::size_t{1} << 40;
+  l.max_bytes = no_byte_budget;
   std::thread stop([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     cancel = true;
@@ -219,10 +219,7 @@ TEST(JinjaLimits, AGgufTemplateIsCheckedWithTheSameRulesWhenItIsRead) {
   ASSERT_TRUE(loop.has_value());
   RenderLimits l;
   l.deadline = clk::now() + std::chrono::milliseconds(200);
-  // (each outer iteration builds its inner range again, and the byte budget
-  // counts every value created: a fast CPU reaches the 256 MiB before the
-  // deadline. This test is about the deadline.)
-  l.max_bytes = std::size_t{1} << 40;
+  l.max_bytes = no_byte_budget;
   try {
     (void)loop->render(nlohmann::ordered_json::array(), true, nlohmann::json::object(), l);
     FAIL() << "the loop rendered";
