@@ -173,6 +173,45 @@ void convert_row_q4(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   }
 }
 
+// q8_0's pairs of groups (2p, 2p + 1 where group 2p + 1 exists: group 2p has
+// 8 blocks, group 2p + 1 L <= 8; 272 + 34L bytes at 544p): group 2p's 16
+// bytes of scales, group 2p + 1's 2L, then step s of group 2p (32 bytes) and
+// step s of group 2p + 1 (4L bytes) side by side for s = 0..7; from the groups
+// one after the other (interleave) or back.
+void pair_steps(const uint8_t* in, uint8_t* out, int64_t nb, bool interleave) {
+  constexpr std::size_t G = pack_group * q8_block; // 272
+  for (int64_t p = 0; (2 * p + 1) * pack_group < nb; ++p) {
+    const std::size_t L = static_cast<std::size_t>(std::min<int64_t>(pack_group, nb - (2 * p + 1) * pack_group));
+    const uint8_t* src = in + 2 * G * static_cast<std::size_t>(p);
+    uint8_t* dst = out + 2 * G * static_cast<std::size_t>(p);
+    auto move = [&](std::size_t apart, std::size_t together, std::size_t n) {
+      std::memcpy(interleave ? dst + together : dst + apart, interleave ? src + apart : src + together, n);
+    };
+    const std::size_t head = 16 + 2 * L, step = 32 + 4 * L;
+    move(0, 0, 16);
+    move(G, 16, 2 * L);
+    for (std::size_t st = 0; st < 8; ++st) {
+      move(16 + 32 * st, head + step * st, 32);
+      move(G + 2 * L + 4 * L * st, head + step * st + 32, 4 * L);
+    }
+  }
+}
+
+void convert_q8_0(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
+  thread_local std::vector<uint8_t> row;
+  const std::size_t bytes = static_cast<std::size_t>(nb) * q8_block;
+  row.resize(bytes);
+  if (pack) {
+    convert_row(in, row.data(), nb, true);
+    std::memcpy(out, row.data(), bytes); // the bytes no pair holds
+    pair_steps(row.data(), out, nb, true);
+  } else {
+    std::memcpy(row.data(), in, bytes);
+    pair_steps(in, row.data(), nb, false);
+    convert_row(row.data(), out, nb, false);
+  }
+}
+
 void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
   switch (m.type) {
     case WType::q4_K: return convert_row_k256<144, 16, false>(in, out, m.cols / 256, pack);
@@ -180,7 +219,7 @@ void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
     case WType::q2_K: return convert_row_q2_K(in, out, m.cols / 256, pack);
     case WType::q4_0: case WType::iq4_nl: return convert_row_q4<false>(in, out, m.cols / 32, pack);
     case WType::q5_0: return convert_row_q4<true>(in, out, m.cols / 32, pack);
-    default: return convert_row(in, out, m.cols / 32, pack);
+    default: return convert_q8_0(in, out, m.cols / 32, pack);
   }
 }
 

@@ -11,7 +11,11 @@
 // (vpdpbusd) leaves block j's sum in lane j after the 8 steps, and the 8 block
 // scales meet those sums in one vector operation. The last nb % 8 = L blocks
 // form a partial group laid out alike with L lanes: L scales, then 8 steps of
-// 4L bytes (34L bytes, as their plain form).
+// 4L bytes (34L bytes, as their plain form). Groups then go in pairs (2p,
+// 2p + 1, wherever group 2p + 1 exists, full or partial): both groups' scales
+// (16 + 2L bytes), then step s of the one and step s of the other side by side
+// (32 + 4L bytes), so one 64-byte load carries a step of up to 16 blocks; a
+// last group without a partner keeps the single-group form.
 //
 // q4_K, packed: each 144-byte block keeps its 16 header bytes (d, dmin, the
 // 12 bytes of 6-bit scales and mins, re-encoded for one vector decode: bytes

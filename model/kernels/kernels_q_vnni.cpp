@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -22,8 +23,15 @@ namespace strata::model::detail {
 
 namespace {
 
+// Stores to the kernels' scratch memory go through vector types that alias
+// only their element type: a store through __m512 may alias anything, and the
+// compiler then reloads every pointer and size the kernel holds after each one.
+typedef float f32x16u __attribute__((vector_size(64), aligned(4))); // accumulators (MemAcc)
+typedef int i32x16 __attribute__((vector_size(64)));                // unpacked steps (K::unpack)
+
 // Packed q8_0 (packed.hpp) against activations interleaved alike
-// (QuantActs::qi), two groups of 8 blocks at a time in 512-bit vectors. Per
+// (QuantActs::qi), two groups of 8 blocks at a time in 512-bit vectors (one
+// load a step: the packed pairs lie step by step). Per
 // pair of groups and (weight row, activation row): 8 vpdpbusd leave the
 // integer sum of block j of the pair (+128 times the activations' sum, taken
 // back through A.corr) in lane j, in two chains of 4 steps for one activation
@@ -137,25 +145,74 @@ struct Blocks32 {
 
   // acc += the weight scales x the activation scales x the integer sums (P0,
   // plus P1 for one activation row), lane by lane.
-  template <int R, int MT>
+  template <int R, int MT, class Acc>
   __attribute__((always_inline)) void scale_into(const Prep<R>& prep, __mmask16 live, int64_t g, int64_t m0,
                                                  const __m512i (&P0)[R][MT], const __m512i (&P1)[R][MT],
-                                                 __m512 (&acc)[R][MT]) const {
+                                                 Acc& acc) const {
+    const float* d = A.d.data() + m0 * nb + 8 * g;
+    __m512 dv[MT];
+    for (int t = 0; t < MT; ++t)
+      dv[t] = _mm512_maskz_loadu_ps(live, d + t * nb);
     for (int i = 0; i < R; ++i)
       for (int t = 0; t < MT; ++t) {
-        const __m512 dv = _mm512_maskz_loadu_ps(live, A.d.data() + (m0 + t) * nb + 8 * g);
         const __m512i p = MT == 1 ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
-        acc[i][t] = _mm512_fmadd_ps(_mm512_mul_ps(prep.ws[i], dv), _mm512_cvtepi32_ps(p), acc[i][t]);
+        acc.set(i, t, _mm512_fmadd_ps(_mm512_mul_ps(prep.ws[i], dv[t]), _mm512_cvtepi32_ps(p), acc.get(i, t)));
       }
+  }
+
+  // Groups g (and g+1) of weight rows r .. r+R-1 from their unpacked steps
+  // (K::unpack: step s of row i at steps + 64 (8i + s)) against activation
+  // rows m0 .. m0+MT-1: the integer sums groups() would give (one chain; the
+  // same sums), scaled alike.
+  template <bool PAIR, bool PART, int R, int MT, class Acc>
+  __attribute__((always_inline)) void from_steps(int64_t g, int64_t m0, int shift, const uint8_t* steps,
+                                                 const Prep<R>& prep, Acc& acc) const {
+    const __mmask16 live = lanes<PAIR, PART>();
+    __m512i P0[R][MT], P1[R][MT];
+    chains_from_corr<R, MT>(A, live, nb, g, m0, shift, P0, P1);
+    const int8_t* a0 = A.qi.data() + m0 * qis + 256 * g;
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+      __m512i a[MT];
+      for (int t = 0; t < MT; ++t) {
+        const int8_t* ap = a0 + t * qis + (PAIR ? 64 : 32) * s;
+        a[t] = PAIR ? _mm512_loadu_si512(ap) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap)));
+      }
+      for (int i = 0; i < R; ++i) {
+        const __m512i w = _mm512_load_si512(steps + 64 * (8 * i + s));
+        for (int t = 0; t < MT; ++t)
+          P0[i][t] = _mm512_dpbusd_epi32(P0[i][t], w, a[t]);
+      }
+    }
+    scale_into<R, MT>(prep, live, g, m0, P0, P1, acc);
   }
 };
 
 struct Q8p : Blocks32<34> {
   using Blocks32::Blocks32;
+  // Pairs of groups lie step by step (packed.hpp): their 16 + 2L bytes of
+  // scales, then steps of 32 + 4L bytes (L: the blocks of the second group).
+  template <bool PART>
+  int64_t second() const {
+    return PART ? tail : 8;
+  }
 
-  template <bool PAIR, bool PART, int R, int MT>
+  template <bool PAIR, bool PART, int R>
+  __attribute__((always_inline)) void prepare(int64_t g, int64_t r, Prep<R>& p) const {
+    if constexpr (PAIR) {
+      const __mmask16 m = lanes<PAIR, PART>();
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* sp = row_at(W, rb, r + i) + g * GB;
+        p.ws[i] = _mm512_cvtph_ps(PART ? _mm256_maskz_loadu_epi16(m, sp) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp)));
+      }
+    } else {
+      Blocks32::prepare<PAIR, PART, R>(g, r, p);
+    }
+  }
+
+  template <bool PAIR, bool PART, int R, int MT, class Acc>
   __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
-                                             __m512 (&acc)[R][MT]) const {
+                                             Acc& acc) const {
     const uint8_t* row0 = row_at(W, rb, r);
     const __mmask16 live = lanes<PAIR, PART>();
     // The partial group's steps: 4 * tail bytes each after its 2 * tail bytes of scales.
@@ -166,27 +223,35 @@ struct Q8p : Blocks32<34> {
     constexpr bool two = MT == 1;
     __m512i P0[R][MT], P1[R][MT];
     chains_from_corr<R, MT>(A, live, nb, g, m0, 0, P0, P1);
+    const int8_t* a0 = A.qi.data() + m0 * qis + 256 * g;
+    const uint8_t* g0 = row0 + g * GB;
     auto step = [&](__m512i(&P)[R][MT], int s, bool ahead) __attribute__((always_inline)) {
       __m512i a[MT];
-      for (int t = 0; t < MT; ++t)
-        a[t] = act_step<PAIR>(A, qis, m0 + t, g, s);
+      for (int t = 0; t < MT; ++t) {
+        const int8_t* ap = a0 + t * qis + (PAIR ? 64 : 32) * s;
+        a[t] = PAIR ? _mm512_loadu_si512(ap) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap)));
+      }
       for (int i = 0; i < R; ++i) {
-        const uint8_t* gp = row0 + i * rb + g * GB;
+        const uint8_t* gp = g0 + i * rb;
+        if constexpr (PAIR) {
+          const int64_t L = second<PART>(), step = 32 + 4 * L;
+          const uint8_t* wp = gp + 16 + 2 * L + step * s;
+          if (ahead) {
+            _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb + 64), _MM_HINT_T0);
+          }
+          const __m512i w = PART ? _mm512_maskz_loadu_epi8(static_cast<__mmask64>((uint64_t{1} << step) - 1), wp)
+                                 : _mm512_loadu_si512(wp);
+          for (int t = 0; t < MT; ++t)
+            P[i][t] = _mm512_dpbusd_epi32(P[i][t], w, a[t]);
+          continue;
+        }
+        // A group alone (the last one): 32-byte steps, or 4L for a partial one.
         const uint8_t* wp = gp + 16 + 32 * s;
         if (ahead)
           _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb), _MM_HINT_T0);
-        __m256i lo, hi = _mm256_setzero_si256();
-        if (PAIR) {
-          lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
-          if (ahead)
-            _mm_prefetch(reinterpret_cast<const char*>(wp + GB + R * rb), _MM_HINT_T0);
-          hi = PART ? _mm256_maskz_loadu_epi8(pmask, gp + GB + pfirst + pstep * s)
-                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + GB));
-        } else {
-          lo = PART ? _mm256_maskz_loadu_epi8(pmask, gp + pfirst + pstep * s)
-                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
-        }
-        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        const __m512i w = _mm512_zextsi256_si512(PART ? _mm256_maskz_loadu_epi8(pmask, gp + pfirst + pstep * s)
+                                                      : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp)));
         for (int t = 0; t < MT; ++t)
           P[i][t] = _mm512_dpbusd_epi32(P[i][t], w, a[t]);
       }
@@ -221,39 +286,47 @@ struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
   using B::B;
   template <int R>
   using Prep = typename B::template Prep<R>;
+  // -128 s as is (iq4_nl), / 8 = -16 s (q5_0), / 16 = -8 s (q4_0)
+  static constexpr int corr_shift = NL ? 0 : Q5 ? 3 : 4;
 
-  template <bool PAIR, bool PART, int R, int MT>
-  __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
-                                             __m512 (&acc)[R][MT]) const {
-    const uint8_t* row0 = row_at(W, rb, r);
-    const __mmask16 live = this->template lanes<PAIR, PART>();
-    const int64_t L = tail; // lanes of the partial group
-    const __mmask32 cmask = static_cast<__mmask32>((uint64_t{1} << (4 * L)) - 1);
-    const __mmask8 wmask = static_cast<__mmask8>((1u << L) - 1);
-    __m512i P0[R][MT], P1[R][MT];
-    // -128 s as is (iq4_nl), / 8 = -16 s (q5_0), / 16 = -8 s (q4_0)
-    chains_from_corr<R, MT>(A, live, nb, g, m0, NL ? 0 : Q5 ? 3 : 4, P0, P1);
-    // The 5th bits of 4 values per lane (bits 4k .. 4k+3 of each word) to bit 4 of their bytes.
-    [[maybe_unused]] __m512i qh[R];
-    if constexpr (Q5)
-      for (int i = 0; i < R; ++i) {
-        const uint8_t* gp = row0 + i * rb + g * GB;
-        const __m256i lo = PAIR || !PART ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 18 * 8))
-                                         : _mm256_maskz_loadu_epi32(wmask, gp + 18 * L);
-        const __m256i hi = !PAIR ? _mm256_setzero_si256()
-                           : PART ? _mm256_maskz_loadu_epi32(wmask, gp + GB + 18 * L)
-                                  : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + GB + 18 * 8));
-        qh[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-      }
-    // byte b of each 32-bit lane keeps bit b; lane0 copies each lane's low byte to its 4 bytes
-    const __m512i spread = _mm512_set1_epi32(0x08040201);
-    const __m512i lane0 = _mm512_broadcast_i32x4(_mm_setr_epi32(0x00000000, 0x04040404, 0x08080808, 0x0C0C0C0C));
-    auto fifth = [&](__m512i v, __m512i h, int shift) __attribute__((always_inline)) {
+  // The weight side of group g (and g+1) of rows r .. r+R-1: chunk(i, k) and
+  // the unpacking of its nibbles (fix).
+  template <bool PAIR, bool PART, int R>
+  struct Side {
+    const uint8_t* row0;
+    std::size_t rb;
+    int64_t g, GB, L;
+    bool fetch;
+    __mmask32 cmask;
+    __m512i qh[R]; // q5_0: the 5th bits
+    __m512i spread, lane0, table;
+
+    __attribute__((always_inline)) Side(const Q4p& k, int64_t g_, int64_t r, bool fetch_)
+        : row0(row_at(k.W, k.rb, r)), rb(k.rb), g(g_), GB(static_cast<int64_t>(k.GB)), L(k.tail), fetch(fetch_) {
+      cmask = static_cast<__mmask32>((uint64_t{1} << (4 * L)) - 1);
+      const __mmask8 wmask = static_cast<__mmask8>((1u << L) - 1);
+      // The 5th bits of 4 values per lane (bits 4k .. 4k+3 of each word) to bit 4 of their bytes.
+      if constexpr (Q5)
+        for (int i = 0; i < R; ++i) {
+          const uint8_t* gp = row0 + i * rb + g * GB;
+          const __m256i lo = PAIR || !PART ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 18 * 8))
+                                           : _mm256_maskz_loadu_epi32(wmask, gp + 18 * L);
+          const __m256i hi = !PAIR ? _mm256_setzero_si256()
+                             : PART ? _mm256_maskz_loadu_epi32(wmask, gp + GB + 18 * L)
+                                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + GB + 18 * 8));
+          qh[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        }
+      // byte b of each 32-bit lane keeps bit b; lane0 copies each lane's low byte to its 4 bytes
+      spread = _mm512_set1_epi32(0x08040201);
+      lane0 = _mm512_broadcast_i32x4(_mm_setr_epi32(0x00000000, 0x04040404, 0x08080808, 0x0C0C0C0C));
+      table = NL ? iq4_table_u512() : _mm512_setzero_si512();
+    }
+    __attribute__((always_inline)) __m512i fifth(__m512i v, __m512i h, int shift) const {
       const __m512i n = _mm512_and_si512(_mm512_srlv_epi32(h, _mm512_set1_epi32(shift)), _mm512_set1_epi32(0xF));
       const __m512i b = _mm512_and_si512(_mm512_shuffle_epi8(n, lane0), spread);
       return _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(b, b), v, _mm512_set1_epi8(0x10));
-    };
-    auto chunk = [&](int i, int k) __attribute__((always_inline)) {
+    }
+    __attribute__((always_inline)) __m512i chunk(int i, int k) const {
       const uint8_t* gp = row0 + i * rb + g * GB;
       if (fetch) {
         _mm_prefetch(reinterpret_cast<const char*>(gp + 64 * k + R * rb), _MM_HINT_T0);
@@ -270,20 +343,46 @@ struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
                   : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 16 + 32 * k));
       }
       return _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
-    };
-    [[maybe_unused]] const __m512i table = NL ? iq4_table_u512() : _mm512_setzero_si512();
-    nibble_dots<PAIR, R, MT>(A, qis, m0, g, chunk,
-                             [&](int i, int k, __m512i& lo, __m512i& hi) __attribute__((always_inline)) {
-                               if constexpr (Q5) {
-                                 lo = fifth(lo, qh[i], 4 * k);
-                                 hi = fifth(hi, qh[i], 4 * k + 16);
-                               } else if constexpr (NL) {
-                                 lo = _mm512_shuffle_epi8(table, lo);
-                                 hi = _mm512_shuffle_epi8(table, hi);
-                               }
-                             },
-                             P0, P1);
+    }
+    __attribute__((always_inline)) void fix(int i, int k, __m512i& lo, __m512i& hi) const {
+      if constexpr (Q5) {
+        lo = fifth(lo, qh[i], 4 * k);
+        hi = fifth(hi, qh[i], 4 * k + 16);
+      } else if constexpr (NL) {
+        lo = _mm512_shuffle_epi8(table, lo);
+        hi = _mm512_shuffle_epi8(table, hi);
+      }
+    }
+  };
+
+  template <bool PAIR, bool PART, int R, int MT, class Acc>
+  __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
+                                             Acc& acc) const {
+    const __mmask16 live = this->template lanes<PAIR, PART>();
+    __m512i P0[R][MT], P1[R][MT];
+    chains_from_corr<R, MT>(A, live, nb, g, m0, corr_shift, P0, P1);
+    const Side<PAIR, PART, R> side(*this, g, r, fetch);
+    nibble_dots<PAIR, R, MT>(
+      A, qis, m0, g, [&](int i, int k) __attribute__((always_inline)) { return side.chunk(i, k); },
+      [&](int i, int k, __m512i& lo, __m512i& hi) __attribute__((always_inline)) { side.fix(i, k, lo, hi); }, P0, P1);
     this->template scale_into<R, MT>(prep, live, g, m0, P0, P1, acc);
+  }
+
+  // Several activation rows: the unsigned values of group g (and g+1) of rows
+  // r .. r+R-1 unpacked once, step s of row i (the bytes groups() would give
+  // vpdpbusd) at out + 64 (8i + s), for from_steps.
+  template <bool PAIR, bool PART, int R>
+  __attribute__((always_inline)) void unpack(int64_t g, int64_t r, bool fetch, uint8_t* out) const {
+    const Side<PAIR, PART, R> side(*this, g, r, fetch);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k)
+      for (int i = 0; i < R; ++i) {
+        const __m512i w = side.chunk(i, k);
+        __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        side.fix(i, k, lo, hi);
+        *reinterpret_cast<i32x16*>(out + 64 * (8 * i + k)) = reinterpret_cast<i32x16>(lo);
+        *reinterpret_cast<i32x16*>(out + 64 * (8 * i + k + 4)) = reinterpret_cast<i32x16>(hi);
+      }
   }
 };
 
@@ -362,9 +461,9 @@ struct Q4Kp : Blocks256 {
     }
   }
 
-  template <bool PAIR, bool PART, int R, int MT>
+  template <bool PAIR, bool PART, int R, int MT, class Acc>
   __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
-                                             __m512 (&acc)[R][MT]) const {
+                                             Acc& acc) const {
     const uint8_t* row0 = row_at(W, rb, r);
     constexpr bool two = MT == 1; // steps k and k + 4 in two chains for one activation row
     __m512i P0[R][MT], P1[R][MT];
@@ -375,16 +474,18 @@ struct Q4Kp : Blocks256 {
       return k256_chunk<144, 16, PAIR, R>(row0 + i * rb, rb, g, k, fetch);
     };
     nibble_dots<PAIR, R, MT>(A, qis, m0, g, chunk, [](int, int, __m512i&, __m512i&) {}, P0, P1);
+    __m512 dv[MT], dsv[MT];
+    for (int t = 0; t < MT; ++t) {
+      const float* d = A.d32.data() + (m0 + t) * nb32 + 8 * g;
+      const float* ds = A.dsum32.data() + (m0 + t) * nb32 + 8 * g;
+      dv[t] = PAIR ? _mm512_loadu_ps(d) : _mm512_zextps256_ps512(_mm256_loadu_ps(d));
+      dsv[t] = PAIR ? _mm512_loadu_ps(ds) : _mm512_zextps256_ps512(_mm256_loadu_ps(ds));
+    }
     for (int i = 0; i < R; ++i) {
       const __m512 sc = prep.sc[i], mn = prep.mn[i];
       for (int t = 0; t < MT; ++t) {
-        const float* d = A.d32.data() + (m0 + t) * nb32 + 8 * g;
-        const float* ds = A.dsum32.data() + (m0 + t) * nb32 + 8 * g;
-        const __m512 dv = PAIR ? _mm512_loadu_ps(d) : _mm512_zextps256_ps512(_mm256_loadu_ps(d));
-        const __m512 dsv = PAIR ? _mm512_loadu_ps(ds) : _mm512_zextps256_ps512(_mm256_loadu_ps(ds));
         const __m512i p = two ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
-        acc[i][t] = _mm512_fmadd_ps(_mm512_mul_ps(sc, dv), _mm512_cvtepi32_ps(p), acc[i][t]);
-        acc[i][t] = _mm512_fnmadd_ps(mn, dsv, acc[i][t]);
+        acc.set(i, t, _mm512_fnmadd_ps(mn, dsv[t], _mm512_fmadd_ps(_mm512_mul_ps(sc, dv[t]), _mm512_cvtepi32_ps(p), acc.get(i, t))));
       }
     }
   }
@@ -429,9 +530,9 @@ struct IQ4XSp : Blocks256 {
     }
   }
 
-  template <bool PAIR, bool PART, int R, int MT>
+  template <bool PAIR, bool PART, int R, int MT, class Acc>
   __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
-                                             __m512 (&acc)[R][MT]) const {
+                                             Acc& acc) const {
     const uint8_t* row0 = row_at(W, rb, r);
     constexpr bool two = MT == 1; // steps k and k + 4 in two chains for one activation row
     constexpr __mmask16 live = PAIR ? 0xFFFF : 0xFF;
@@ -447,12 +548,15 @@ struct IQ4XSp : Blocks256 {
                                hi = _mm512_shuffle_epi8(table, hi);
                              },
                              P0, P1);
+    __m512 dv[MT];
+    for (int t = 0; t < MT; ++t) {
+      const float* d = A.d32.data() + (m0 + t) * nb32 + 8 * g;
+      dv[t] = PAIR ? _mm512_loadu_ps(d) : _mm512_zextps256_ps512(_mm256_loadu_ps(d));
+    }
     for (int i = 0; i < R; ++i)
       for (int t = 0; t < MT; ++t) {
-        const float* d = A.d32.data() + (m0 + t) * nb32 + 8 * g;
-        const __m512 dv = PAIR ? _mm512_loadu_ps(d) : _mm512_zextps256_ps512(_mm256_loadu_ps(d));
         const __m512i p = two ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
-        acc[i][t] = _mm512_fmadd_ps(_mm512_mul_ps(prep.sc[i], dv), _mm512_cvtepi32_ps(p), acc[i][t]);
+        acc.set(i, t, _mm512_fmadd_ps(_mm512_mul_ps(prep.sc[i], dv[t]), _mm512_cvtepi32_ps(p), acc.get(i, t)));
       }
   }
 };
@@ -489,9 +593,9 @@ struct Q2Kp {
       }
   }
 
-  template <bool PAIR, bool PART, int R, int MT>
+  template <bool PAIR, bool PART, int R, int MT, class Acc>
   __attribute__((always_inline)) void groups(int64_t g, int64_t r, int64_t m0, bool fetch, const Prep<R>& prep,
-                                             __m512 (&acc)[R][MT]) const {
+                                             Acc& acc) const {
     const uint8_t* row0 = row_at(W, rb, r);
     constexpr bool two = MT == 1; // steps 0, 2 and 1, 3 in two chains for one activation row
     const __m512i m2 = _mm512_set1_epi8(3);
@@ -525,9 +629,10 @@ struct Q2Kp {
         for (int t = 0; t < MT; ++t) {
           const int64_t at = (m0 + t) * nb + blk_i;
           const __m512i p = two ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
-          acc[i][t] = _mm512_fmadd_ps(_mm512_mul_ps(prep.sc[i][b], _mm512_set1_ps(A.d[static_cast<std::size_t>(at)])),
-                                      _mm512_cvtepi32_ps(p), acc[i][t]);
-          acc[i][t] = _mm512_fnmadd_ps(prep.mn[i][b], _mm512_loadu_ps(A.dsum16.data() + 16 * at), acc[i][t]);
+          acc.set(i, t,
+                  _mm512_fnmadd_ps(prep.mn[i][b], _mm512_loadu_ps(A.dsum16.data() + 16 * at),
+                                   _mm512_fmadd_ps(_mm512_mul_ps(prep.sc[i][b], _mm512_set1_ps(A.d[static_cast<std::size_t>(at)])),
+                                                   _mm512_cvtepi32_ps(p), acc.get(i, t))));
         }
     }
   }
@@ -555,6 +660,54 @@ __attribute__((always_inline)) inline void over_groups(const K& k, F&& f) {
     f(N{}, T{}, g);
 }
 
+// The accumulators of weight rows i < R and activation rows m0 + t < m0 + MT:
+// in registers (RegAcc: one activation row), or in memory (MemAcc: tiles of
+// several rows, read and written at each group's scaling only, so the integer
+// chains alone hold the registers through a group's steps).
+template <int R, int MT>
+struct RegAcc {
+  __m512 v[R][MT];
+  __attribute__((always_inline)) __m512 get(int i, int t) const { return v[i][t]; }
+  __attribute__((always_inline)) void set(int i, int t, __m512 x) { v[i][t] = x; }
+};
+template <int R>
+struct MemAcc {
+  float* p; // [t][i][16 lanes] of the tile
+  __attribute__((always_inline)) __m512 get(int i, int t) const {
+    return reinterpret_cast<__m512>(*reinterpret_cast<const f32x16u*>(p + 16 * (t * R + i)));
+  }
+  __attribute__((always_inline)) void set(int i, int t, __m512 x) const {
+    *reinterpret_cast<f32x16u*>(p + 16 * (t * R + i)) = reinterpret_cast<f32x16u>(x);
+  }
+};
+
+// The horizontal sums of up to 16 vectors at once (out[o] = the sum of v[o]'s
+// lanes for o < n), each added in _mm512_reduce_add_ps's tree: lane j + lane
+// j + 8, then j + 4, then j + 2, then j + 1 (float addition commutes, so the
+// same pairs give the same bits), in 15 vector additions instead of 16 scalar
+// chains.
+__attribute__((always_inline)) inline void reduce16(const float* v, int n, float* out) { // out: 16 floats
+  __m512 a[16];
+  for (int o = 0; o < 16; ++o)
+    a[o] = o < n ? _mm512_loadu_ps(v + 16 * o) : _mm512_setzero_ps();
+  __m512 c[8], e[4], g[2];
+  for (int k = 0; k < 8; ++k) // 256-bit halves: [v2k's 8 sums | v2k+1's]
+    c[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int k = 0; k < 4; ++k) // 128-bit lanes q: v4k+q's 4 sums
+    e[k] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int k = 0; k < 2; ++k) // lane q: v8k+q's 2 sums, then v8k+4+q's
+    g[k] = _mm512_add_ps(
+      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(e[2 * k]), _mm512_castps_pd(e[2 * k + 1]))),
+      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(e[2 * k]), _mm512_castps_pd(e[2 * k + 1]))));
+  // Lanes 4q .. 4q + 3: the sums of v q, q + 4, q + 8, q + 12; then in order.
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, r));
+}
+
 // A packed kernel K over weight rows r .. r+R-1 against every activation row,
 // then one horizontal sum per (row, activation row).
 template <class K, int R>
@@ -569,35 +722,36 @@ void run_packed_rows(const K& k, float* Y, int64_t ldy, int64_t r, int64_t r_end
   using Prep = typename K::template Prep<R>;
   Prep prep;
   if (M == 1) { // the accumulators stay in registers
-    __m512 acc[R][1];
+    RegAcc<R, 1> acc;
     for (int i = 0; i < R; ++i)
-      acc[i][0] = _mm512_setzero_ps();
+      acc.v[i][0] = _mm512_setzero_ps();
     over_groups(k, [&](auto pair, auto part, int64_t g) __attribute__((always_inline)) {
       k.template prepare<pair(), part(), R>(g, r, prep);
       k.template groups<pair(), part(), R, 1>(g, r, 0, fetch, prep, acc);
     });
     for (int i = 0; i < R; ++i)
-      put(0, i, acc[i][0]);
+      put(0, i, acc.v[i][0]);
     return;
   }
   // Several activation rows: groups outermost, the weight side prepared once
   // for all rows, which pass over it in tiles of 4 with their accumulators
-  // kept in memory between groups (the same operations as above, in the same
-  // order, for each row).
+  // in memory (the same operations as above, in the same order, for each row).
   thread_local std::vector<float> store;
   store.assign(static_cast<std::size_t>(16 * R * M), 0.f);
   float* accs = store.data(); // [m][i][16 lanes]
-  auto tiles = [&](auto&& body) __attribute__((always_inline)) {
+  // Nibble types unpack each group's weights once for all tiles (K::unpack).
+  constexpr bool unpacks = requires(uint8_t* out) { k.template unpack<true, false, R>(0, 0, false, out); };
+  alignas(64) uint8_t steps[unpacks ? 64 * 8 * R : 64];
+  over_groups(k, [&](auto pair, auto part, int64_t g) __attribute__((always_inline)) {
+    k.template prepare<pair(), part(), R>(g, r, prep);
+    if constexpr (unpacks)
+      k.template unpack<pair(), part(), R>(g, r, fetch, steps);
     auto tile = [&](auto mt, int64_t m0) __attribute__((always_inline)) {
-      constexpr int MT = decltype(mt)::value;
-      __m512 acc[R][MT];
-      for (int i = 0; i < R; ++i)
-        for (int t = 0; t < MT; ++t)
-          acc[i][t] = _mm512_loadu_ps(accs + 16 * ((m0 + t) * R + i));
-      body(mt, m0, acc);
-      for (int i = 0; i < R; ++i)
-        for (int t = 0; t < MT; ++t)
-          _mm512_storeu_ps(accs + 16 * ((m0 + t) * R + i), acc[i][t]);
+      MemAcc<R> acc{accs + 16 * R * m0};
+      if constexpr (unpacks)
+        k.template from_steps<pair(), part(), R, decltype(mt)::value>(g, m0, K::corr_shift, steps, prep, acc);
+      else
+        k.template groups<pair(), part(), R, decltype(mt)::value>(g, r, m0, fetch && m0 == 0, prep, acc);
     };
     int64_t m0 = 0;
     for (; m0 + 4 <= M; m0 += 4)
@@ -608,16 +762,19 @@ void run_packed_rows(const K& k, float* Y, int64_t ldy, int64_t r, int64_t r_end
       case 1: return tile(std::integral_constant<int, 1>{}, m0);
       default: return;
     }
-  };
-  over_groups(k, [&](auto pair, auto part, int64_t g) __attribute__((always_inline)) {
-    k.template prepare<pair(), part(), R>(g, r, prep);
-    tiles([&](auto mt, int64_t m0, auto& acc) __attribute__((always_inline)) {
-      k.template groups<pair(), part(), R, decltype(mt)::value>(g, r, m0, fetch && m0 == 0, prep, acc);
-    });
   });
-  for (int64_t m = 0; m < M; ++m)
-    for (int i = 0; i < R; ++i)
-      put(m, i, _mm512_loadu_ps(accs + 16 * (m * R + i)));
+  // The sums 16 at a time (accs is [m][i]: 16 / R activation rows a time).
+  float sums[16];
+  constexpr int64_t per = 16 / R;
+  for (int64_t m0 = 0; m0 < M; m0 += per) {
+    const int64_t rows = std::min<int64_t>(per, M - m0);
+    reduce16(accs + 16 * R * m0, static_cast<int>(R * rows), sums);
+    for (int64_t m = 0; m < rows; ++m)
+      for (int i = 0; i < R; ++i) {
+        float& y = Y[(m0 + m) * ldy + r + i];
+        y = accumulate ? y + sums[m * R + i] : sums[m * R + i];
+      }
+  }
 }
 
 // Four weight rows side by side (four memory streams; with several activation

@@ -251,8 +251,19 @@ void bench_dtypes(double bw1, double bw2) {
 // reps interleaved across types. Where the CPU has AVX-512, f32 and bf16 are
 // also measured with the f32 product's AVX2 build (what CPUs without AVX-512 run).
 void bench_kernels() {
-  const int64_t rows = 896, cols = 4864;
-  const int64_t Ms[] = {1, 8};
+  // STRATA_BENCH_SHAPE=ROWSxCOLS: another matrix (a small one stays in cache:
+  // the kernels' arithmetic alone); STRATA_BENCH_M=N: N activation rows for the
+  // second column instead of 8.
+  int64_t rows = 896, cols = 4864;
+  if (const char* sh = std::getenv("STRATA_BENCH_SHAPE"))
+    if (std::sscanf(sh, "%ldx%ld", &rows, &cols) != 2 || rows <= 0 || cols <= 0 || cols % 256 != 0) {
+      std::fprintf(stderr, "STRATA_BENCH_SHAPE: ROWSxCOLS with COLS a multiple of 256\n");
+      std::exit(2);
+    }
+  int64_t many = 8;
+  if (const char* m = std::getenv("STRATA_BENCH_M"))
+    many = std::clamp<int64_t>(std::atol(m), 1, 64);
+  const int64_t Ms[] = {1, many};
   struct K {
     model::WType t;
     std::string label;
@@ -323,7 +334,7 @@ void bench_kernels() {
       ks.push_back(std::move(p));
     }
   }
-  std::vector<float> x(static_cast<std::size_t>(8 * cols)), y(static_cast<std::size_t>(8 * rows));
+  std::vector<float> x(static_cast<std::size_t>(many * cols)), y(static_cast<std::size_t>(many * rows));
   for (auto& v : x)
     v = nd(rng) * 20;
   for (int ti = 0; ti < 2; ++ti) {
@@ -339,16 +350,17 @@ void bench_kernels() {
           model::detail::set_rows_isa_avx2(false);
         }
   }
-  std::printf("\n## The product kernel alone: 896 x 4864 matrix, 1 and 8 rows, median of 35 interleaved reps\n\n");
-  std::printf("| type | MB | threads | 1 row us | GB/s | x f32 | 8 rows us | per row vs 1 row |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n## The product kernel alone: %ld x %ld matrix, 1 and %ld rows, median of 35 interleaved reps\n\n",
+              static_cast<long>(rows), static_cast<long>(cols), static_cast<long>(many));
+  std::printf("| type | MB | threads | 1 row us | GB/s | x f32 | %ld rows us | per row vs 1 row |\n"
+              "|---|---|---|---|---|---|---|---|\n", static_cast<long>(many));
   for (int ti = 0; ti < 2; ++ti) {
     const double f32 = median(ks.front().s[ti][0]);
     for (auto& k : ks) {
       const double s1 = median(k.s[ti][0]), s8 = median(k.s[ti][1]);
       std::printf("| %s | %.2f | %d | %.0f | %.1f | %.2f | %.0f | %.2f |\n", k.label.c_str(),
                   static_cast<double>(k.bytes.size()) / 1e6, ti + 1, s1 * 1e6,
-                  static_cast<double>(k.bytes.size()) / s1 / 1e9, f32 / s1, s8 * 1e6, s8 / 8 / s1);
+                  static_cast<double>(k.bytes.size()) / s1 / 1e9, f32 / s1, s8 * 1e6, s8 / static_cast<double>(many) / s1);
     }
   }
 }

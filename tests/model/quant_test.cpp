@@ -390,7 +390,8 @@ TEST_P(TypedKernels, MatchTheScalarPath) {
     {WType::iq4_nl, {32, 96, 160}, 1e-2},    {WType::q2_K, {256, 768}, 1e-2},
     {WType::q3_K, {256, 768}, 1e-2},         {WType::q5_K, {256, 768}, 1e-2},
     {WType::iq4_xs, {256, 768}, 1e-2},
-    {WType::q8_0, {32, 96, 256, 288, 480, 544, 896}, 1e-2, true}, {WType::q4_K, {256, 768, 1280}, 1e-2, true},
+    // (q8_0: pairs of full groups, of a full and a partial one, a last group alone of each kind)
+    {WType::q8_0, {32, 96, 256, 288, 480, 512, 544, 768, 896, 1280}, 1e-2, true}, {WType::q4_K, {256, 768, 1280}, 1e-2, true},
     {WType::q4_0, {32, 96, 256, 288, 480, 544, 896}, 1e-2, true}, {WType::q5_0, {32, 96, 256, 288, 480, 544, 896}, 1e-2, true},
     {WType::iq4_nl, {32, 96, 256, 288, 480, 544, 896}, 1e-2, true}, {WType::iq4_xs, {256, 768, 1280}, 1e-2, true},
     {WType::q2_K, {256, 768, 1280}, 1e-2, true},
