@@ -138,6 +138,31 @@ void convert_row_q2_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
 // nibbles 16..31. Packed, group g of L blocks at byte BB * 8g: the L scales,
 // 4 chunks of 4L bytes (byte 4j + l of chunk k: value 4k + l of block j in
 // the low nibble, 4k + 16 + l in the high one), [q5_0: the L qh words].
+// A q5_0 block's 32 5th bits: plain, bit v of the little-endian word is value
+// v's; packed, bit k of byte l is value 4k + l's and bit 4 + k value 4k + 16 +
+// l's (k, l < 4), beside the nibbles of the chunk (k) that hold those values.
+void spread_5th_bits(const uint8_t* in, uint8_t* out, bool pack) {
+  uint32_t word = 0;
+  if (pack)
+    std::memcpy(&word, in, 4);
+  uint8_t bytes[4] = {0, 0, 0, 0};
+  if (!pack)
+    std::memcpy(bytes, in, 4);
+  for (int l = 0; l < 4; ++l)
+    for (int k = 0; k < 4; ++k)
+      for (int h = 0; h < 2; ++h) {
+        const int v = 4 * k + 16 * h + l, bit = k + 4 * h;
+        if (pack)
+          bytes[l] = static_cast<uint8_t>(bytes[l] | ((word >> v) & 1u) << bit);
+        else
+          word |= static_cast<uint32_t>((bytes[l] >> bit) & 1u) << v;
+      }
+  if (pack)
+    std::memcpy(out, bytes, 4);
+  else
+    std::memcpy(out, &word, 4);
+}
+
 template <bool Q5>
 void convert_row_q4(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   constexpr int64_t BB = Q5 ? 22 : 18, QS = Q5 ? 6 : 2;
@@ -152,7 +177,7 @@ void convert_row_q4(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
       if (pack) {
         std::memcpy(dst + 2 * j, pb, 2);
         if (Q5)
-          std::memcpy(dst + 18 * L + 4 * j, pb + 2, 4);
+          spread_5th_bits(pb + 2, dst + 18 * L + 4 * j, true);
         for (int v = 0; v < 32; ++v) {
           const int x = (pb[QS + v % 16] >> (4 * (v / 16))) & 0xF;
           uint8_t& b = chunks[4 * L * (v % 16 / 4) + 4 * j + v % 4];
@@ -162,7 +187,7 @@ void convert_row_q4(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
         uint8_t* plain = dst + j * BB;
         std::memcpy(plain, src + 2 * j, 2);
         if (Q5)
-          std::memcpy(plain + 2, src + 18 * L + 4 * j, 4);
+          spread_5th_bits(src + 18 * L + 4 * j, plain + 2, false);
         std::memset(plain + QS, 0, 16);
         for (int v = 0; v < 32; ++v) {
           const int x = (chunks[4 * L * (v % 16 / 4) + 4 * j + v % 4] >> (4 * (v / 16))) & 0xF;

@@ -33,7 +33,9 @@
 // of L = nb % 8 laid out alike), each group (L blocks) being its L f16
 // scales, then 4 chunks of 4L bytes where byte 4j + l of chunk k holds value
 // 4k + l of block j (low nibble) and value 4k + 16 + l (high nibble), then
-// (q5_0) the L 32-bit words of 5th bits as the plain blocks hold them.
+// (q5_0) the 4L bytes of 5th bits, byte 4j + l holding in bit k value 4k +
+// l's and in bit 4 + k value 4k + 16 + l's (k, l < 4): beside the nibbles they
+// complete, so a shift and a mask bring each to bit 4 of its byte.
 // iq4_nl blocks (an f16 scale and 16 bytes of nibbles, as q4_0's) pack as q4_0.
 //
 // q2_K, packed: each 84-byte block keeps its 16 bytes of scales (scale | min

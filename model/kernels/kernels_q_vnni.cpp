@@ -23,11 +23,10 @@ namespace strata::model::detail {
 
 namespace {
 
-// Stores to the kernels' scratch memory go through vector types that alias
-// only their element type: a store through __m512 may alias anything, and the
-// compiler then reloads every pointer and size the kernel holds after each one.
+// Stores to the kernels' scratch memory go through a vector type that aliases
+// only floats: a store through __m512 may alias anything, and the compiler then
+// reloads every pointer and size the kernel holds after each one.
 typedef float f32x16u __attribute__((vector_size(64), aligned(4))); // accumulators (MemAcc)
-typedef int i32x16 __attribute__((vector_size(64)));                // unpacked steps (K::unpack)
 
 // Packed q8_0 (packed.hpp) against activations interleaved alike
 // (QuantActs::qi), two groups of 8 blocks at a time in 512-bit vectors (one
@@ -159,33 +158,6 @@ struct Blocks32 {
         acc.set(i, t, _mm512_fmadd_ps(_mm512_mul_ps(prep.ws[i], dv[t]), _mm512_cvtepi32_ps(p), acc.get(i, t)));
       }
   }
-
-  // Groups g (and g+1) of weight rows r .. r+R-1 from their unpacked steps
-  // (K::unpack: step s of row i at steps + 64 (8i + s)) against activation
-  // rows m0 .. m0+MT-1: the integer sums groups() would give (one chain; the
-  // same sums), scaled alike.
-  template <bool PAIR, bool PART, int R, int MT, class Acc>
-  __attribute__((always_inline)) void from_steps(int64_t g, int64_t m0, int shift, const uint8_t* steps,
-                                                 const Prep<R>& prep, Acc& acc) const {
-    const __mmask16 live = lanes<PAIR, PART>();
-    __m512i P0[R][MT], P1[R][MT];
-    chains_from_corr<R, MT>(A, live, nb, g, m0, shift, P0, P1);
-    const int8_t* a0 = A.qi.data() + m0 * qis + 256 * g;
-#pragma GCC unroll 8
-    for (int s = 0; s < 8; ++s) {
-      __m512i a[MT];
-      for (int t = 0; t < MT; ++t) {
-        const int8_t* ap = a0 + t * qis + (PAIR ? 64 : 32) * s;
-        a[t] = PAIR ? _mm512_loadu_si512(ap) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap)));
-      }
-      for (int i = 0; i < R; ++i) {
-        const __m512i w = _mm512_load_si512(steps + 64 * (8 * i + s));
-        for (int t = 0; t < MT; ++t)
-          P0[i][t] = _mm512_dpbusd_epi32(P0[i][t], w, a[t]);
-      }
-    }
-    scale_into<R, MT>(prep, live, g, m0, P0, P1, acc);
-  }
 };
 
 struct Q8p : Blocks32<34> {
@@ -273,8 +245,8 @@ __attribute__((always_inline)) inline __m512i iq4_table_u512() {
 
 // Packed q4_0, q5_0 and iq4_nl (packed.hpp): groups of 8 blocks as packed
 // q8_0's (pairs in 512-bit vectors, a partial last group read with masks),
-// the values unsigned (q4_0: 0..15, q5_0: 0..31 with the 5th bit spread from
-// its word to bit 4 of each byte, iq4_nl: its table's value + 128 by one byte
+// the values unsigned (q4_0: 0..15, q5_0: 0..31 with the 5th bit brought from
+// its byte to bit 4 by a shift and an or, iq4_nl: its table's value + 128 by one byte
 // shuffle), so w = q - 8 (q - 16, K - 128) comes back through -8 (-16, -128)
 // x each activation block's sum (A.corr / 16, / 8, as is: exact). Steps k
 // and k + 4 from one chunk's low and high nibbles.
@@ -299,13 +271,13 @@ struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
     bool fetch;
     __mmask32 cmask;
     __m512i qh[R]; // q5_0: the 5th bits
-    __m512i spread, lane0, table;
+    __m512i table;
 
     __attribute__((always_inline)) Side(const Q4p& k, int64_t g_, int64_t r, bool fetch_)
         : row0(row_at(k.W, k.rb, r)), rb(k.rb), g(g_), GB(static_cast<int64_t>(k.GB)), L(k.tail), fetch(fetch_) {
       cmask = static_cast<__mmask32>((uint64_t{1} << (4 * L)) - 1);
       const __mmask8 wmask = static_cast<__mmask8>((1u << L) - 1);
-      // The 5th bits of 4 values per lane (bits 4k .. 4k+3 of each word) to bit 4 of their bytes.
+      // The bytes of 5th bits (packed.hpp), where the chunks' bytes are.
       if constexpr (Q5)
         for (int i = 0; i < R; ++i) {
           const uint8_t* gp = row0 + i * rb + g * GB;
@@ -316,15 +288,7 @@ struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
                                     : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + GB + 18 * 8));
           qh[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
         }
-      // byte b of each 32-bit lane keeps bit b; lane0 copies each lane's low byte to its 4 bytes
-      spread = _mm512_set1_epi32(0x08040201);
-      lane0 = _mm512_broadcast_i32x4(_mm_setr_epi32(0x00000000, 0x04040404, 0x08080808, 0x0C0C0C0C));
       table = NL ? iq4_table_u512() : _mm512_setzero_si512();
-    }
-    __attribute__((always_inline)) __m512i fifth(__m512i v, __m512i h, int shift) const {
-      const __m512i n = _mm512_and_si512(_mm512_srlv_epi32(h, _mm512_set1_epi32(shift)), _mm512_set1_epi32(0xF));
-      const __m512i b = _mm512_and_si512(_mm512_shuffle_epi8(n, lane0), spread);
-      return _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(b, b), v, _mm512_set1_epi8(0x10));
     }
     __attribute__((always_inline)) __m512i chunk(int i, int k) const {
       const uint8_t* gp = row0 + i * rb + g * GB;
@@ -345,9 +309,10 @@ struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
       return _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
     }
     __attribute__((always_inline)) void fix(int i, int k, __m512i& lo, __m512i& hi) const {
-      if constexpr (Q5) {
-        lo = fifth(lo, qh[i], 4 * k);
-        hi = fifth(hi, qh[i], 4 * k + 16);
+      if constexpr (Q5) { // bit k (4 + k) of each byte of 5th bits to bit 4, or-ed in
+        const __m512i b4 = _mm512_set1_epi8(0x10);
+        lo = _mm512_ternarylogic_epi32(lo, _mm512_slli_epi16(qh[i], 4 - k), b4, 0xF8); // lo | (x & b4)
+        hi = _mm512_ternarylogic_epi32(hi, _mm512_srli_epi16(qh[i], k), b4, 0xF8);
       } else if constexpr (NL) {
         lo = _mm512_shuffle_epi8(table, lo);
         hi = _mm512_shuffle_epi8(table, hi);
@@ -366,23 +331,6 @@ struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
       A, qis, m0, g, [&](int i, int k) __attribute__((always_inline)) { return side.chunk(i, k); },
       [&](int i, int k, __m512i& lo, __m512i& hi) __attribute__((always_inline)) { side.fix(i, k, lo, hi); }, P0, P1);
     this->template scale_into<R, MT>(prep, live, g, m0, P0, P1, acc);
-  }
-
-  // Several activation rows: the unsigned values of group g (and g+1) of rows
-  // r .. r+R-1 unpacked once, step s of row i (the bytes groups() would give
-  // vpdpbusd) at out + 64 (8i + s), for from_steps.
-  template <bool PAIR, bool PART, int R>
-  __attribute__((always_inline)) void unpack(int64_t g, int64_t r, bool fetch, uint8_t* out) const {
-    const Side<PAIR, PART, R> side(*this, g, r, fetch);
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    for (int k = 0; k < 4; ++k)
-      for (int i = 0; i < R; ++i) {
-        const __m512i w = side.chunk(i, k);
-        __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-        side.fix(i, k, lo, hi);
-        *reinterpret_cast<i32x16*>(out + 64 * (8 * i + k)) = reinterpret_cast<i32x16>(lo);
-        *reinterpret_cast<i32x16*>(out + 64 * (8 * i + k + 4)) = reinterpret_cast<i32x16>(hi);
-      }
   }
 };
 
@@ -739,19 +687,11 @@ void run_packed_rows(const K& k, float* Y, int64_t ldy, int64_t r, int64_t r_end
   thread_local std::vector<float> store;
   store.assign(static_cast<std::size_t>(16 * R * M), 0.f);
   float* accs = store.data(); // [m][i][16 lanes]
-  // Nibble types unpack each group's weights once for all tiles (K::unpack).
-  constexpr bool unpacks = requires(uint8_t* out) { k.template unpack<true, false, R>(0, 0, false, out); };
-  alignas(64) uint8_t steps[unpacks ? 64 * 8 * R : 64];
   over_groups(k, [&](auto pair, auto part, int64_t g) __attribute__((always_inline)) {
     k.template prepare<pair(), part(), R>(g, r, prep);
-    if constexpr (unpacks)
-      k.template unpack<pair(), part(), R>(g, r, fetch, steps);
     auto tile = [&](auto mt, int64_t m0) __attribute__((always_inline)) {
       MemAcc<R> acc{accs + 16 * R * m0};
-      if constexpr (unpacks)
-        k.template from_steps<pair(), part(), R, decltype(mt)::value>(g, m0, K::corr_shift, steps, prep, acc);
-      else
-        k.template groups<pair(), part(), R, decltype(mt)::value>(g, r, m0, fetch && m0 == 0, prep, acc);
+      k.template groups<pair(), part(), R, decltype(mt)::value>(g, r, m0, fetch && m0 == 0, prep, acc);
     };
     int64_t m0 = 0;
     for (; m0 + 4 <= M; m0 += 4)
