@@ -133,11 +133,6 @@ void convert_row_q2_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   }
 }
 
-// One row of nb q4_0 (Q5 false; iq4_nl blocks are alike) or q5_0 blocks.
-// Plain: d, [q5_0: qh, bit v the 5th bit of value v], 16 bytes whose low nibbles are values 0..15 and high
-// nibbles 16..31. Packed, group g of L blocks at byte BB * 8g: the L scales,
-// 4 chunks of 4L bytes (byte 4j + l of chunk k: value 4k + l of block j in
-// the low nibble, 4k + 16 + l in the high one), [q5_0: the L qh words].
 // A q5_0 block's 32 5th bits: plain, bit v of the little-endian word is value
 // v's; packed, bit k of byte l is value 4k + l's and bit 4 + k value 4k + 16 +
 // l's (k, l < 4), beside the nibbles of the chunk (k) that hold those values.
@@ -163,6 +158,12 @@ void spread_5th_bits(const uint8_t* in, uint8_t* out, bool pack) {
     std::memcpy(out, &word, 4);
 }
 
+// One row of nb q4_0 (Q5 false; iq4_nl blocks are alike) or q5_0 blocks.
+// Plain: d, [q5_0: qh, bit v the 5th bit of value v], 16 bytes whose low nibbles are values 0..15 and high
+// nibbles 16..31. Packed, group g of L blocks at byte BB * 8g: the L scales,
+// 4 chunks of 4L bytes (byte 4j + l of chunk k: value 4k + l of block j in
+// the low nibble, 4k + 16 + l in the high one), [q5_0: the L blocks' 5th
+// bits, 4 bytes each as spread_5th_bits packs them].
 template <bool Q5>
 void convert_row_q4(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   constexpr int64_t BB = Q5 ? 22 : 18, QS = Q5 ? 6 : 2;
