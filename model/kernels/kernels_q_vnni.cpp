@@ -39,11 +39,12 @@ typedef float f32x16u __attribute__((vector_size(64), aligned(4))); // accumulat
 // group may be partial (nb % 8 lanes, read with masks). Every (weight row,
 // activation row) pair goes through the same operations in the same order
 // whatever R, MT and M are.
-// Step s (4 values of each block) of activation row m in group g, with group
-// g+1 in the upper half when PAIR (QuantActs::qi keeps pairs step by step).
+// Step s (4 values of each block) of an activation row's group g, `at` the
+// group's interleaved bytes (QuantActs::qi + m x the row stride + 256g), with
+// group g+1 in the upper half when PAIR (QuantActs::qi keeps pairs step by step).
 template <bool PAIR>
-__attribute__((always_inline)) inline __m512i act_step(const QuantActs& A, int64_t qis, int64_t m, int64_t g, int s) {
-  const int8_t* ap = A.qi.data() + m * qis + 256 * g + (PAIR ? 64 : 32) * s;
+__attribute__((always_inline)) inline __m512i act_step(const int8_t* at, int s) {
+  const int8_t* ap = at + (PAIR ? 64 : 32) * s;
   return PAIR ? _mm512_loadu_si512(ap) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap)));
 }
 
@@ -56,12 +57,13 @@ __attribute__((always_inline)) inline void nibble_dots(const QuantActs& A, int64
                                                        Chunk&& chunk, Fix&& fix, __m512i (&P0)[R][MT],
                                                        __m512i (&P1)[R][MT]) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const int8_t* a0 = A.qi.data() + m0 * qis + 256 * g;
 #pragma GCC unroll 4
   for (int k = 0; k < 4; ++k) {
     __m512i lo_a[MT], hi_a[MT];
     for (int t = 0; t < MT; ++t) {
-      lo_a[t] = act_step<PAIR>(A, qis, m0 + t, g, k);
-      hi_a[t] = act_step<PAIR>(A, qis, m0 + t, g, k + 4);
+      lo_a[t] = act_step<PAIR>(a0 + t * qis, k);
+      hi_a[t] = act_step<PAIR>(a0 + t * qis, k + 4);
     }
     for (int i = 0; i < R; ++i) {
       const __m512i w = chunk(i, k);
@@ -199,10 +201,8 @@ struct Q8p : Blocks32<34> {
     const uint8_t* g0 = row0 + g * GB;
     auto step = [&](__m512i(&P)[R][MT], int s, bool ahead) __attribute__((always_inline)) {
       __m512i a[MT];
-      for (int t = 0; t < MT; ++t) {
-        const int8_t* ap = a0 + t * qis + (PAIR ? 64 : 32) * s;
-        a[t] = PAIR ? _mm512_loadu_si512(ap) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap)));
-      }
+      for (int t = 0; t < MT; ++t)
+        a[t] = act_step<PAIR>(a0 + t * qis, s);
       for (int i = 0; i < R; ++i) {
         const uint8_t* gp = g0 + i * rb;
         if constexpr (PAIR) {
