@@ -227,16 +227,27 @@ TEST(Batch, StaggeredSequencesEqualAloneInEveryWeightType) {
   }
 }
 
+// Packed q8_0 rows of 896 and 4864 values (Qwen2.5-0.5B's widths: pairs of
+// full groups, a full group paired with a partial one, a last group alone,
+// which the 256-wide files never form): a staggered crowd through the first
+// and the last layer of the model as two shards gets what each gets alone.
+TEST(Batch, StaggeredSequencesEqualAloneOverPackedPairsOfGroups) {
+  model::LoadOptions o;
+  o.dtype = "q8_0";
+  batched_equals_alone("builtin:qwen2-0.5b", "0,23", o);
+}
+
 TEST(Batch, StaggeredSequencesEqualAloneGgufQ4KM) {
   STRATA_REQUIRE_SHARED("models/gguf/rand256-q4_k_m.gguf");
   batched_equals_alone(test::shared_path("models/gguf/rand256-q4_k_m.gguf"), "0,1");
 }
 
 // The other packed layouts of llama.cpp-made files (iq4_nl, iq4_xs; Q2_K's mix,
-// whose q | k | v stack q2_K with other K types): a staggered crowd of
+// whose q | k | v stack q2_K with other K types; q5_0, its 5th bits re-encoded
+// beside their nibbles): a staggered crowd of
 // sequences gets bit for bit what each gets alone.
 TEST(Batch, StaggeredSequencesEqualAloneInThePackedGgufTypes) {
-  for (const char* f : {"rand256-iq4_nl", "rand256-iq4_xs", "rand256-q2_k"}) {
+  for (const char* f : {"rand256-iq4_nl", "rand256-iq4_xs", "rand256-q2_k", "rand256-q5_0"}) {
     const auto file = "models/gguf/" + std::string(f) + ".gguf";
     STRATA_REQUIRE_SHARED(file);
     SCOPED_TRACE(f);
