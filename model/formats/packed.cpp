@@ -1,4 +1,4 @@
-// The packed layouts of q8_0, q4_0, q5_0, iq4_nl, q4_K, iq4_xs and q2_K rows (see packed.hpp).
+// The packed layouts of q8_0, q4_0, q5_0, q4_1, q5_1, iq4_nl, q4_K, q5_K, iq4_xs and q2_K rows (see packed.hpp).
 
 #include "model/formats/packed.hpp"
 
@@ -78,21 +78,38 @@ void convert_scales_q4_K(const uint8_t* in, uint8_t* out, bool pack) {
 }
 
 // One row of nb 256-value blocks of BB bytes with H header bytes and 128
-// bytes of nibbles (q4_K: 144 / 16, iq4_xs: 136 / 8): plain -> packed (pack)
-// or back. The header stays (q4_K's scales and mins re-encoded as above);
-// byte 4j + l of chunk k (32 bytes) holds value 4k + l of sub-block j in its
-// low nibble and value 4k + 16 + l in its high nibble. Plain q4_K: sub-block
-// 2c's value v is the low nibble of byte 32c + v, sub-block 2c + 1's the high
-// nibble; plain iq4_xs: sub-block j's value v (< 16) the low nibble of byte
-// 16j + v, value v + 16 its high nibble.
+// bytes of nibbles (q4_K: 144 / 16, q5_K: 176 / 48, iq4_xs: 136 / 8): plain ->
+// packed (pack) or back. The header stays (q4_K's and q5_K's scales and mins
+// re-encoded as above; q5_K's 32 bytes of 5th bits re-encoded below); byte
+// 4j + l of chunk k (32 bytes) holds value 4k + l of sub-block j in its low
+// nibble and value 4k + 16 + l in its high nibble. Plain q4_K / q5_K:
+// sub-block 2c's value v is the low nibble of byte 32c + v, sub-block 2c + 1's
+// the high nibble; plain iq4_xs: sub-block j's value v (< 16) the low nibble
+// of byte 16j + v, value v + 16 its high nibble. q5_K's 5th bits: plain, bit
+// j of byte v is value v of sub-block j's; packed, bit k of byte 4j + l is
+// value 4k + l of sub-block j's and bit 4 + k value 4k + 16 + l's (beside
+// the chunk bytes that hold those values, as packed q5_0's).
 template <std::size_t BB, std::size_t H, bool XS>
 void convert_row_k256(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
+  constexpr bool Q5 = BB == 176;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* src = in + BB * b;
     uint8_t* dst = out + BB * b;
     std::memcpy(dst, src, H);
     if constexpr (!XS)
       convert_scales_q4_K(src + 4, dst + 4, pack);
+    if constexpr (Q5) {
+      uint8_t* qh = dst + 16;
+      std::memset(qh, 0, 32);
+      for (int j = 0; j < 8; ++j)
+        for (int v = 0; v < 32; ++v) {
+          const int plain_byte = v, plain_bit = j;
+          const int packed_byte = 4 * j + v % 4, packed_bit = v % 16 / 4 + 4 * (v / 16);
+          const int fb = pack ? plain_byte : packed_byte, fs = pack ? plain_bit : packed_bit;
+          const int tb = pack ? packed_byte : plain_byte, ts = pack ? packed_bit : plain_bit;
+          qh[tb] = static_cast<uint8_t>(qh[tb] | ((src[16 + fb] >> fs) & 1) << ts);
+        }
+    }
     auto plain_at = [](int j, int v) -> std::pair<int, int> { // (byte, shift)
       return XS ? std::pair{16 * j + v % 16, 4 * (v / 16)} : std::pair{32 * (j / 2) + v, 4 * (j % 2)};
     };
@@ -158,15 +175,16 @@ void spread_5th_bits(const uint8_t* in, uint8_t* out, bool pack) {
     std::memcpy(out, &word, 4);
 }
 
-// One row of nb q4_0 (Q5 false; iq4_nl blocks are alike) or q5_0 blocks.
-// Plain: d, [q5_0: qh, bit v the 5th bit of value v], 16 bytes whose low nibbles are values 0..15 and high
-// nibbles 16..31. Packed, group g of L blocks at byte BB * 8g: the L scales,
-// 4 chunks of 4L bytes (byte 4j + l of chunk k: value 4k + l of block j in
-// the low nibble, 4k + 16 + l in the high one), [q5_0: the L blocks' 5th
-// bits, 4 bytes each as spread_5th_bits packs them].
-template <bool Q5>
+// One row of nb q4_0 (iq4_nl blocks are alike), q5_0, q4_1 or q5_1 blocks
+// (Q5: a 5th bit per value; MIN: an f16 min after the scale). Plain: d, [m],
+// [qh: bit v the 5th bit of value v], 16 bytes whose low nibbles are values
+// 0..15 and high nibbles 16..31. Packed, group g of L blocks at byte BB * 8g:
+// the L scales, [the L mins], 4 chunks of 4L bytes (byte 4j + l of chunk k:
+// value 4k + l of block j in the low nibble, 4k + 16 + l in the high one), [the
+// L blocks' 5th bits, 4 bytes each as spread_5th_bits packs them].
+template <bool Q5, bool MIN>
 void convert_row_q4(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
-  constexpr int64_t BB = Q5 ? 22 : 18, QS = Q5 ? 6 : 2;
+  constexpr int64_t H = MIN ? 4 : 2, BB = 16 + H + (Q5 ? 4 : 0), QS = H + (Q5 ? 4 : 0);
   for (int64_t g = 0; g * pack_group < nb; ++g) {
     const int64_t L = std::min<int64_t>(pack_group, nb - g * pack_group);
     const std::size_t base = static_cast<std::size_t>(g * pack_group * BB);
@@ -174,11 +192,13 @@ void convert_row_q4(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
     uint8_t* dst = out + base;
     for (int64_t j = 0; j < L; ++j) {
       const uint8_t* pb = pack ? src + j * BB : dst + j * BB; // the plain block
-      uint8_t* chunks = (pack ? dst : const_cast<uint8_t*>(src)) + 2 * L;
+      uint8_t* chunks = (pack ? dst : const_cast<uint8_t*>(src)) + H * L;
       if (pack) {
         std::memcpy(dst + 2 * j, pb, 2);
+        if (MIN)
+          std::memcpy(dst + 2 * L + 2 * j, pb + 2, 2);
         if (Q5)
-          spread_5th_bits(pb + 2, dst + 18 * L + 4 * j, true);
+          spread_5th_bits(pb + H, dst + (H + 16) * L + 4 * j, true);
         for (int v = 0; v < 32; ++v) {
           const int x = (pb[QS + v % 16] >> (4 * (v / 16))) & 0xF;
           uint8_t& b = chunks[4 * L * (v % 16 / 4) + 4 * j + v % 4];
@@ -187,8 +207,10 @@ void convert_row_q4(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
       } else {
         uint8_t* plain = dst + j * BB;
         std::memcpy(plain, src + 2 * j, 2);
+        if (MIN)
+          std::memcpy(plain + 2, src + 2 * L + 2 * j, 2);
         if (Q5)
-          spread_5th_bits(src + 18 * L + 4 * j, plain + 2, false);
+          spread_5th_bits(src + (H + 16) * L + 4 * j, plain + H, false);
         std::memset(plain + QS, 0, 16);
         for (int v = 0; v < 32; ++v) {
           const int x = (chunks[4 * L * (v % 16 / 4) + 4 * j + v % 4] >> (4 * (v / 16))) & 0xF;
@@ -243,8 +265,11 @@ void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
     case WType::q4_K: return convert_row_k256<144, 16, false>(in, out, m.cols / 256, pack);
     case WType::iq4_xs: return convert_row_k256<136, 8, true>(in, out, m.cols / 256, pack);
     case WType::q2_K: return convert_row_q2_K(in, out, m.cols / 256, pack);
-    case WType::q4_0: case WType::iq4_nl: return convert_row_q4<false>(in, out, m.cols / 32, pack);
-    case WType::q5_0: return convert_row_q4<true>(in, out, m.cols / 32, pack);
+    case WType::q5_K: return convert_row_k256<176, 48, false>(in, out, m.cols / 256, pack);
+    case WType::q4_0: case WType::iq4_nl: return convert_row_q4<false, false>(in, out, m.cols / 32, pack);
+    case WType::q5_0: return convert_row_q4<true, false>(in, out, m.cols / 32, pack);
+    case WType::q4_1: return convert_row_q4<false, true>(in, out, m.cols / 32, pack);
+    case WType::q5_1: return convert_row_q4<true, true>(in, out, m.cols / 32, pack);
     default: return convert_q8_0(in, out, m.cols / 32, pack);
   }
 }
@@ -253,8 +278,8 @@ void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
 
 bool packable(const WMatrix& m) {
   switch (m.type) {
-    case WType::q8_0: case WType::q4_0: case WType::q5_0: case WType::iq4_nl: case WType::q4_K: case WType::iq4_xs:
-    case WType::q2_K:
+    case WType::q8_0: case WType::q4_0: case WType::q5_0: case WType::q4_1: case WType::q5_1: case WType::iq4_nl:
+    case WType::q4_K: case WType::q5_K: case WType::iq4_xs: case WType::q2_K:
       return !m.packed;
     default: return false;
   }

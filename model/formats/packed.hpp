@@ -29,14 +29,17 @@
 // of 32). iq4_xs, packed: alike, each 136-byte block keeping its 8 header
 // bytes (d, the high and low bits of the 8 scales) before its 4 chunks.
 //
-// q4_0 and q5_0, packed: groups of 8 blocks as q8_0's (a partial last group
-// of L = nb % 8 laid out alike), each group (L blocks) being its L f16
-// scales, then 4 chunks of 4L bytes where byte 4j + l of chunk k holds value
-// 4k + l of block j (low nibble) and value 4k + 16 + l (high nibble), then
-// (q5_0) the 4L bytes of 5th bits, byte 4j + l holding in bit k value 4k +
-// l's and in bit 4 + k value 4k + 16 + l's (k, l < 4): beside the nibbles they
-// complete, so a shift and a mask bring each to bit 4 of its byte.
-// iq4_nl blocks (an f16 scale and 16 bytes of nibbles, as q4_0's) pack as q4_0.
+// q4_0, q5_0, q4_1 and q5_1, packed: groups of 8 blocks as q8_0's (a partial
+// last group of L = nb % 8 laid out alike), each group (L blocks) being its L
+// f16 scales, (q4_1, q5_1) its L f16 mins, then 4 chunks of 4L bytes where
+// byte 4j + l of chunk k holds value 4k + l of block j (low nibble) and value
+// 4k + 16 + l (high nibble), then (q5_0, q5_1) the 4L bytes of 5th bits, byte
+// 4j + l holding in bit k value 4k + l's and in bit 4 + k value 4k + 16 + l's
+// (k, l < 4): beside the nibbles they complete, so a shift and a mask bring
+// each to bit 4 of its byte. iq4_nl blocks (an f16 scale and 16 bytes of
+// nibbles, as q4_0's) pack as q4_0. q5_K, packed: as q4_K, with its 32 bytes
+// of 5th bits (bytes 16-47, before the chunks) re-encoded alike: bit k of
+// byte 4j + l is value 4k + l of sub-block j's, bit 4 + k value 4k + 16 + l's.
 //
 // q2_K, packed: each 84-byte block keeps its 16 bytes of scales (scale | min
 // << 4 of each group of 16) and its f16 d, dmin (bytes 80-83); its 64 bytes
@@ -53,7 +56,8 @@ namespace strata::model::detail {
 /// Blocks per group of the packed layout.
 constexpr int64_t pack_group = 8;
 
-/// Whether `m` can take a packed layout (plain q8_0, q4_0, q5_0, iq4_nl, q4_K, iq4_xs or q2_K).
+/// Whether `m` can take a packed layout (plain q8_0, q4_0, q5_0, q4_1, q5_1, iq4_nl, q4_K, q5_K,
+/// iq4_xs or q2_K).
 bool packable(const WMatrix& m);
 /// A packed copy of a packable matrix (an owned buffer); throws
 /// Error(bad_argument) for any other.

@@ -59,7 +59,8 @@ bool fused_available(WType t);
 /// AVX-512 BF16 (e.g. "avx512+vnni+bf16").
 std::string kernel_builds();
 /// `m` in the layout this CPU's kernels read fastest: packed q8_0 / q4_0 /
-/// q5_0 / iq4_nl / q4_K / iq4_xs / q2_K (packed.hpp) where AVX-512 VNNI runs, else `m` itself. Either layout gives every kernel
+/// q5_0 / q4_1 / q5_1 / iq4_nl / q4_K / q5_K / iq4_xs / q2_K (packed.hpp) where
+/// AVX-512 VNNI runs, else `m` itself. Either layout gives every kernel
 /// setting the same products (a packed matrix under another setting is
 /// unpacked on the fly).
 WMatrix pack_for_kernels(const WMatrix& m);

@@ -94,6 +94,22 @@ __attribute__((always_inline)) inline void chains_from_corr(const QuantActs& A, 
   }
 }
 
+template <int R, int MT>
+__attribute__((always_inline)) inline void zero_chains(__m512i (&P0)[R][MT], __m512i (&P1)[R][MT]) {
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < MT; ++t)
+      P0[i][t] = P1[i][t] = _mm512_setzero_si512();
+}
+
+// The 5th bits of steps k (lo) and k + 4 (hi) or-ed into bit 4 of each value:
+// bit k (4 + k) of each byte of qh (packed q5_0, q5_1 and q5_K) brought there
+// by one shift.
+__attribute__((always_inline)) inline void fix_5th_bits(__m512i qh, int k, __m512i& lo, __m512i& hi) {
+  const __m512i b4 = _mm512_set1_epi8(0x10);
+  lo = _mm512_ternarylogic_epi32(lo, _mm512_slli_epi16(qh, 4 - k), b4, 0xF8); // lo | (x & b4)
+  hi = _mm512_ternarylogic_epi32(hi, _mm512_srli_epi16(qh, k), b4, 0xF8);
+}
+
 // Row r of W, rb its bytes worked out once (W.row() works them out out of line
 // at every call: inside the group loops that cost 10-25 %).
 __attribute__((always_inline)) inline const uint8_t* row_at(const WMatrix& W, std::size_t rb, int64_t r) {
@@ -130,18 +146,25 @@ struct Blocks32 {
   };
   template <bool PAIR, bool PART, int R>
   __attribute__((always_inline)) void prepare(int64_t g, int64_t r, Prep<R>& p) const {
+    for (int i = 0; i < R; ++i)
+      p.ws[i] = f16_lanes<PAIR, PART>(row_at(W, rb, r + i) + g * GB, 0, 0);
+  }
+
+  // One f16 per block of group g (and g + 1) as floats, lane j for block j:
+  // those at byte `full_at` of a full group, `part_at` of the partial one (gp:
+  // group g's first byte).
+  template <bool PAIR, bool PART>
+  __attribute__((always_inline)) __m512 f16_lanes(const uint8_t* gp, int64_t full_at, int64_t part_at) const {
     const __mmask8 part = static_cast<__mmask8>((1u << tail) - 1);
-    for (int i = 0; i < R; ++i) {
-      const uint8_t* sp = row_at(W, rb, r + i) + g * GB;
-      __m128i lo, hi = _mm_setzero_si128();
-      if (PAIR) {
-        lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp));
-        hi = PART ? _mm_maskz_loadu_epi16(part, sp + GB) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + GB));
-      } else {
-        lo = PART ? _mm_maskz_loadu_epi16(part, sp) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp));
-      }
-      p.ws[i] = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+    __m128i lo, hi = _mm_setzero_si128();
+    if (PAIR) {
+      lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gp + full_at));
+      hi = PART ? _mm_maskz_loadu_epi16(part, gp + GB + part_at)
+                : _mm_loadu_si128(reinterpret_cast<const __m128i*>(gp + GB + full_at));
+    } else {
+      lo = PART ? _mm_maskz_loadu_epi16(part, gp + part_at) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(gp + full_at));
     }
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
   }
 
   // acc += the weight scales x the activation scales x the integer sums (P0,
@@ -243,23 +266,43 @@ __attribute__((always_inline)) inline __m512i iq4_table_u512() {
                           _mm512_set1_epi8(static_cast<char>(0x80)));
 }
 
-// Packed q4_0, q5_0 and iq4_nl (packed.hpp): groups of 8 blocks as packed
-// q8_0's (pairs in 512-bit vectors, a partial last group read with masks),
-// the values unsigned (q4_0: 0..15, q5_0: 0..31 with the 5th bit brought from
-// its byte to bit 4 by a shift and an or, iq4_nl: its table's value + 128 by one byte
-// shuffle), so w = q - 8 (q - 16, K - 128) comes back through -8 (-16, -128)
-// x each activation block's sum (A.corr / 16, / 8, as is: exact). Steps k
-// and k + 4 from one chunk's low and high nibbles.
+// Packed q4_0, q5_0, q4_1, q5_1 and iq4_nl (packed.hpp): groups of 8 blocks
+// as packed q8_0's (pairs in 512-bit vectors, a partial last group read with
+// masks), the values unsigned (q4_0, q4_1: 0..15, q5_0, q5_1: 0..31 with the
+// 5th bit brought from its byte to bit 4 by a shift and an or, iq4_nl: its
+// table's value + 128 by one byte shuffle), so w = q - 8 (q - 16, K - 128)
+// comes back through -8 (-16, -128) x each activation block's sum (A.corr /
+// 16, / 8, as is: exact); q4_1 and q5_1 (w = d q + m) need no correction and
+// add m x A.s (llama.cpp's q8_1 "s": the activation block's scale x sum) per
+// lane after the scaling. Steps k and k + 4 from one chunk's low and high
+// nibbles.
+constexpr std::size_t q4p_block_bytes(WType t) {
+  return t == WType::q5_0 ? 22 : t == WType::q4_1 ? 20 : t == WType::q5_1 ? 24 : 18;
+}
 template <WType T>
-struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
-  static constexpr bool Q5 = T == WType::q5_0, NL = T == WType::iq4_nl;
-  using B = Blocks32<Q5 ? 22 : 18>;
+struct Q4p : Blocks32<q4p_block_bytes(T)> {
+  static constexpr bool Q5 = T == WType::q5_0 || T == WType::q5_1, NL = T == WType::iq4_nl;
+  static constexpr bool MIN = T == WType::q4_1 || T == WType::q5_1;
+  static constexpr int64_t H = MIN ? 4 : 2; // header bytes a block: d (and m)
+  using B = Blocks32<q4p_block_bytes(T)>;
   using B::A, B::W, B::GB, B::nb, B::qis, B::rb, B::tail;
   using B::B;
-  template <int R>
-  using Prep = typename B::template Prep<R>;
   // -128 s as is (iq4_nl), / 8 = -16 s (q5_0), / 16 = -8 s (q4_0)
   static constexpr int corr_shift = NL ? 0 : Q5 ? 3 : 4;
+
+  // The weight side every activation row shares: the scales (B's), and the
+  // mins of q4_1 and q5_1.
+  template <int R>
+  struct Prep : B::template Prep<R> {
+    __m512 wm[R];
+  };
+  template <bool PAIR, bool PART, int R>
+  __attribute__((always_inline)) void prepare(int64_t g, int64_t r, Prep<R>& p) const {
+    B::template prepare<PAIR, PART, R>(g, r, p);
+    if constexpr (MIN)
+      for (int i = 0; i < R; ++i)
+        p.wm[i] = this->template f16_lanes<PAIR, PART>(row_at(W, rb, r + i) + g * GB, 16, 2 * tail);
+  }
 
   // The weight side of group g (and g+1) of rows r .. r+R-1: chunk(i, k) and
   // the unpacking of its nibbles (fix).
@@ -270,7 +313,7 @@ struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
     int64_t g, GB, L;
     bool fetch;
     __mmask32 cmask;
-    __m512i qh[R]; // q5_0: the 5th bits
+    __m512i qh[R]; // q5_0, q5_1: the 5th bits
     __m512i table;
 
     __attribute__((always_inline)) Side(const Q4p& k, int64_t g_, int64_t r, bool fetch_)
@@ -281,11 +324,12 @@ struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
       if constexpr (Q5)
         for (int i = 0; i < R; ++i) {
           const uint8_t* gp = row0 + i * rb + g * GB;
-          const __m256i lo = PAIR || !PART ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 18 * 8))
-                                           : _mm256_maskz_loadu_epi32(wmask, gp + 18 * L);
+          constexpr int64_t QH = H + 16; // x the group's blocks
+          const __m256i lo = PAIR || !PART ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + QH * 8))
+                                           : _mm256_maskz_loadu_epi32(wmask, gp + QH * L);
           const __m256i hi = !PAIR ? _mm256_setzero_si256()
-                             : PART ? _mm256_maskz_loadu_epi32(wmask, gp + GB + 18 * L)
-                                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + GB + 18 * 8));
+                             : PART ? _mm256_maskz_loadu_epi32(wmask, gp + GB + QH * L)
+                                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + GB + QH * 8));
           qh[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
         }
       table = NL ? iq4_table_u512() : _mm512_setzero_si512();
@@ -299,21 +343,19 @@ struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
       }
       __m256i c0, c1 = _mm256_setzero_si256();
       if (PAIR) {
-        c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 16 + 32 * k));
-        c1 = PART ? _mm256_maskz_loadu_epi8(cmask, gp + GB + 2 * L + 4 * L * k)
-                  : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + GB + 16 + 32 * k));
+        c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 8 * H + 32 * k));
+        c1 = PART ? _mm256_maskz_loadu_epi8(cmask, gp + GB + H * L + 4 * L * k)
+                  : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + GB + 8 * H + 32 * k));
       } else {
-        c0 = PART ? _mm256_maskz_loadu_epi8(cmask, gp + 2 * L + 4 * L * k)
-                  : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 16 + 32 * k));
+        c0 = PART ? _mm256_maskz_loadu_epi8(cmask, gp + H * L + 4 * L * k)
+                  : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 8 * H + 32 * k));
       }
       return _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
     }
     __attribute__((always_inline)) void fix(int i, int k, __m512i& lo, __m512i& hi) const {
-      if constexpr (Q5) { // bit k (4 + k) of each byte of 5th bits to bit 4, or-ed in
-        const __m512i b4 = _mm512_set1_epi8(0x10);
-        lo = _mm512_ternarylogic_epi32(lo, _mm512_slli_epi16(qh[i], 4 - k), b4, 0xF8); // lo | (x & b4)
-        hi = _mm512_ternarylogic_epi32(hi, _mm512_srli_epi16(qh[i], k), b4, 0xF8);
-      } else if constexpr (NL) {
+      if constexpr (Q5)
+        fix_5th_bits(qh[i], k, lo, hi);
+      else if constexpr (NL) {
         lo = _mm512_shuffle_epi8(table, lo);
         hi = _mm512_shuffle_epi8(table, hi);
       }
@@ -325,12 +367,23 @@ struct Q4p : Blocks32<T == WType::q5_0 ? 22 : 18> {
                                              Acc& acc) const {
     const __mmask16 live = this->template lanes<PAIR, PART>();
     __m512i P0[R][MT], P1[R][MT];
-    chains_from_corr<R, MT>(A, live, nb, g, m0, corr_shift, P0, P1);
+    if constexpr (MIN)
+      zero_chains<R, MT>(P0, P1);
+    else
+      chains_from_corr<R, MT>(A, live, nb, g, m0, corr_shift, P0, P1);
     const Side<PAIR, PART, R> side(*this, g, r, fetch);
     nibble_dots<PAIR, R, MT>(
       A, qis, m0, g, [&](int i, int k) __attribute__((always_inline)) { return side.chunk(i, k); },
       [&](int i, int k, __m512i& lo, __m512i& hi) __attribute__((always_inline)) { side.fix(i, k, lo, hi); }, P0, P1);
     this->template scale_into<R, MT>(prep, live, g, m0, P0, P1, acc);
+    if constexpr (MIN) { // + m x the activation block's scale x sum, lane by lane
+      __m512 sv[MT];
+      for (int t = 0; t < MT; ++t)
+        sv[t] = _mm512_maskz_loadu_ps(live, A.s.data() + (m0 + t) * nb + 8 * g);
+      for (int i = 0; i < R; ++i)
+        for (int t = 0; t < MT; ++t)
+          acc.set(i, t, _mm512_fmadd_ps(prep.wm[i], sv[t], acc.get(i, t)));
+    }
   }
 };
 
@@ -370,9 +423,13 @@ struct Blocks256 {
 // and k + 4 of all 8 sub-blocks (unsigned values 0..15: no correction), 8
 // vpdpbusd leave each sub-block's integer dot in its lane; then d x scale_j x
 // da and dmin x min_j x (da x the activations' sum of sub-block j) are one
-// multiply-add each for the 16 lanes.
+// multiply-add each for the 16 lanes. Q5 (packed q5_K): the same with each
+// value's 5th bit or-ed in from the block's 32 bytes of them (packed.hpp) by
+// a shift and a vpternlogd, as packed q5_0's.
+template <bool Q5>
 struct Q4Kp : Blocks256 {
   using Blocks256::Blocks256;
+  static constexpr std::size_t BB = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
 
   // The weight side every activation row shares: d x scales, dmin x mins,
   // of one block (lanes 0-7) or two (PAIR: the next one in lanes 8-15), from
@@ -386,8 +443,8 @@ struct Q4Kp : Blocks256 {
     const __m512i shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
     const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
     for (int i = 0; i < R; ++i) {
-      const uint8_t* blk = row_at(W, rb, r + i) + g * 144;
-      const uint8_t* nxt = blk + 144;
+      const uint8_t* blk = row_at(W, rb, r + i) + g * BB;
+      const uint8_t* nxt = blk + BB;
       uint32_t h0, h1 = 0;
       std::memcpy(&h0, blk + 12, 4);
       __m128i lo8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 4));
@@ -419,9 +476,22 @@ struct Q4Kp : Blocks256 {
       for (int t = 0; t < MT; ++t)
         P0[i][t] = P1[i][t] = _mm512_setzero_si512();
     auto chunk = [&](int i, int k) __attribute__((always_inline)) {
-      return k256_chunk<144, 16, PAIR, R>(row0 + i * rb, rb, g, k, fetch);
+      return k256_chunk<BB, QS, PAIR, R>(row0 + i * rb, rb, g, k, fetch);
     };
-    nibble_dots<PAIR, R, MT>(A, qis, m0, g, chunk, [](int, int, __m512i&, __m512i&) {}, P0, P1);
+    __m512i qh[R]; // q5_K: the 5th bits of block g (and g + 1)
+    if constexpr (Q5)
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * rb + g * BB + 16;
+        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
+        qh[i] = PAIR ? _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + BB)), 1)
+                     : _mm512_zextsi256_si512(lo);
+      }
+    nibble_dots<PAIR, R, MT>(A, qis, m0, g, chunk,
+                             [&](int i, int k, __m512i& lo, __m512i& hi) __attribute__((always_inline)) {
+                               if constexpr (Q5)
+                                 fix_5th_bits(qh[i], k, lo, hi);
+                             },
+                             P0, P1);
     __m512 dv[MT], dsv[MT];
     for (int t = 0; t < MT; ++t) {
       const float* d = A.d32.data() + (m0 + t) * nb32 + 8 * g;
@@ -776,7 +846,9 @@ void quant_q8_K_avx512(const float* x, int64_t n, int8_t* q, float* d, int32_t* 
 
 void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
   if (W.packed && W.type == WType::q4_K)
-    return run_packed(Q4Kp(W, A), Y, ldy, r0, r1, acc);
+    return run_packed(Q4Kp<false>(W, A), Y, ldy, r0, r1, acc);
+  if (W.packed && W.type == WType::q5_K)
+    return run_packed(Q4Kp<true>(W, A), Y, ldy, r0, r1, acc);
   if (W.packed && W.type == WType::q2_K) {
     if (A.for_type != WType::q2_K) // (prepares_alike keeps q2_K's activations its own)
       throw Error(errc::bad_argument, "packed q2_K rows given activations quantized for " + std::string(to_string(A.for_type)));
@@ -790,6 +862,10 @@ void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy
     return run_packed(Q4p<WType::q5_0>(W, A), Y, ldy, r0, r1, acc);
   if (W.packed && W.type == WType::iq4_nl)
     return run_packed(Q4p<WType::iq4_nl>(W, A), Y, ldy, r0, r1, acc);
+  if (W.packed && W.type == WType::q4_1)
+    return run_packed(Q4p<WType::q4_1>(W, A), Y, ldy, r0, r1, acc);
+  if (W.packed && W.type == WType::q5_1)
+    return run_packed(Q4p<WType::q5_1>(W, A), Y, ldy, r0, r1, acc);
   if (W.packed)
     return run_packed(Q8p(W, A), Y, ldy, r0, r1, acc);
   vnni::rows_impl<true>(W, A, Y, ldy, r0, r1, acc);
