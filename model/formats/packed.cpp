@@ -1,4 +1,4 @@
-// The packed layouts of q8_0, q4_0, q5_0, q4_1, q5_1, iq4_nl, q4_K, q5_K, iq4_xs and q2_K rows (see packed.hpp).
+// The packed layouts of q8_0, q4_0, q5_0, q4_1, q5_1, iq4_nl, q4_K, q5_K, iq4_xs, q2_K and q3_K rows (see packed.hpp).
 
 #include "model/formats/packed.hpp"
 
@@ -150,6 +150,35 @@ void convert_row_q2_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   }
 }
 
+// One row of nb q3_K blocks: plain -> packed (pack) or back. The 12 bytes of
+// scales and the f16 d (bytes 96-109) stay. Plain: value l of group g = 8h +
+// 2j + p has its 2 low bits at bits 2j of qs[32h + 16p + l] (bytes 32-95) and
+// its 3rd at bit 4h + j of hmask[16p + l] (bytes 0-31). Packed: the 2 low bits
+// as packed q2_K's (bits 2k of byte 4g + l' for value 4k + l' of group g,
+// bytes 0-63); the 3rd bits in bytes 64-95, lane byte x = 4g + l' (< 64)
+// keeping value 4k + l''s in bit k + 4 (x / 32) of byte 64 + x % 32.
+void convert_row_q3_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* src = in + 110 * b;
+    uint8_t* dst = out + 110 * b;
+    std::memcpy(dst + 96, src + 96, 14);
+    std::memset(dst, 0, 96);
+    for (int g = 0; g < 16; ++g)
+      for (int l = 0; l < 16; ++l) {
+        const int h = g / 8, j = g % 8 / 2, p = g % 2, x = 4 * g + l % 4, k = l / 4;
+        // (byte, shift) of the 2 low bits and of the 3rd, plain and packed
+        const int lo_plain = 32 + 32 * h + 16 * p + l, lo_plain_s = 2 * j;
+        const int lo_packed = x, lo_packed_s = 2 * k;
+        const int hi_plain = 16 * p + l, hi_plain_s = 4 * h + j;
+        const int hi_packed = 64 + x % 32, hi_packed_s = k + 4 * (x / 32);
+        const int lo = (src[pack ? lo_plain : lo_packed] >> (pack ? lo_plain_s : lo_packed_s)) & 3;
+        const int hi = (src[pack ? hi_plain : hi_packed] >> (pack ? hi_plain_s : hi_packed_s)) & 1;
+        dst[pack ? lo_packed : lo_plain] |= static_cast<uint8_t>(lo << (pack ? lo_packed_s : lo_plain_s));
+        dst[pack ? hi_packed : hi_plain] |= static_cast<uint8_t>(hi << (pack ? hi_packed_s : hi_plain_s));
+      }
+  }
+}
+
 // A q5_0 block's 32 5th bits: plain, bit v of the little-endian word is value
 // v's; packed, bit k of byte l is value 4k + l's and bit 4 + k value 4k + 16 +
 // l's (k, l < 4), beside the nibbles of the chunk (k) that hold those values.
@@ -265,6 +294,7 @@ void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
     case WType::q4_K: return convert_row_k256<144, 16, false>(in, out, m.cols / 256, pack);
     case WType::iq4_xs: return convert_row_k256<136, 8, true>(in, out, m.cols / 256, pack);
     case WType::q2_K: return convert_row_q2_K(in, out, m.cols / 256, pack);
+    case WType::q3_K: return convert_row_q3_K(in, out, m.cols / 256, pack);
     case WType::q5_K: return convert_row_k256<176, 48, false>(in, out, m.cols / 256, pack);
     case WType::q4_0: case WType::iq4_nl: return convert_row_q4<false, false>(in, out, m.cols / 32, pack);
     case WType::q5_0: return convert_row_q4<true, false>(in, out, m.cols / 32, pack);
@@ -279,7 +309,7 @@ void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
 bool packable(const WMatrix& m) {
   switch (m.type) {
     case WType::q8_0: case WType::q4_0: case WType::q5_0: case WType::q4_1: case WType::q5_1: case WType::iq4_nl:
-    case WType::q4_K: case WType::q5_K: case WType::iq4_xs: case WType::q2_K:
+    case WType::q4_K: case WType::q5_K: case WType::iq4_xs: case WType::q2_K: case WType::q3_K:
       return !m.packed;
     default: return false;
   }

@@ -46,6 +46,12 @@
 // of 2-bit values hold value 4k + l of group g in bits 2k, 2k+1 of byte
 // 4g + l. One 64-byte load and a shift and a mask then give 4 values of each
 // of the 16 groups, lane g for group g (activations: QuantActs::qi16).
+//
+// q3_K, packed: its 12 bytes of scales and f16 d stay (bytes 96-109); bytes
+// 0-63 hold the 2 low bits of each value as packed q2_K's, bytes 64-95 the
+// 3rd bits: lane byte x = 4g + l (the byte of the 2 low bits, x < 64) keeps
+// value 4k + l of group g's in bit k + 4 (x / 32) of byte 64 + x % 32. One
+// 32-byte load and a shift then give a 3rd bit for each of the 64 lane bytes.
 
 #include "model/formats/wmatrix.hpp"
 
@@ -57,7 +63,7 @@ namespace strata::model::detail {
 constexpr int64_t pack_group = 8;
 
 /// Whether `m` can take a packed layout (plain q8_0, q4_0, q5_0, q4_1, q5_1, iq4_nl, q4_K, q5_K,
-/// iq4_xs or q2_K).
+/// iq4_xs, q2_K or q3_K).
 bool packable(const WMatrix& m);
 /// A packed copy of a packable matrix (an owned buffer); throws
 /// Error(bad_argument) for any other.

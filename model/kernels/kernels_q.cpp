@@ -106,7 +106,7 @@ void interleave_q8_0(QuantActs& a) {
     a.corr[i] = -128 * static_cast<int32_t>(a.sums32[i]);
 }
 
-// QuantActs::qi16 and ::dsum16 from q, d and sums (the activations of packed q2_K).
+// QuantActs::qi16 and ::dsum16 from q, d and sums (the activations of packed q2_K and q3_K).
 void interleave_q8_K16(QuantActs& a) {
   const int64_t nb = a.cols / 256;
   a.qi16.resize(a.q.size());
@@ -140,6 +140,10 @@ std::atomic<FusedIsa> isa_setting{FusedIsa::best};
 
 void set_fused_isa(FusedIsa isa) {
   isa_setting = isa;
+}
+
+bool interleaves_by_16(WType t) {
+  return t == WType::q2_K || t == WType::q3_K;
 }
 
 int64_t acts_block(WType t) {
@@ -213,7 +217,7 @@ void quantize_acts(WType t, const float* X, int64_t M, int64_t cols, QuantActs& 
     for (std::size_t i = 0; i < out.sums32.size(); ++i)
       out.sums32[i] = static_cast<int16_t>(out.sums[2 * i] + out.sums[2 * i + 1]);
     interleave_q8_0(out); // for packed q4_K (a block of 256 is a group of 8 blocks of 32)
-    if (t == WType::q2_K)
+    if (interleaves_by_16(t))
       interleave_q8_K16(out);
     out.d32.resize(out.sums32.size());
     out.dsum32.resize(out.sums32.size());

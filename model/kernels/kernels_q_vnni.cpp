@@ -585,13 +585,19 @@ struct IQ4XSp : Blocks256 {
 // every group (0..3, unsigned: no correction) for one vpdpbusd, leaving each
 // group's integer dot in its lane after 4 steps; then d x scale_g x da and
 // dmin x min_g x (da x the group's activation sum) meet the 16 lanes in one
-// multiply-add each. PAIR: two blocks, one after the other.
+// multiply-add each. PAIR: two blocks, one after the other. Q3 (packed q3_K):
+// each value's 3rd bit (its byte of 3rd bits loaded once a block) or-ed in
+// at bit 2 by a shift and a vpternlogd, the values 0..7 standing for q - 4:
+// each lane's chain starts at -4 x its group's activation sum; then d x
+// (scale_g - 32) x da meets it in one multiply-add.
+template <bool Q3>
 struct Q2Kp {
   const WMatrix& W;
   const QuantActs& A;
   int64_t ng_full, nb;
   std::size_t rb;
-  int64_t tail = 0; // q2_K rows are whole blocks: PART is never asked for
+  int64_t tail = 0; // q2_K / q3_K rows are whole blocks: PART is never asked for
+  static constexpr std::size_t BB = Q3 ? 110 : 84, QS = Q3 ? 0 : 16;
 
   Q2Kp(const WMatrix& w, const QuantActs& a) : W(w), A(a), ng_full(w.cols / 256), nb(w.cols / 256), rb(w.row_bytes()) {}
 
@@ -603,11 +609,21 @@ struct Q2Kp {
   __attribute__((always_inline)) void prepare(int64_t g, int64_t r, Prep<R>& p) const {
     for (int i = 0; i < R; ++i)
       for (int b = 0; b < (PAIR ? 2 : 1); ++b) {
-        const uint8_t* blk = row_at(W, rb, r + i) + (g + b) * 84;
-        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
-        p.sc[i][b] = _mm512_mul_ps(_mm512_set1_ps(vnni::half_to_float(blk + 80)),
-                                   _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))));
-        p.mn[i][b] = _mm512_mul_ps(_mm512_set1_ps(vnni::half_to_float(blk + 82)), _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)));
+        const uint8_t* blk = row_at(W, rb, r + i) + (g + b) * BB;
+        if constexpr (Q3) {
+          uint32_t w[4];
+          q3_K_scale_words(blk + 96, w);
+          const __m512i sc = _mm512_sub_epi32(
+            _mm512_cvtepi8_epi32(_mm_set_epi32(static_cast<int>(w[3]), static_cast<int>(w[2]), static_cast<int>(w[1]),
+                                               static_cast<int>(w[0]))),
+            _mm512_set1_epi32(32));
+          p.sc[i][b] = _mm512_mul_ps(_mm512_set1_ps(vnni::half_to_float(blk + 108)), _mm512_cvtepi32_ps(sc));
+        } else {
+          const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+          p.sc[i][b] = _mm512_mul_ps(_mm512_set1_ps(vnni::half_to_float(blk + 80)),
+                                     _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))));
+          p.mn[i][b] = _mm512_mul_ps(_mm512_set1_ps(vnni::half_to_float(blk + 82)), _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)));
+        }
       }
   }
 
@@ -616,19 +632,27 @@ struct Q2Kp {
                                              Acc& acc) const {
     const uint8_t* row0 = row_at(W, rb, r);
     constexpr bool two = MT == 1; // steps 0, 2 and 1, 3 in two chains for one activation row
-    const __m512i m2 = _mm512_set1_epi8(3);
+    const __m512i m2 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
     for (int b = 0; b < (PAIR ? 2 : 1); ++b) {
       const int64_t blk_i = g + b;
-      __m512i P0[R][MT], P1[R][MT], w[R];
+      __m512i P0[R][MT], P1[R][MT], w[R], h[R];
       for (int i = 0; i < R; ++i) {
-        const uint8_t* blk = row0 + i * rb + blk_i * 84;
+        const uint8_t* blk = row0 + i * rb + blk_i * BB;
         if (fetch) {
           _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
           _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + 64), _MM_HINT_T0);
         }
-        w[i] = _mm512_loadu_si512(blk + 16);
-        for (int t = 0; t < MT; ++t)
-          P0[i][t] = P1[i][t] = _mm512_setzero_si512();
+        w[i] = _mm512_loadu_si512(blk + QS);
+        if constexpr (Q3) { // lane bytes 0-31: the low nibbles of the 32 bytes, 32-63: the high ones
+          const __m256i h32 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64));
+          h[i] = _mm512_inserti64x4(_mm512_castsi256_si512(h32), _mm256_srli_epi16(h32, 4), 1);
+        }
+        for (int t = 0; t < MT; ++t) {
+          P0[i][t] = Q3 ? _mm512_slli_epi32(_mm512_loadu_si512(A.sums.data() + 16 * ((m0 + t) * nb + blk_i)), 2)
+                        : _mm512_setzero_si512();
+          P0[i][t] = _mm512_sub_epi32(_mm512_setzero_si512(), P0[i][t]);
+          P1[i][t] = _mm512_setzero_si512();
+        }
       }
 #pragma GCC unroll 4
       for (int k = 0; k < 4; ++k) {
@@ -636,7 +660,11 @@ struct Q2Kp {
         for (int t = 0; t < MT; ++t)
           a[t] = _mm512_loadu_si512(A.qi16.data() + (m0 + t) * W.cols + 256 * blk_i + 64 * k);
         for (int i = 0; i < R; ++i) {
-          const __m512i q = _mm512_and_si512(_mm512_srli_epi16(w[i], 2 * k), m2);
+          __m512i q = _mm512_and_si512(_mm512_srli_epi16(w[i], 2 * k), m2);
+          if constexpr (Q3) { // bit k of each lane byte to bit 2
+            const __m512i hk = k < 2 ? _mm512_slli_epi16(h[i], 2 - k) : k == 2 ? h[i] : _mm512_srli_epi16(h[i], 1);
+            q = _mm512_ternarylogic_epi32(q, hk, b2, 0xF8); // q | (hk & 4)
+          }
           for (int t = 0; t < MT; ++t) {
             auto& P = two && (k & 1) ? P1 : P0;
             P[i][t] = _mm512_dpbusd_epi32(P[i][t], q, a[t]);
@@ -647,10 +675,12 @@ struct Q2Kp {
         for (int t = 0; t < MT; ++t) {
           const int64_t at = (m0 + t) * nb + blk_i;
           const __m512i p = two ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
-          acc.set(i, t,
-                  _mm512_fnmadd_ps(prep.mn[i][b], _mm512_loadu_ps(A.dsum16.data() + 16 * at),
-                                   _mm512_fmadd_ps(_mm512_mul_ps(prep.sc[i][b], _mm512_set1_ps(A.d[static_cast<std::size_t>(at)])),
-                                                   _mm512_cvtepi32_ps(p), acc.get(i, t))));
+          const __m512 sum = _mm512_fmadd_ps(_mm512_mul_ps(prep.sc[i][b], _mm512_set1_ps(A.d[static_cast<std::size_t>(at)])),
+                                             _mm512_cvtepi32_ps(p), acc.get(i, t));
+          if constexpr (Q3)
+            acc.set(i, t, sum);
+          else
+            acc.set(i, t, _mm512_fnmadd_ps(prep.mn[i][b], _mm512_loadu_ps(A.dsum16.data() + 16 * at), sum));
         }
     }
   }
@@ -849,10 +879,12 @@ void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy
     return run_packed(Q4Kp<false>(W, A), Y, ldy, r0, r1, acc);
   if (W.packed && W.type == WType::q5_K)
     return run_packed(Q4Kp<true>(W, A), Y, ldy, r0, r1, acc);
-  if (W.packed && W.type == WType::q2_K) {
-    if (A.for_type != WType::q2_K) // (prepares_alike keeps q2_K's activations its own)
-      throw Error(errc::bad_argument, "packed q2_K rows given activations quantized for " + std::string(to_string(A.for_type)));
-    return run_packed(Q2Kp(W, A), Y, ldy, r0, r1, acc);
+  if (W.packed && (W.type == WType::q2_K || W.type == WType::q3_K)) {
+    if (!interleaves_by_16(A.for_type)) // (prepares_alike keeps these activations their own)
+      throw Error(errc::bad_argument, "packed " + std::string(to_string(W.type)) + " rows given activations quantized for " +
+                                        std::string(to_string(A.for_type)));
+    return W.type == WType::q2_K ? run_packed(Q2Kp<false>(W, A), Y, ldy, r0, r1, acc)
+                                 : run_packed(Q2Kp<true>(W, A), Y, ldy, r0, r1, acc);
   }
   if (W.packed && W.type == WType::iq4_xs)
     return run_packed(IQ4XSp(W, A), Y, ldy, r0, r1, acc);

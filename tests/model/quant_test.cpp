@@ -352,7 +352,7 @@ TEST(ActivationQuantizers, VectorAndScalarGiveTheSameBytes) {
     X[static_cast<std::size_t>(4 * cols + i)] = nd(rng) * 1e-30f;
     X[static_cast<std::size_t>(5 * cols + i)] = nd(rng) * 1e30f;
   }
-  for (WType t : {WType::q8_0, WType::q4_0, WType::q4_K, WType::q6_K, WType::q2_K}) {
+  for (WType t : {WType::q8_0, WType::q4_0, WType::q4_K, WType::q6_K, WType::q2_K, WType::q3_K}) {
     SCOPED_TRACE(to_string(t));
     detail::QuantActs vec, scalar;
     detail::set_fused_isa(detail::FusedIsa::best);
@@ -396,7 +396,7 @@ TEST_P(TypedKernels, MatchTheScalarPath) {
     {WType::iq4_nl, {32, 96, 256, 288, 480, 544, 896}, 1e-2, true}, {WType::iq4_xs, {256, 768, 1280}, 1e-2, true},
     {WType::q2_K, {256, 768, 1280}, 1e-2, true},
     {WType::q4_1, {32, 96, 256, 288, 480, 544, 896}, 1e-2, true}, {WType::q5_1, {32, 96, 256, 288, 480, 544, 896}, 1e-2, true},
-    {WType::q5_K, {256, 768, 1280}, 1e-2, true},
+    {WType::q5_K, {256, 768, 1280}, 1e-2, true}, {WType::q3_K, {256, 768, 1280}, 1e-2, true},
   };
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.f, 1.f);
