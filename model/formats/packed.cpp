@@ -1,4 +1,4 @@
-// The packed layouts of q8_0, q4_0, q5_0, q4_1, q5_1, iq4_nl, q4_K, q5_K, iq4_xs, q2_K and q3_K rows (see packed.hpp).
+// The packed layouts of q8_0, q4_0, q5_0, q4_1, q5_1, iq4_nl, q4_K, q5_K, q6_K, iq4_xs, q2_K and q3_K rows (see packed.hpp).
 
 #include "model/formats/packed.hpp"
 
@@ -155,8 +155,9 @@ void convert_row_q2_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
 // 2j + p has its 2 low bits at bits 2j of qs[32h + 16p + l] (bytes 32-95) and
 // its 3rd at bit 4h + j of hmask[16p + l] (bytes 0-31). Packed: the 2 low bits
 // as packed q2_K's (bits 2k of byte 4g + l' for value 4k + l' of group g,
-// bytes 0-63); the 3rd bits in bytes 64-95, lane byte x = 4g + l' (< 64)
-// keeping value 4k + l''s in bit k + 4 (x / 32) of byte 64 + x % 32.
+// bytes 0-63); the 3rd bits in bytes 64-95 as 4 little-endian 64-bit words,
+// bit x = 4g + l' (the lane byte of the 2 low bits) of word k holding value
+// 4k + l''s: bit x % 8 of byte 64 + 8k + x / 8.
 void convert_row_q3_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* src = in + 110 * b;
@@ -170,12 +171,40 @@ void convert_row_q3_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
         const int lo_plain = 32 + 32 * h + 16 * p + l, lo_plain_s = 2 * j;
         const int lo_packed = x, lo_packed_s = 2 * k;
         const int hi_plain = 16 * p + l, hi_plain_s = 4 * h + j;
-        const int hi_packed = 64 + x % 32, hi_packed_s = k + 4 * (x / 32);
+        const int hi_packed = 64 + 8 * k + x / 8, hi_packed_s = x % 8;
         const int lo = (src[pack ? lo_plain : lo_packed] >> (pack ? lo_plain_s : lo_packed_s)) & 3;
         const int hi = (src[pack ? hi_plain : hi_packed] >> (pack ? hi_plain_s : hi_packed_s)) & 1;
         dst[pack ? lo_packed : lo_plain] |= static_cast<uint8_t>(lo << (pack ? lo_packed_s : lo_plain_s));
         dst[pack ? hi_packed : hi_plain] |= static_cast<uint8_t>(hi << (pack ? hi_packed_s : hi_plain_s));
       }
+  }
+}
+
+// One row of nb q6_K blocks: plain -> packed (pack) or back. The 16 int8
+// scales and the f16 d (bytes 192-209) stay. Plain: value 128n + 32j + l
+// (j < 4, l < 32) has its low 4 bits in ql[64n + 32 (j % 2) + l] (shifted by
+// 4 (j / 2)) and its high 2 in qh[32n + l] (bits 2j, 2j + 1). Packed: value
+// 4k + l' of group g (k, l' < 4; lane byte x = 4g + l') has its low 4 bits in
+// byte 64 (k % 2) + x (shifted by 4 (k / 2)) and its high 2 in byte 128 + x
+// (bits 2k, 2k + 1).
+void convert_row_q6_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* src = in + 210 * b;
+    uint8_t* dst = out + 210 * b;
+    std::memcpy(dst + 192, src + 192, 18);
+    std::memset(dst, 0, 192);
+    for (int v = 0; v < 256; ++v) {
+      const int n = v / 128, j = v % 128 / 32, l = v % 32;
+      const int g = v / 16, k = v % 16 / 4, x = 4 * g + v % 4;
+      const int lo_plain = 64 * n + 32 * (j % 2) + l, lo_plain_s = 4 * (j / 2);
+      const int hi_plain = 128 + 32 * n + l, hi_plain_s = 2 * j;
+      const int lo_packed = 64 * (k % 2) + x, lo_packed_s = 4 * (k / 2);
+      const int hi_packed = 128 + x, hi_packed_s = 2 * k;
+      const int lo = (src[pack ? lo_plain : lo_packed] >> (pack ? lo_plain_s : lo_packed_s)) & 0xF;
+      const int hi = (src[pack ? hi_plain : hi_packed] >> (pack ? hi_plain_s : hi_packed_s)) & 3;
+      dst[pack ? lo_packed : lo_plain] |= static_cast<uint8_t>(lo << (pack ? lo_packed_s : lo_plain_s));
+      dst[pack ? hi_packed : hi_plain] |= static_cast<uint8_t>(hi << (pack ? hi_packed_s : hi_plain_s));
+    }
   }
 }
 
@@ -295,6 +324,7 @@ void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
     case WType::iq4_xs: return convert_row_k256<136, 8, true>(in, out, m.cols / 256, pack);
     case WType::q2_K: return convert_row_q2_K(in, out, m.cols / 256, pack);
     case WType::q3_K: return convert_row_q3_K(in, out, m.cols / 256, pack);
+    case WType::q6_K: return convert_row_q6_K(in, out, m.cols / 256, pack);
     case WType::q5_K: return convert_row_k256<176, 48, false>(in, out, m.cols / 256, pack);
     case WType::q4_0: case WType::iq4_nl: return convert_row_q4<false, false>(in, out, m.cols / 32, pack);
     case WType::q5_0: return convert_row_q4<true, false>(in, out, m.cols / 32, pack);
@@ -309,7 +339,7 @@ void convert(const WMatrix& m, const uint8_t* in, uint8_t* out, bool pack) {
 bool packable(const WMatrix& m) {
   switch (m.type) {
     case WType::q8_0: case WType::q4_0: case WType::q5_0: case WType::q4_1: case WType::q5_1: case WType::iq4_nl:
-    case WType::q4_K: case WType::q5_K: case WType::iq4_xs: case WType::q2_K: case WType::q3_K:
+    case WType::q4_K: case WType::q5_K: case WType::q6_K: case WType::iq4_xs: case WType::q2_K: case WType::q3_K:
       return !m.packed;
     default: return false;
   }

@@ -49,9 +49,15 @@
 //
 // q3_K, packed: its 12 bytes of scales and f16 d stay (bytes 96-109); bytes
 // 0-63 hold the 2 low bits of each value as packed q2_K's, bytes 64-95 the
-// 3rd bits: lane byte x = 4g + l (the byte of the 2 low bits, x < 64) keeps
-// value 4k + l of group g's in bit k + 4 (x / 32) of byte 64 + x % 32. One
-// 32-byte load and a shift then give a 3rd bit for each of the 64 lane bytes.
+// 3rd bits as 4 little-endian 64-bit words: bit x = 4g + l (the lane byte of
+// the 2 low bits) of word k is value 4k + l of group g's, so step k's 3rd
+// bits are one mask register.
+//
+// q6_K, packed: its 16 int8 scales and f16 d stay (bytes 192-209); lane byte
+// x = 4g + l (l < 4) of step k (k < 4) stands for value 4k + l of group g
+// (of 16): its low 4 bits in byte 64 (k % 2) + x (the low nibble for k < 2,
+// the high one for k >= 2), its high 2 bits at bits 2k, 2k + 1 of byte 128 +
+// x. Two 64-byte loads of nibbles and one of high bits give every step.
 
 #include "model/formats/wmatrix.hpp"
 
@@ -63,7 +69,7 @@ namespace strata::model::detail {
 constexpr int64_t pack_group = 8;
 
 /// Whether `m` can take a packed layout (plain q8_0, q4_0, q5_0, q4_1, q5_1, iq4_nl, q4_K, q5_K,
-/// iq4_xs, q2_K or q3_K).
+/// q6_K, iq4_xs, q2_K or q3_K).
 bool packable(const WMatrix& m);
 /// A packed copy of a packable matrix (an owned buffer); throws
 /// Error(bad_argument) for any other.

@@ -104,7 +104,7 @@ struct Prepared {
 };
 
 bool prepares_alike(WType a, WType b, bool gemm) {
-  auto kind = [](WType t) { // the same activation blocks (q2_K's and q3_K's also interleaved by 16)
+  auto kind = [](WType t) { // the same activation blocks (q2_K's, q3_K's and q6_K's also interleaved by 16)
     const int64_t b = acts_block(t);
     return interleaves_by_16(t) ? WType::q2_K : b == 32 ? WType::q8_0 : b == 256 ? WType::q4_K : t;
   };

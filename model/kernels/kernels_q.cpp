@@ -106,7 +106,7 @@ void interleave_q8_0(QuantActs& a) {
     a.corr[i] = -128 * static_cast<int32_t>(a.sums32[i]);
 }
 
-// QuantActs::qi16 and ::dsum16 from q, d and sums (the activations of packed q2_K and q3_K).
+// QuantActs::qi16 and ::dsum16 from q, d and sums (the activations of packed q2_K, q3_K and q6_K).
 void interleave_q8_K16(QuantActs& a) {
   const int64_t nb = a.cols / 256;
   a.qi16.resize(a.q.size());
@@ -143,7 +143,7 @@ void set_fused_isa(FusedIsa isa) {
 }
 
 bool interleaves_by_16(WType t) {
-  return t == WType::q2_K || t == WType::q3_K;
+  return t == WType::q2_K || t == WType::q3_K || t == WType::q6_K;
 }
 
 int64_t acts_block(WType t) {

@@ -33,7 +33,7 @@ struct QuantActs {
   /// K-type activations for packed q4_K / iq4_xs: per 32 values, the scale of their
   /// 256-value block and that scale times their sum.
   std::vector<float> d32, dsum32;
-  /// q8_K activations for packed q2_K and q3_K (interleaves_by_16): each 256-value block
+  /// q8_K activations for packed q2_K, q3_K and q6_K (interleaves_by_16): each 256-value block
   /// as 4 steps of 64 bytes, byte 4g + l of step k being value 16g + 4k + l,
   /// and per 16 values the block's scale times their sum.
   std::vector<int8_t> qi16;
@@ -46,7 +46,7 @@ struct QuantActs {
 int64_t acts_block(WType t);
 
 /// Whether activations for `t` are also interleaved by 16 (QuantActs::qi16:
-/// packed q2_K and q3_K read them).
+/// packed q2_K, q3_K and q6_K read them).
 bool interleaves_by_16(WType t);
 
 /// Which kernels run (tests compare them on one machine): best = what the CPU
@@ -63,7 +63,7 @@ bool fused_available(WType t);
 /// AVX-512 BF16 (e.g. "avx512+vnni+bf16").
 std::string kernel_builds();
 /// `m` in the layout this CPU's kernels read fastest: packed q8_0 / q4_0 /
-/// q5_0 / q4_1 / q5_1 / iq4_nl / q4_K / q5_K / iq4_xs / q2_K / q3_K (packed.hpp) where
+/// q5_0 / q4_1 / q5_1 / iq4_nl / q4_K / q5_K / q6_K / iq4_xs / q2_K / q3_K (packed.hpp) where
 /// AVX-512 VNNI runs, else `m` itself. Either layout gives every kernel
 /// setting the same products (a packed matrix under another setting is
 /// unpacked on the fly).

@@ -579,38 +579,48 @@ struct IQ4XSp : Blocks256 {
   }
 };
 
-// Packed q2_K (packed.hpp) against q8_K activations interleaved by 16
-// (QuantActs::qi16): a block is 16 groups of 16, one per 32-bit lane. One
-// 64-byte load, then per step k a shift and a mask give values 4k .. 4k+3 of
-// every group (0..3, unsigned: no correction) for one vpdpbusd, leaving each
-// group's integer dot in its lane after 4 steps; then d x scale_g x da and
-// dmin x min_g x (da x the group's activation sum) meet the 16 lanes in one
-// multiply-add each. PAIR: two blocks, one after the other. Q3 (packed q3_K):
-// each value's 3rd bit (its byte of 3rd bits loaded once a block) or-ed in
-// at bit 2 by a shift and a vpternlogd, the values 0..7 standing for q - 4:
-// each lane's chain starts at -4 x its group's activation sum; then d x
-// (scale_g - 32) x da meets it in one multiply-add.
-template <bool Q3>
-struct Q2Kp {
+// Packed q2_K, q3_K and q6_K (packed.hpp) against q8_K activations
+// interleaved by 16 (QuantActs::qi16): a block is 16 groups of 16, one per
+// 32-bit lane; step k (k < 4) is values 4k .. 4k+3 of every group, one
+// vpdpbusd, leaving each group's integer dot in its lane after 4 steps. PAIR:
+// two blocks, one after the other.
+// - q2_K: one 64-byte load, then per step a shift and a mask give the values
+//   (0..3, unsigned: no correction); then d x scale_g x da and dmin x min_g x
+//   (da x the group's activation sum) meet the 16 lanes in one multiply-add
+//   each.
+// - q3_K: the same, with 4 added where a value's 3rd bit is set (step k's 3rd
+//   bits are one 64-bit mask, one masked add); the values 0..7
+//   stand for q - 4, so each lane's chain starts at -4 x its group's
+//   activation sum; then d x (scale_g - 32) x da meets it.
+// - q6_K: two 64-byte loads of nibbles (steps k and k + 2) and one of the 2
+//   high bits, or-ed in at bits 4, 5 by a shift and a vpternlogd; the values
+//   0..63 stand for q - 32 (the chain starts at -32 x the activation sum);
+//   then d x scale_g x da meets it.
+template <WType T>
+struct K16p {
+  static constexpr bool Q3 = T == WType::q3_K, Q6 = T == WType::q6_K;
   const WMatrix& W;
   const QuantActs& A;
   int64_t ng_full, nb;
   std::size_t rb;
-  int64_t tail = 0; // q2_K / q3_K rows are whole blocks: PART is never asked for
-  static constexpr std::size_t BB = Q3 ? 110 : 84, QS = Q3 ? 0 : 16;
+  int64_t tail = 0; // rows are whole blocks: PART is never asked for
+  static constexpr std::size_t BB = Q6 ? 210 : Q3 ? 110 : 84;
 
-  Q2Kp(const WMatrix& w, const QuantActs& a) : W(w), A(a), ng_full(w.cols / 256), nb(w.cols / 256), rb(w.row_bytes()) {}
+  K16p(const WMatrix& w, const QuantActs& a) : W(w), A(a), ng_full(w.cols / 256), nb(w.cols / 256), rb(w.row_bytes()) {}
 
   template <int R>
   struct Prep {
-    __m512 sc[R][2], mn[R][2]; // d x scales, dmin x mins of blocks g and g + 1
+    __m512 sc[R][2], mn[R][2]; // d x scales, (q2_K) dmin x mins of blocks g and g + 1
   };
   template <bool PAIR, bool PART, int R>
   __attribute__((always_inline)) void prepare(int64_t g, int64_t r, Prep<R>& p) const {
     for (int i = 0; i < R; ++i)
       for (int b = 0; b < (PAIR ? 2 : 1); ++b) {
         const uint8_t* blk = row_at(W, rb, r + i) + (g + b) * BB;
-        if constexpr (Q3) {
+        if constexpr (Q6) {
+          const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+          p.sc[i][b] = _mm512_mul_ps(_mm512_set1_ps(vnni::half_to_float(blk + 208)), _mm512_cvtepi32_ps(sc));
+        } else if constexpr (Q3) {
           uint32_t w[4];
           q3_K_scale_words(blk + 96, w);
           const __m512i sc = _mm512_sub_epi32(
@@ -632,25 +642,31 @@ struct Q2Kp {
                                              Acc& acc) const {
     const uint8_t* row0 = row_at(W, rb, r);
     constexpr bool two = MT == 1; // steps 0, 2 and 1, 3 in two chains for one activation row
-    const __m512i m2 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
+    constexpr int offset_shift = Q6 ? 5 : 2; // the chains start at -32 (-4) x the activation sums
+    const __m512i m2 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(0x0F), b2 = _mm512_set1_epi8(4),
+                  b45 = _mm512_set1_epi8(0x30);
     for (int b = 0; b < (PAIR ? 2 : 1); ++b) {
       const int64_t blk_i = g + b;
-      __m512i P0[R][MT], P1[R][MT], w[R], h[R];
+      // Per activation row: where its chains start, its block scale.
+      __m512i base[MT];
+      __m512 da[MT];
+      for (int t = 0; t < MT; ++t) {
+        const int64_t at = (m0 + t) * nb + blk_i;
+        base[t] = (Q3 || Q6) ? _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                _mm512_slli_epi32(_mm512_loadu_si512(A.sums.data() + 16 * at), offset_shift))
+                             : _mm512_setzero_si512();
+        da[t] = _mm512_set1_ps(A.d[static_cast<std::size_t>(at)]);
+      }
+      __m512i P0[R][MT], P1[R][MT], w[R];
       for (int i = 0; i < R; ++i) {
         const uint8_t* blk = row0 + i * rb + blk_i * BB;
-        if (fetch) {
-          _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + 64), _MM_HINT_T0);
-        }
-        w[i] = _mm512_loadu_si512(blk + QS);
-        if constexpr (Q3) { // lane bytes 0-31: the low nibbles of the 32 bytes, 32-63: the high ones
-          const __m256i h32 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64));
-          h[i] = _mm512_inserti64x4(_mm512_castsi256_si512(h32), _mm256_srli_epi16(h32, 4), 1);
-        }
+        if (fetch)
+          for (std::size_t l = 0; l < (Q6 ? 256 : 128); l += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
+        if constexpr (!Q6) // (q6_K's three vectors are loaded at each step: registers)
+          w[i] = _mm512_loadu_si512(blk + (Q3 ? 0 : 16));
         for (int t = 0; t < MT; ++t) {
-          P0[i][t] = Q3 ? _mm512_slli_epi32(_mm512_loadu_si512(A.sums.data() + 16 * ((m0 + t) * nb + blk_i)), 2)
-                        : _mm512_setzero_si512();
-          P0[i][t] = _mm512_sub_epi32(_mm512_setzero_si512(), P0[i][t]);
+          P0[i][t] = base[t];
           P1[i][t] = _mm512_setzero_si512();
         }
       }
@@ -660,10 +676,21 @@ struct Q2Kp {
         for (int t = 0; t < MT; ++t)
           a[t] = _mm512_loadu_si512(A.qi16.data() + (m0 + t) * W.cols + 256 * blk_i + 64 * k);
         for (int i = 0; i < R; ++i) {
-          __m512i q = _mm512_and_si512(_mm512_srli_epi16(w[i], 2 * k), m2);
-          if constexpr (Q3) { // bit k of each lane byte to bit 2
-            const __m512i hk = k < 2 ? _mm512_slli_epi16(h[i], 2 - k) : k == 2 ? h[i] : _mm512_srli_epi16(h[i], 1);
-            q = _mm512_ternarylogic_epi32(q, hk, b2, 0xF8); // q | (hk & 4)
+          const uint8_t* blk = row0 + i * rb + blk_i * BB;
+          __m512i q;
+          if constexpr (Q6) { // nibbles, then bits 2k, 2k + 1 of the high byte to bits 4, 5
+            const __m512i c = _mm512_loadu_si512(blk + 64 * (k & 1)), h = _mm512_loadu_si512(blk + 128);
+            q = _mm512_and_si512(k < 2 ? c : _mm512_srli_epi16(c, 4), m4);
+            const __m512i hk = k < 2 ? _mm512_slli_epi16(h, 4 - 2 * k) : k == 2 ? h : _mm512_srli_epi16(h, 2);
+            q = _mm512_ternarylogic_epi32(q, hk, b45, 0xF8); // q | (hk & 0x30)
+          } else {
+            q = _mm512_and_si512(_mm512_srli_epi16(w[i], 2 * k), m2);
+          }
+          if constexpr (Q3) // + 4 in the lane bytes whose 3rd bit is set: step k's 64 bits are one mask
+          {
+            uint64_t bits;
+            std::memcpy(&bits, blk + 64 + 8 * k, 8);
+            q = _mm512_mask_add_epi8(q, _cvtu64_mask64(bits), q, b2);
           }
           for (int t = 0; t < MT; ++t) {
             auto& P = two && (k & 1) ? P1 : P0;
@@ -675,9 +702,8 @@ struct Q2Kp {
         for (int t = 0; t < MT; ++t) {
           const int64_t at = (m0 + t) * nb + blk_i;
           const __m512i p = two ? _mm512_add_epi32(P0[i][t], P1[i][t]) : P0[i][t];
-          const __m512 sum = _mm512_fmadd_ps(_mm512_mul_ps(prep.sc[i][b], _mm512_set1_ps(A.d[static_cast<std::size_t>(at)])),
-                                             _mm512_cvtepi32_ps(p), acc.get(i, t));
-          if constexpr (Q3)
+          const __m512 sum = _mm512_fmadd_ps(_mm512_mul_ps(prep.sc[i][b], da[t]), _mm512_cvtepi32_ps(p), acc.get(i, t));
+          if constexpr (Q3 || Q6)
             acc.set(i, t, sum);
           else
             acc.set(i, t, _mm512_fnmadd_ps(prep.mn[i][b], _mm512_loadu_ps(A.dsum16.data() + 16 * at), sum));
@@ -879,12 +905,15 @@ void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy
     return run_packed(Q4Kp<false>(W, A), Y, ldy, r0, r1, acc);
   if (W.packed && W.type == WType::q5_K)
     return run_packed(Q4Kp<true>(W, A), Y, ldy, r0, r1, acc);
-  if (W.packed && (W.type == WType::q2_K || W.type == WType::q3_K)) {
+  if (W.packed && interleaves_by_16(W.type)) {
     if (!interleaves_by_16(A.for_type)) // (prepares_alike keeps these activations their own)
       throw Error(errc::bad_argument, "packed " + std::string(to_string(W.type)) + " rows given activations quantized for " +
                                         std::string(to_string(A.for_type)));
-    return W.type == WType::q2_K ? run_packed(Q2Kp<false>(W, A), Y, ldy, r0, r1, acc)
-                                 : run_packed(Q2Kp<true>(W, A), Y, ldy, r0, r1, acc);
+    switch (W.type) {
+      case WType::q2_K: return run_packed(K16p<WType::q2_K>(W, A), Y, ldy, r0, r1, acc);
+      case WType::q3_K: return run_packed(K16p<WType::q3_K>(W, A), Y, ldy, r0, r1, acc);
+      default: return run_packed(K16p<WType::q6_K>(W, A), Y, ldy, r0, r1, acc);
+    }
   }
   if (W.packed && W.type == WType::iq4_xs)
     return run_packed(IQ4XSp(W, A), Y, ldy, r0, r1, acc);

@@ -245,11 +245,12 @@ TEST(Batch, StaggeredSequencesEqualAloneGgufQ4KM) {
 // The other packed layouts of llama.cpp-made files (iq4_nl, iq4_xs; Q2_K's mix,
 // whose q | k | v stack q2_K with other K types; q5_0, q5_1 and q5_K, their 5th
 // bits re-encoded beside their nibbles; q4_1 and q5_1 with their mins; q3_K,
-// its 3rd bits re-laid beside its 2-bit values, alone and in Q3_K_M's mix): a
+// its 3rd bits re-laid beside its 2-bit values, alone and in Q3_K_M's mix; q6_K,
+// its nibbles and high bits re-laid by groups of 16): a
 // staggered crowd of sequences gets bit for bit what each gets alone.
 TEST(Batch, StaggeredSequencesEqualAloneInThePackedGgufTypes) {
   for (const char* f : {"rand256-iq4_nl", "rand256-iq4_xs", "rand256-q2_k", "rand256-q5_0", "rand256-q4_1",
-                        "rand256-q5_1", "rand256-q5_k", "rand256-q3_k", "rand256-q3_k_m"}) {
+                        "rand256-q5_1", "rand256-q5_k", "rand256-q3_k", "rand256-q3_k_m", "rand256-q6_k"}) {
     const auto file = "models/gguf/" + std::string(f) + ".gguf";
     STRATA_REQUIRE_SHARED(file);
     SCOPED_TRACE(f);

@@ -397,6 +397,7 @@ TEST_P(TypedKernels, MatchTheScalarPath) {
     {WType::q2_K, {256, 768, 1280}, 1e-2, true},
     {WType::q4_1, {32, 96, 256, 288, 480, 544, 896}, 1e-2, true}, {WType::q5_1, {32, 96, 256, 288, 480, 544, 896}, 1e-2, true},
     {WType::q5_K, {256, 768, 1280}, 1e-2, true}, {WType::q3_K, {256, 768, 1280}, 1e-2, true},
+    {WType::q6_K, {256, 768, 1280}, 1e-2, true},
   };
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.f, 1.f);
