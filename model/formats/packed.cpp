@@ -17,6 +17,12 @@ namespace {
 
 constexpr std::size_t q8_block = 34; // f16 scale + 32 int8
 
+uint32_t ld32(const uint8_t* p) {
+  uint32_t w;
+  std::memcpy(&w, p, 4);
+  return w;
+}
+
 // One row of nb blocks: plain -> packed (pack) or packed -> plain (!pack).
 // Group g (of L = 8 blocks, the last one of nb % 8) starts at byte 34 * 8g:
 // its L scales, then 8 steps of 4L bytes.
@@ -98,29 +104,44 @@ void convert_row_k256(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
     std::memcpy(dst, src, H);
     if constexpr (!XS)
       convert_scales_q4_K(src + 4, dst + 4, pack);
-    if constexpr (Q5) {
-      uint8_t* qh = dst + 16;
-      std::memset(qh, 0, 32);
+    if constexpr (Q5) { // 4 bytes at a time: byte l of each word is lane l
+      const uint8_t* from = src + 16;
+      uint8_t* to = dst + 16;
+      uint32_t words[8] = {}; // packed: sub-block j's 4 bytes; plain: bytes 4w .. 4w + 3
+      constexpr uint32_t ones = 0x01010101u;
       for (int j = 0; j < 8; ++j)
-        for (int v = 0; v < 32; ++v) {
-          const int plain_byte = v, plain_bit = j;
-          const int packed_byte = 4 * j + v % 4, packed_bit = v % 16 / 4 + 4 * (v / 16);
-          const int fb = pack ? plain_byte : packed_byte, fs = pack ? plain_bit : packed_bit;
-          const int tb = pack ? packed_byte : plain_byte, ts = pack ? packed_bit : plain_bit;
-          qh[tb] = static_cast<uint8_t>(qh[tb] | ((src[16 + fb] >> fs) & 1) << ts);
-        }
+        for (int k = 0; k < 4; ++k)
+          for (int h = 0; h < 2; ++h) {
+            if (pack) // bit j of plain bytes 4k + 16h + l -> bit k + 4h of packed byte 4j + l
+              words[j] |= ((ld32(from + 4 * k + 16 * h) >> j) & ones) << (k + 4 * h);
+            else
+              words[k + 4 * h] |= ((ld32(from + 4 * j) >> (k + 4 * h)) & ones) << j;
+          }
+      std::memcpy(to, words, 32);
     }
-    auto plain_at = [](int j, int v) -> std::pair<int, int> { // (byte, shift)
-      return XS ? std::pair{16 * j + v % 16, 4 * (v / 16)} : std::pair{32 * (j / 2) + v, 4 * (j % 2)};
-    };
-    auto packed_at = [](int j, int v) -> std::pair<int, int> { return {32 * (v % 16 / 4) + 4 * j + v % 4, 4 * (v / 16)}; };
-    uint8_t* q = dst + H;
-    std::memset(q, 0, 128);
+    // Byte 4j + l of chunk k holds the nibbles of values 4k + l and 4k + 16 + l
+    // of sub-block j: iq4_xs's plain byte 16j + 4k + l as it is; q4_K's (q5_K's)
+    // the low (j even) or high (j odd) nibbles of plain bytes 32 (j / 2) + 4k + l
+    // and that + 16.
+    const uint8_t* from = src + H;
+    uint8_t* to = dst + H;
     for (int j = 0; j < 8; ++j)
-      for (int v = 0; v < 32; ++v) {
-        const auto [fb, fs] = pack ? plain_at(j, v) : packed_at(j, v);
-        const auto [tb, ts] = pack ? packed_at(j, v) : plain_at(j, v);
-        q[tb] = static_cast<uint8_t>(q[tb] | (((src[H + fb] >> fs) & 0xF) << ts));
+      for (int k = 0; k < 4; ++k) {
+        const int packed = 32 * k + 4 * j, plain = XS ? 16 * j + 4 * k : 32 * (j / 2) + 4 * k, sh = 4 * (j % 2);
+        if constexpr (XS) {
+          std::memcpy(pack ? to + packed : to + plain, pack ? from + plain : from + packed, 4);
+          continue;
+        }
+        for (int l = 0; l < 4; ++l) {
+          const int a = plain + l;
+          if (pack) {
+            to[packed + l] = static_cast<uint8_t>(((from[a] >> sh) & 0xF) | ((from[a + 16] >> sh) & 0xF) << 4);
+          } else { // plain bytes a and a + 16 hold sub-blocks j and j ^ 1: this sets j's side
+            const uint8_t x = from[packed + l], keep = static_cast<uint8_t>(0xF0 >> sh);
+            to[a] = static_cast<uint8_t>((to[a] & keep) | (x & 0xF) << sh);
+            to[a + 16] = static_cast<uint8_t>((to[a + 16] & keep) | (x >> 4) << sh);
+          }
+        }
       }
   }
 }
@@ -129,24 +150,31 @@ void convert_row_k256(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
 // scales and the f16 d, dmin (bytes 80-83) stay. Plain: value l of group g =
 // 8h + 2j + p is bits 2j of qs[32h + 16p + l]; packed: bits 2k of byte
 // 4g + l' hold value 4k + l' of group g.
+// The 2-bit values of a q2_K / q3_K block (64 bytes each side), 4 at a time:
+// plain, values 4k .. 4k+3 of group g = 8h + 2j + p are bits 2j of the 4 bytes at
+// 32h + 16p + 4k; packed, bits 2k of bytes 4g .. 4g+3.
+void convert_2_bits(const uint8_t* from, uint8_t* to, bool pack) {
+  constexpr uint32_t lo2 = 0x03030303u;
+  uint32_t w[16] = {};
+  for (int g = 0; g < 16; ++g) {
+    const int j = g % 8 / 2, o = 32 * (g / 8) + 16 * (g % 2);
+    for (int k = 0; k < 4; ++k) {
+      if (pack)
+        w[g] |= ((ld32(from + o + 4 * k) >> (2 * j)) & lo2) << (2 * k);
+      else
+        w[(o + 4 * k) / 4] |= ((ld32(from + 4 * g) >> (2 * k)) & lo2) << (2 * j);
+    }
+  }
+  std::memcpy(to, w, 64);
+}
+
 void convert_row_q2_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* src = in + 84 * b;
     uint8_t* dst = out + 84 * b;
     std::memcpy(dst, src, 16);
     std::memcpy(dst + 80, src + 80, 4);
-    auto plain_at = [](int g, int l) -> std::pair<int, int> { // (byte, shift)
-      return {32 * (g / 8) + 16 * (g % 2) + l, 2 * (g % 8 / 2)};
-    };
-    auto packed_at = [](int g, int l) -> std::pair<int, int> { return {4 * g + l % 4, 2 * (l / 4)}; };
-    uint8_t* q = dst + 16;
-    std::memset(q, 0, 64);
-    for (int g = 0; g < 16; ++g)
-      for (int l = 0; l < 16; ++l) {
-        const auto [fb, fs] = pack ? plain_at(g, l) : packed_at(g, l);
-        const auto [tb, ts] = pack ? packed_at(g, l) : plain_at(g, l);
-        q[tb] = static_cast<uint8_t>(q[tb] | (((src[16 + fb] >> fs) & 3) << ts));
-      }
+    convert_2_bits(src + 16, dst + 16, pack);
   }
 }
 
@@ -159,24 +187,34 @@ void convert_row_q2_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
 // bit x = 4g + l' (the lane byte of the 2 low bits) of word k holding value
 // 4k + l''s: bit x % 8 of byte 64 + 8k + x / 8.
 void convert_row_q3_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
+  constexpr uint32_t ones = 0x01010101u;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* src = in + 110 * b;
     uint8_t* dst = out + 110 * b;
     std::memcpy(dst + 96, src + 96, 14);
-    std::memset(dst, 0, 96);
-    for (int g = 0; g < 16; ++g)
-      for (int l = 0; l < 16; ++l) {
-        const int h = g / 8, j = g % 8 / 2, p = g % 2, x = 4 * g + l % 4, k = l / 4;
-        // (byte, shift) of the 2 low bits and of the 3rd, plain and packed
-        const int lo_plain = 32 + 32 * h + 16 * p + l, lo_plain_s = 2 * j;
-        const int lo_packed = x, lo_packed_s = 2 * k;
-        const int hi_plain = 16 * p + l, hi_plain_s = 4 * h + j;
-        const int hi_packed = 64 + 8 * k + x / 8, hi_packed_s = x % 8;
-        const int lo = (src[pack ? lo_plain : lo_packed] >> (pack ? lo_plain_s : lo_packed_s)) & 3;
-        const int hi = (src[pack ? hi_plain : hi_packed] >> (pack ? hi_plain_s : hi_packed_s)) & 1;
-        dst[pack ? lo_packed : lo_plain] |= static_cast<uint8_t>(lo << (pack ? lo_packed_s : lo_plain_s));
-        dst[pack ? hi_packed : hi_plain] |= static_cast<uint8_t>(hi << (pack ? hi_packed_s : hi_plain_s));
+    convert_2_bits(pack ? src + 32 : src, pack ? dst : dst + 32, pack);
+    // The 3rd bits of values 4k .. 4k+3 of group g = 8h + 2j + p: plain, bits
+    // 4h + j of the 4 bytes at hmask + 16p + 4k; packed, bits 4g .. 4g+3 of word k.
+    uint64_t words[4] = {};
+    uint32_t plain[8] = {};
+    if (!pack)
+      std::memcpy(words, src + 64, 32);
+    for (int g = 0; g < 16; ++g) {
+      const int sh = 4 * (g / 8) + g % 8 / 2, o = 16 * (g % 2);
+      for (int k = 0; k < 4; ++k) {
+        if (pack) {
+          const uint32_t t = (ld32(src + o + 4 * k) >> sh) & ones; // byte l: bit 0 for value l
+          words[k] |= static_cast<uint64_t>((t | t >> 7 | t >> 14 | t >> 21) & 0xF) << (4 * g);
+        } else {
+          const auto c = static_cast<uint32_t>(words[k] >> (4 * g)) & 0xF;
+          plain[(o + 4 * k) / 4] |= ((c & 1) | (c & 2) << 7 | (c & 4) << 14 | (c & 8) << 21) << sh;
+        }
       }
+    }
+    if (pack)
+      std::memcpy(dst + 64, words, 32);
+    else
+      std::memcpy(dst, plain, 32);
   }
 }
 
@@ -188,23 +226,31 @@ void convert_row_q3_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
 // byte 64 (k % 2) + x (shifted by 4 (k / 2)) and its high 2 in byte 128 + x
 // (bits 2k, 2k + 1).
 void convert_row_q6_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
+  constexpr uint32_t lo4 = 0x0F0F0F0Fu, lo2 = 0x03030303u;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* src = in + 210 * b;
     uint8_t* dst = out + 210 * b;
     std::memcpy(dst + 192, src + 192, 18);
-    std::memset(dst, 0, 192);
-    for (int v = 0; v < 256; ++v) {
-      const int n = v / 128, j = v % 128 / 32, l = v % 32;
-      const int g = v / 16, k = v % 16 / 4, x = 4 * g + v % 4;
-      const int lo_plain = 64 * n + 32 * (j % 2) + l, lo_plain_s = 4 * (j / 2);
-      const int hi_plain = 128 + 32 * n + l, hi_plain_s = 2 * j;
-      const int lo_packed = 64 * (k % 2) + x, lo_packed_s = 4 * (k / 2);
-      const int hi_packed = 128 + x, hi_packed_s = 2 * k;
-      const int lo = (src[pack ? lo_plain : lo_packed] >> (pack ? lo_plain_s : lo_packed_s)) & 0xF;
-      const int hi = (src[pack ? hi_plain : hi_packed] >> (pack ? hi_plain_s : hi_packed_s)) & 3;
-      dst[pack ? lo_packed : lo_plain] |= static_cast<uint8_t>(lo << (pack ? lo_packed_s : lo_plain_s));
-      dst[pack ? hi_packed : hi_plain] |= static_cast<uint8_t>(hi << (pack ? hi_packed_s : hi_plain_s));
+    // 4 values at a time (a 32-bit word, byte l for value 4k + l of group g):
+    // plain, their low 4 bits are bits 4 (j / 2) of the bytes at ql + o, their high
+    // 2 bits 2j of those at qh + oh; packed, the nibbles k % 2 (shifted by 4 (k / 2))
+    // and the high bits 2k of bytes 4g .. 4g + 3.
+    uint32_t w[96] = {}; // the side written: packed [nibbles 0 | nibbles 1 | high], or plain [ql | qh]
+    for (int g = 0; g < 16; ++g) {
+      const int n = g / 8, j = g % 8 / 2;
+      for (int k = 0; k < 4; ++k) {
+        const int o = 64 * n + 32 * (j % 2) + 16 * (g % 2) + 4 * k, oh = 128 + 32 * n + 16 * (g % 2) + 4 * k;
+        const int nib = 16 * (k % 2) + g, high = 32 + g; // packed words
+        if (pack) {
+          w[nib] |= ((ld32(src + o) >> (4 * (j / 2))) & lo4) << (4 * (k / 2));
+          w[high] |= ((ld32(src + oh) >> (2 * j)) & lo2) << (2 * k);
+        } else {
+          w[o / 4] |= ((ld32(src + 4 * nib) >> (4 * (k / 2))) & lo4) << (4 * (j / 2));
+          w[oh / 4] |= ((ld32(src + 4 * high) >> (2 * k)) & lo2) << (2 * j);
+        }
+      }
     }
+    std::memcpy(dst, w, 192);
   }
 }
 
@@ -248,33 +294,21 @@ void convert_row_q4(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
     const std::size_t base = static_cast<std::size_t>(g * pack_group * BB);
     const uint8_t* src = in + base;
     uint8_t* dst = out + base;
+    // n bytes at `plain` of the group's plain blocks <-> at `packed` of the packed group.
+    auto move = [&](int64_t plain, int64_t packed, std::size_t n) {
+      std::memcpy(pack ? dst + packed : dst + plain, pack ? src + plain : src + packed, n);
+    };
     for (int64_t j = 0; j < L; ++j) {
-      const uint8_t* pb = pack ? src + j * BB : dst + j * BB; // the plain block
-      uint8_t* chunks = (pack ? dst : const_cast<uint8_t*>(src)) + H * L;
-      if (pack) {
-        std::memcpy(dst + 2 * j, pb, 2);
-        if (MIN)
-          std::memcpy(dst + 2 * L + 2 * j, pb + 2, 2);
-        if (Q5)
-          spread_5th_bits(pb + H, dst + (H + 16) * L + 4 * j, true);
-        for (int v = 0; v < 32; ++v) {
-          const int x = (pb[QS + v % 16] >> (4 * (v / 16))) & 0xF;
-          uint8_t& b = chunks[4 * L * (v % 16 / 4) + 4 * j + v % 4];
-          b = static_cast<uint8_t>((v / 16 ? b & 0x0F : 0) | (x << (4 * (v / 16))));
-        }
-      } else {
-        uint8_t* plain = dst + j * BB;
-        std::memcpy(plain, src + 2 * j, 2);
-        if (MIN)
-          std::memcpy(plain + 2, src + 2 * L + 2 * j, 2);
-        if (Q5)
-          spread_5th_bits(src + (H + 16) * L + 4 * j, plain + H, false);
-        std::memset(plain + QS, 0, 16);
-        for (int v = 0; v < 32; ++v) {
-          const int x = (chunks[4 * L * (v % 16 / 4) + 4 * j + v % 4] >> (4 * (v / 16))) & 0xF;
-          plain[QS + v % 16] = static_cast<uint8_t>(plain[QS + v % 16] | (x << (4 * (v / 16))));
-        }
-      }
+      move(j * BB, 2 * j, 2);
+      if (MIN)
+        move(j * BB + 2, 2 * L + 2 * j, 2);
+      if (Q5)
+        spread_5th_bits(pack ? src + j * BB + H : src + (H + 16) * L + 4 * j,
+                        pack ? dst + (H + 16) * L + 4 * j : dst + j * BB + H, pack);
+      // Plain byte 4k + l of the nibbles holds values 4k + l and 4k + 16 + l, as
+      // byte 4j + l of chunk k does.
+      for (int64_t k = 0; k < 4; ++k)
+        move(j * BB + QS + 4 * k, H * L + 4 * L * k + 4 * j, 4);
     }
   }
 }
@@ -345,14 +379,20 @@ bool packable(const WMatrix& m) {
   }
 }
 
-WMatrix pack_rows(const WMatrix& m) {
+WMatrix pack_rows(const WMatrix& m, const RowRunner& run) {
   if (!packable(m))
     throw Error(errc::bad_argument, std::string("pack_rows: a ") + (m.packed ? "packed " : "") + to_string(m.type) +
                                       " matrix has no packed layout");
   auto buf = std::make_shared<std::vector<uint8_t>>(m.bytes());
   const std::size_t rb = m.row_bytes();
-  for (int64_t r = 0; r < m.rows; ++r)
-    convert(m, m.row(r), buf->data() + rb * static_cast<std::size_t>(r), true);
+  auto rows = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      convert(m, m.row(r), buf->data() + rb * static_cast<std::size_t>(r), true);
+  };
+  if (run)
+    run(m.rows, rows);
+  else
+    rows(0, m.rows);
   WMatrix out = m;
   out.data = buf->data();
   out.keep = std::move(buf);

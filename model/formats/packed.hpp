@@ -62,6 +62,7 @@
 #include "model/formats/wmatrix.hpp"
 
 #include <cstdint>
+#include <functional>
 
 namespace strata::model::detail {
 
@@ -71,9 +72,13 @@ constexpr int64_t pack_group = 8;
 /// Whether `m` can take a packed layout (plain q8_0, q4_0, q5_0, q4_1, q5_1, iq4_nl, q4_K, q5_K,
 /// q6_K, iq4_xs, q2_K or q3_K).
 bool packable(const WMatrix& m);
-/// A packed copy of a packable matrix (an owned buffer); throws
+/// Calls f(r0, r1) over pieces covering rows [0, rows), in any order and on
+/// any threads (pack_rows' rows are independent).
+using RowRunner = std::function<void(int64_t rows, const std::function<void(int64_t, int64_t)>& f)>;
+/// A packed copy of a packable matrix (an owned buffer), its rows converted
+/// through `run` (all on the calling thread when empty); throws
 /// Error(bad_argument) for any other.
-WMatrix pack_rows(const WMatrix& m);
+WMatrix pack_rows(const WMatrix& m, const RowRunner& run = {});
 /// Rows r .. r+n-1 of `m` in the plain layout of its type, into `out`
 /// (n * m.row_bytes() bytes): a copy when `m` is not packed.
 void unpack_rows(const WMatrix& m, int64_t r, int64_t n, uint8_t* out);
