@@ -163,11 +163,11 @@ public:
   /// block_tokens-1) of shard layer `layer` starts inside its block: a block of
   /// local() for a local layer, of this pool otherwise. A head's positions are
   /// head_row_bytes() apart.
-  std::size_t k_offset(int64_t layer, int64_t slot, int64_t head = 0) const {
+  std::size_t k_offset(int64_t layer, int64_t slot, int64_t head) const {
     return static_cast<std::size_t>(index_of(layer) * 2) * block_tokens * row_bytes_ +
            static_cast<std::size_t>(head * block_tokens + slot) * head_bytes_;
   }
-  std::size_t v_offset(int64_t layer, int64_t slot, int64_t head = 0) const {
+  std::size_t v_offset(int64_t layer, int64_t slot, int64_t head) const {
     return static_cast<std::size_t>(index_of(layer) * 2 + 1) * block_tokens * row_bytes_ +
            static_cast<std::size_t>(head * block_tokens + slot) * head_bytes_;
   }
@@ -231,12 +231,13 @@ struct KVView {
   /// The blocks that hold `layer`'s keys and values.
   const std::vector<uint8_t*>& blocks_of(int64_t layer) const { return pool->is_local(layer) ? local_blocks : blocks; }
   /// Where kv head `head`'s key (value) of `layer` at `pos` starts, in the
-  /// pool's kv_type (head_values() of them).
-  uint8_t* k(int64_t layer, int64_t pos, int64_t head = 0) const {
+  /// pool's kv_type (head_values() of them). The head is always named: the
+  /// heads of a position are not contiguous (head_row_bytes()).
+  uint8_t* k(int64_t layer, int64_t pos, int64_t head) const {
     return blocks_of(layer)[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
            pool->k_offset(layer, pos % BlockPool::block_tokens, head);
   }
-  uint8_t* v(int64_t layer, int64_t pos, int64_t head = 0) const {
+  uint8_t* v(int64_t layer, int64_t pos, int64_t head) const {
     return blocks_of(layer)[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
            pool->v_offset(layer, pos % BlockPool::block_tokens, head);
   }

@@ -102,8 +102,8 @@ double step(const Case& c, int64_t n, int threads) {
         const detail::CacheRows rows{v.blocks_of(l).data(),
                                      BlockPool::block_tokens,
                                      stride,
-                                     c.position_major ? pool.k_offset(l, 0) + head_at : pool.k_offset(l, 0, g),
-                                     c.position_major ? pool.v_offset(l, 0) + head_at : pool.v_offset(l, 0, g),
+                                     c.position_major ? pool.k_offset(l, 0, 0) + head_at : pool.k_offset(l, 0, g),
+                                     c.position_major ? pool.v_offset(l, 0, 0) + head_at : pool.v_offset(l, 0, g),
                                      0,
                                      0.f,
                                      c.type};

@@ -154,7 +154,7 @@ TEST(WindowedCache, LocalBlocksBeforeTheWindowGoBackAndTheRestStaysPut) {
     ASSERT_TRUE(c.reserve(p + 1));
     auto v = c.view();
     for (int64_t l = 0; l < 3; ++l)
-      *f32(v.k(l, p)) = static_cast<float>(p * 10 + l);
+      *f32(v.k(l, p, 0)) = static_cast<float>(p * 10 + l);
     *v.out(p) = static_cast<float>(p);
     c.commit(p + 1);
     // Held: the blocks of positions p + 1 - 40 .. p (at most 3 of 32).
@@ -166,12 +166,12 @@ TEST(WindowedCache, LocalBlocksBeforeTheWindowGoBackAndTheRestStaysPut) {
   // The window and every global position still read back what was written.
   const auto v = c.view();
   for (int64_t p = 0; p < 10 * bt; ++p) {
-    EXPECT_EQ(*f32(v.k(2, p)), static_cast<float>(p * 10 + 2));
+    EXPECT_EQ(*f32(v.k(2, p, 0)), static_cast<float>(p * 10 + 2));
     EXPECT_EQ(*v.out(p), static_cast<float>(p));
   }
   for (int64_t p = 10 * bt - 40; p < 10 * bt; ++p)
     for (int64_t l = 0; l < 2; ++l)
-      EXPECT_EQ(*f32(v.k(l, p)), static_cast<float>(p * 10 + l));
+      EXPECT_EQ(*f32(v.k(l, p, 0)), static_cast<float>(p * 10 + l));
   EXPECT_EQ(c.bytes(), 10 * pool->block_bytes() + static_cast<std::size_t>(c.local_blocks()) * pool->local()->block_bytes());
   // Back into the window: fine; back past what was given back: refused, unchanged.
   c.truncate(10 * bt - 8);
@@ -190,8 +190,8 @@ TEST(WindowedCache, APublishedPrefixIsSharedWithItsLocalBlocks) {
   KVCache a(pool);
   ASSERT_TRUE(a.reserve(3 * bt));
   for (int64_t p = 0; p < 3 * bt; ++p) {
-    *f32(a.view().k(0, p)) = static_cast<float>(p);
-    *f32(a.view().k(1, p)) = static_cast<float>(-p);
+    *f32(a.view().k(0, p, 0)) = static_cast<float>(p);
+    *f32(a.view().k(1, p, 0)) = static_cast<float>(-p);
   }
   a.commit(3 * bt);
   for (std::size_t b = 0; b < 3; ++b) // published before the window is trimmed
@@ -205,8 +205,8 @@ TEST(WindowedCache, APublishedPrefixIsSharedWithItsLocalBlocks) {
   EXPECT_EQ(b.seq_len(), 3 * bt);
   const auto v = b.view();
   for (int64_t p = 0; p < 3 * bt; ++p) {
-    EXPECT_EQ(*f32(v.k(0, p)), static_cast<float>(p));
-    EXPECT_EQ(*f32(v.k(1, p)), static_cast<float>(-p));
+    EXPECT_EQ(*f32(v.k(0, p, 0)), static_cast<float>(p));
+    EXPECT_EQ(*f32(v.k(1, p, 0)), static_cast<float>(-p));
   }
   // An id whose local block is gone (reclaimed or never published) is not adopted.
   KVCache d(pool);
