@@ -125,31 +125,29 @@ void convert_row_k256(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
     // and that + 16.
     const uint8_t* from = src + H;
     uint8_t* to = dst + H;
+    uint32_t plain[32] = {}; // (unpacking q4_K / q5_K: both nibbles of each word)
     for (int j = 0; j < 8; ++j)
       for (int k = 0; k < 4; ++k) {
-        const int packed = 32 * k + 4 * j, plain = XS ? 16 * j + 4 * k : 32 * (j / 2) + 4 * k, sh = 4 * (j % 2);
+        const int packed = 32 * k + 4 * j, at = XS ? 16 * j + 4 * k : 32 * (j / 2) + 4 * k, sh = 4 * (j % 2);
         if constexpr (XS) {
-          std::memcpy(pack ? to + packed : to + plain, pack ? from + plain : from + packed, 4);
+          std::memcpy(pack ? to + packed : to + at, pack ? from + at : from + packed, 4);
           continue;
         }
-        for (int l = 0; l < 4; ++l) {
-          const int a = plain + l;
-          if (pack) {
-            to[packed + l] = static_cast<uint8_t>(((from[a] >> sh) & 0xF) | ((from[a + 16] >> sh) & 0xF) << 4);
-          } else { // plain bytes a and a + 16 hold sub-blocks j and j ^ 1: this sets j's side
-            const uint8_t x = from[packed + l], keep = static_cast<uint8_t>(0xF0 >> sh);
-            to[a] = static_cast<uint8_t>((to[a] & keep) | (x & 0xF) << sh);
-            to[a + 16] = static_cast<uint8_t>((to[a + 16] & keep) | (x >> 4) << sh);
-          }
+        constexpr uint32_t lo4 = 0x0F0F0F0Fu; // 4 values at a time: byte l of a word is value 4k + l
+        if (pack) {
+          const uint32_t w = ((ld32(from + at) >> sh) & lo4) | ((ld32(from + at + 16) >> sh) & lo4) << 4;
+          std::memcpy(to + packed, &w, 4);
+        } else { // plain bytes at and at + 16 hold sub-blocks j and j ^ 1: this sets j's nibbles
+          const uint32_t w = ld32(from + packed);
+          plain[at / 4] |= (w & lo4) << sh;
+          plain[at / 4 + 4] |= ((w >> 4) & lo4) << sh;
         }
       }
+    if (!XS && !pack)
+      std::memcpy(to, plain, 128);
   }
 }
 
-// One row of nb q2_K blocks: plain -> packed (pack) or back. The 16 bytes of
-// scales and the f16 d, dmin (bytes 80-83) stay. Plain: value l of group g =
-// 8h + 2j + p is bits 2j of qs[32h + 16p + l]; packed: bits 2k of byte
-// 4g + l' hold value 4k + l' of group g.
 // The 2-bit values of a q2_K / q3_K block (64 bytes each side), 4 at a time:
 // plain, values 4k .. 4k+3 of group g = 8h + 2j + p are bits 2j of the 4 bytes at
 // 32h + 16p + 4k; packed, bits 2k of bytes 4g .. 4g+3.
