@@ -27,6 +27,7 @@
 
 #include <boost/asio.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +38,36 @@
 
 using namespace strata;
 using clk = std::chrono::steady_clock;
+
+namespace {
+
+// Three layer ranges that give each hop about a third of a token's
+// multiply-adds, the tail's counting the classifier (vocab x dim: for
+// Qwen2.5-0.5B as much as 9 of its 24 layers), as a user splits a pipeline
+// whose stages should take turns at the same pace: 0-10, 11-21, 22-23 there,
+// where even thirds of the layers left the tail hop twice the others' work.
+std::vector<std::string> balanced_thirds(const model::ModelConfig& c) {
+  const int64_t L = c.n_layers;
+  const int64_t ffn = c.n_experts > 0 ? c.expert_hidden_dim * c.n_experts_used : c.hidden_dim;
+  const double layer = static_cast<double>(c.dim * (c.q_dim() + 2 * c.kv_dim()) + c.q_dim() * c.dim + 3 * c.dim * ffn);
+  const double head = static_cast<double>(c.vocab_size * c.dim);
+  int64_t best_a = L / 3, best_b = 2 * L / 3;
+  double best = 1e300;
+  for (int64_t a = 1; a + 2 <= L; ++a) // head [0, a), middle [a, b), tail [b, L) and the classifier
+    for (int64_t b = a + 1; b + 1 <= L; ++b) {
+      const double worst = std::max({layer * static_cast<double>(a), layer * static_cast<double>(b - a),
+                                     layer * static_cast<double>(L - b) + head});
+      if (worst < best) {
+        best = worst;
+        best_a = a;
+        best_b = b;
+      }
+    }
+  return {"0-" + std::to_string(best_a - 1), std::to_string(best_a) + "-" + std::to_string(best_b - 1),
+          std::to_string(best_b) + "-" + std::to_string(L - 1)};
+}
+
+} // namespace
 
 namespace {
 
@@ -89,10 +120,7 @@ int wan_bench_main(int argc, char** argv) {
   for (const auto& model : models) {
     const bool builtin = model.rfind("builtin:", 0) == 0;
     const auto cfg = model::read_config(model);
-    const int64_t L = cfg.n_layers;
-    const std::vector<std::string> layers{"0-" + std::to_string(L / 3 - 1),
-                                          std::to_string(L / 3) + "-" + std::to_string(2 * L / 3 - 1),
-                                          std::to_string(2 * L / 3) + "-" + std::to_string(L - 1)};
+    const std::vector<std::string> layers = balanced_thirds(cfg);
     bench::ProcessCluster pc(exe, model);
     pc.threads = "1";
     std::vector<std::unique_ptr<runtime::DelayProxy>> proxies;
@@ -191,10 +219,12 @@ int wan_bench_main(int argc, char** argv) {
     run(1, 0, false); // warm-up: every connection made
     if (drafter)
       run(1, 8, true); // ... and the draft model's first use (its pool, its threads)
-    std::printf("## %s (%s)\n\n| one-way delay ms | sessions | speculation | total tok/s | vs 1 session | median "
+    std::printf("## %s (%s; hops: layers %s, %s, %s and the classifier: each about a third of the "
+                "multiply-adds)\n\n| one-way delay ms | sessions | speculation | total tok/s | vs 1 session | median "
                 "TTFT ms | trips per token | accepted | rows per round (per hop) | failed |\n"
                 "|---|---|---|---|---|---|---|---|---|---|\n",
-                model.c_str(), builtin ? (cfg.summary() + ", q8_0").c_str() : cfg.summary().c_str());
+                model.c_str(), builtin ? (cfg.summary() + ", q8_0").c_str() : cfg.summary().c_str(), layers[0].c_str(),
+                layers[1].c_str(), layers[2].c_str());
     const bool table = !std::getenv("STRATA_WAN_TABLE") || std::string(std::getenv("STRATA_WAN_TABLE")) != "0";
     for (double d : table ? delays : std::vector<double>{}) {
       for (auto& p : proxies)
