@@ -39,13 +39,20 @@ struct KvDtypes : ::testing::TestWithParam<const char*> {
 // token 10, and the middle shard is killed (and replaced) while session 5 is
 // at token 12. Each session equals its stateless run alone (against_stateless)
 // or the same request alone through the same shards.
+// `family` names the reference JSON whose prompts are used (its file `ref_file`),
+// `ranges` the shards; the eviction hits shard `evict_at`, the kill shard `kill_at`.
+struct Crowd {
+  std::string family = "gemma3-rand", ref_file = "gemma3-rand-f32.gguf", ranges = "0,1,2";
+  int evict_at = 2, kill_at = 1;
+};
+
 void staggered_with_faults(caf::actor_system& sys, const std::string& file, const std::string& type,
-                           bool against_stateless = true, int64_t prefill_chunk = 8) {
-  STRATA_REQUIRE_SHARED("models/gguf/gemma3-rand.gguf-ref.json");
+                           bool against_stateless = true, int64_t prefill_chunk = 8, const Crowd& crowd = {}) {
+  STRATA_REQUIRE_SHARED("models/gguf/" + crowd.family + ".gguf-ref.json");
   const auto model = test::shared_path("models/gguf/" + file);
-  const auto ref = test::read_json(test::shared_path("models/gguf/gemma3-rand.gguf-ref.json"));
+  const auto ref = test::read_json(test::shared_path("models/gguf/" + crowd.family + ".gguf-ref.json"));
   std::vector<std::vector<int32_t>> prompts;
-  for (const auto& c : ref["files"]["gemma3-rand-f32.gguf"])
+  for (const auto& c : ref["files"][crowd.ref_file])
     prompts.push_back(c["prompt_ids"].get<std::vector<int32_t>>());
   ASSERT_GE(prompts.size(), 4u);
   for (std::size_t i = 0; i < 4; ++i) { // four more: the same prompts with another last token
@@ -58,7 +65,7 @@ void staggered_with_faults(caf::actor_system& sys, const std::string& file, cons
   actors::ClusterOptions opts;
   opts.load = kv(type);
   opts.scheduler.prefill_chunk = prefill_chunk;
-  LocalCluster c(sys, model, model::parse_layer_ranges("0,1,2"), opts);
+  LocalCluster c(sys, model, model::parse_layer_ranges(crowd.ranges), opts);
   auto request = [&](int i) {
     msg::generation_request r;
     r.session = msg::mint_session_id("kv");
@@ -77,9 +84,9 @@ void staggered_with_faults(caf::actor_system& sys, const std::string& file, cons
   const auto outs = test::run_staggered<actors::Outcome>(n, [&](int i, const auto& on_token) {
     std::vector<Injection> faults;
     if (i == 2)
-      faults.push_back(Injection{Injection::evict, 2, 10, msg::miss_reason::evicted_lru});
+      faults.push_back(Injection{Injection::evict, crowd.evict_at, 10, msg::miss_reason::evicted_lru});
     if (i == 5)
-      faults.push_back(Injection{Injection::kill, 1, 12, {}});
+      faults.push_back(Injection{Injection::kill, crowd.kill_at, 12, {}});
     return c.generate(request(i), faults, on_token);
   });
   test::expect_outcomes(sys, outs, expected);
@@ -116,6 +123,24 @@ TEST_P(PackedWeights, StaggeredSessionsThroughThreeShardsWithFaultsEqualAlone) {
 
 INSTANTIATE_TEST_SUITE_P(Files, PackedWeights, ::testing::Values("q8_0", "q4_k_m"),
                          [](const auto& info) { return std::string(info.param); });
+
+// The same crowd over a 896-wide Q4_K_M file (llama.cpp's, Qwen2.5-0.5B's
+// width: its q5_0 and q8_0 rows of 28 blocks pack as a pair of full groups and
+// a full group paired with a partial one, which the 256-wide files never form;
+// its q6_K and q4_K down projections as groups of 16 and pairs of blocks), over
+// its two layers as two shards: the tail evicts session 2, the head is killed
+// under session 5; each equals the single-process stateless run bit for bit.
+TEST(PackedWeightsPairs, StaggeredSessionsThroughTwoShardsWithFaultsEqualStateless) {
+  actors::actor_config cfg;
+  caf::actor_system sys{cfg};
+  Crowd crowd;
+  crowd.family = "qwen2-w896-rand";
+  crowd.ref_file = "qwen2-w896-rand-q4_k_m.gguf";
+  crowd.ranges = "0,1";
+  crowd.evict_at = 1;
+  crowd.kill_at = 0;
+  staggered_with_faults(sys, "qwen2-w896-rand-q4_k_m.gguf", "f32", true, actors::SchedulerLimits{}.prefill_chunk, crowd);
+}
 
 INSTANTIATE_TEST_SUITE_P(Types, KvDtypes, ::testing::Values("f32", "bf16", "f16", "q8_0"),
                          [](const auto& info) { return std::string(info.param); });
