@@ -166,6 +166,8 @@ void convert_2_bits(const uint8_t* from, uint8_t* to, bool pack) {
   std::memcpy(to, w, 64);
 }
 
+// One row of nb q2_K blocks: plain -> packed (pack) or back. The 16 bytes of
+// scales and the f16 d, dmin (bytes 80-83) stay; the 2-bit values as above.
 void convert_row_q2_K(const uint8_t* in, uint8_t* out, int64_t nb, bool pack) {
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* src = in + 84 * b;
