@@ -16,7 +16,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -461,6 +463,47 @@ TEST_P(TypedKernels, MatchTheScalarPath) {
           }
         }
       }
+}
+
+// Packing converts rows independently: through a runner that hands out uneven
+// pieces of rows in reverse order from several threads at once (as the loader's
+// packing on the math pool's threads does), every packable type gives the bytes
+// packing them one after another gives.
+TEST(PackedRows, PiecesOnSeveralThreadsGiveTheSameBytesAsOneAfterAnother) {
+  const std::vector<std::pair<WType, int64_t>> types = {
+    {WType::q8_0, 544}, {WType::q4_0, 544}, {WType::q5_0, 544}, {WType::q4_1, 544},  {WType::q5_1, 544},
+    {WType::iq4_nl, 544}, {WType::q4_K, 768}, {WType::q5_K, 768}, {WType::q6_K, 768}, {WType::iq4_xs, 768},
+    {WType::q2_K, 768}, {WType::q3_K, 768}};
+  for (const auto& [t, cols] : types) {
+    SCOPED_TRACE(to_string(t));
+    const int64_t rows = 37;
+    auto bytes = random_blocks(t, rows, cols, 7);
+    detail::WMatrix W;
+    W.type = t;
+    W.rows = rows;
+    W.cols = cols;
+    W.data = bytes.data();
+    ASSERT_TRUE(detail::packable(W));
+    const auto one = detail::pack_rows(W);
+    const auto pieces = detail::pack_rows(W, [](int64_t n, const std::function<void(int64_t, int64_t)>& f) {
+      std::vector<std::pair<int64_t, int64_t>> ranges;
+      for (int64_t r = 0, len = 1; r < n; r += len, len = len % 5 + 2)
+        ranges.emplace_back(r, std::min(n, r + len));
+      std::vector<std::thread> threads;
+      for (int k = 0; k < 3; ++k)
+        threads.emplace_back([&, k] {
+          for (auto i = static_cast<int64_t>(ranges.size()) - 1 - k; i >= 0; i -= 3)
+            f(ranges[static_cast<std::size_t>(i)].first, ranges[static_cast<std::size_t>(i)].second);
+        });
+      for (auto& th : threads)
+        th.join();
+    });
+    ASSERT_TRUE(pieces.packed);
+    ASSERT_EQ(std::memcmp(one.data, pieces.data, W.bytes()), 0);
+    std::vector<uint8_t> back(bytes.size());
+    detail::unpack_rows(pieces, 0, rows, back.data());
+    EXPECT_EQ(back, bytes);
+  }
 }
 
 // A stacked weight whose parts are of different types (q | k | v of a Q2_K
