@@ -472,9 +472,7 @@ struct Q4Kp : Blocks256 {
     const uint8_t* row0 = row_at(W, rb, r);
     constexpr bool two = MT == 1; // steps k and k + 4 in two chains for one activation row
     __m512i P0[R][MT], P1[R][MT];
-    for (int i = 0; i < R; ++i)
-      for (int t = 0; t < MT; ++t)
-        P0[i][t] = P1[i][t] = _mm512_setzero_si512();
+    zero_chains<R, MT>(P0, P1);
     auto chunk = [&](int i, int k) __attribute__((always_inline)) {
       return k256_chunk<BB, QS, PAIR, R>(row0 + i * rb, rb, g, k, fetch);
     };
@@ -686,8 +684,7 @@ struct K16p {
           } else {
             q = _mm512_and_si512(_mm512_srli_epi16(w[i], 2 * k), m2);
           }
-          if constexpr (Q3) // + 4 in the lane bytes whose 3rd bit is set: step k's 64 bits are one mask
-          {
+          if constexpr (Q3) { // + 4 in the lane bytes whose 3rd bit is set: step k's 64 bits are one mask
             uint64_t bits;
             std::memcpy(&bits, blk + 64 + 8 * k, 8);
             q = _mm512_mask_add_epi8(q, _cvtu64_mask64(bits), q, b2);
@@ -901,34 +898,25 @@ void quant_q8_K_avx512(const float* x, int64_t n, int8_t* q, float* d, int32_t* 
 }
 
 void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
-  if (W.packed && W.type == WType::q4_K)
-    return run_packed(Q4Kp<false>(W, A), Y, ldy, r0, r1, acc);
-  if (W.packed && W.type == WType::q5_K)
-    return run_packed(Q4Kp<true>(W, A), Y, ldy, r0, r1, acc);
-  if (W.packed && interleaves_by_16(W.type)) {
-    if (!interleaves_by_16(A.for_type)) // (prepares_alike keeps these activations their own)
-      throw Error(errc::bad_argument, "packed " + std::string(to_string(W.type)) + " rows given activations quantized for " +
-                                        std::string(to_string(A.for_type)));
+  if (W.packed && interleaves_by_16(W.type) && !interleaves_by_16(A.for_type)) // (prepares_alike keeps these their own)
+    throw Error(errc::bad_argument, "packed " + std::string(to_string(W.type)) + " rows given activations quantized for " +
+                                      std::string(to_string(A.for_type)));
+  if (W.packed)
     switch (W.type) {
+      case WType::q4_K: return run_packed(Q4Kp<false>(W, A), Y, ldy, r0, r1, acc);
+      case WType::q5_K: return run_packed(Q4Kp<true>(W, A), Y, ldy, r0, r1, acc);
       case WType::q2_K: return run_packed(K16p<WType::q2_K>(W, A), Y, ldy, r0, r1, acc);
       case WType::q3_K: return run_packed(K16p<WType::q3_K>(W, A), Y, ldy, r0, r1, acc);
-      default: return run_packed(K16p<WType::q6_K>(W, A), Y, ldy, r0, r1, acc);
+      case WType::q6_K: return run_packed(K16p<WType::q6_K>(W, A), Y, ldy, r0, r1, acc);
+      case WType::iq4_xs: return run_packed(IQ4XSp(W, A), Y, ldy, r0, r1, acc);
+      case WType::q4_0: return run_packed(Q4p<WType::q4_0>(W, A), Y, ldy, r0, r1, acc);
+      case WType::q5_0: return run_packed(Q4p<WType::q5_0>(W, A), Y, ldy, r0, r1, acc);
+      case WType::q4_1: return run_packed(Q4p<WType::q4_1>(W, A), Y, ldy, r0, r1, acc);
+      case WType::q5_1: return run_packed(Q4p<WType::q5_1>(W, A), Y, ldy, r0, r1, acc);
+      case WType::iq4_nl: return run_packed(Q4p<WType::iq4_nl>(W, A), Y, ldy, r0, r1, acc);
+      case WType::q8_0: return run_packed(Q8p(W, A), Y, ldy, r0, r1, acc);
+      default: throw Error(errc::bad_argument, std::string("a packed ") + to_string(W.type) + " matrix has no packed kernel");
     }
-  }
-  if (W.packed && W.type == WType::iq4_xs)
-    return run_packed(IQ4XSp(W, A), Y, ldy, r0, r1, acc);
-  if (W.packed && W.type == WType::q4_0)
-    return run_packed(Q4p<WType::q4_0>(W, A), Y, ldy, r0, r1, acc);
-  if (W.packed && W.type == WType::q5_0)
-    return run_packed(Q4p<WType::q5_0>(W, A), Y, ldy, r0, r1, acc);
-  if (W.packed && W.type == WType::iq4_nl)
-    return run_packed(Q4p<WType::iq4_nl>(W, A), Y, ldy, r0, r1, acc);
-  if (W.packed && W.type == WType::q4_1)
-    return run_packed(Q4p<WType::q4_1>(W, A), Y, ldy, r0, r1, acc);
-  if (W.packed && W.type == WType::q5_1)
-    return run_packed(Q4p<WType::q5_1>(W, A), Y, ldy, r0, r1, acc);
-  if (W.packed)
-    return run_packed(Q8p(W, A), Y, ldy, r0, r1, acc);
   vnni::rows_impl<true>(W, A, Y, ldy, r0, r1, acc);
 }
 
