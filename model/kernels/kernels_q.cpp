@@ -219,9 +219,21 @@ void quantize_acts(WType t, const float* X, int64_t M, int64_t cols, QuantActs& 
                                              out.d.data() + m * (cols / 256), out.sums.data() + m * (cols / 16));
     for (std::size_t i = 0; i < out.sums32.size(); ++i)
       out.sums32[i] = static_cast<int16_t>(out.sums[2 * i] + out.sums[2 * i + 1]);
-    interleave_q8_0(out); // for packed q4_K (a block of 256 is a group of 8 blocks of 32)
-    if (interleaves_by_16(t))
+    // The packed kernels of the groups-of-16 types read the activations
+    // interleaved by 16 only; the others' (q4_K, q5_K, iq4_xs: a block of 256 is
+    // a group of 8 blocks of 32) those interleaved as q8_0's, with per-32 scales.
+    // Each product prepares only what its kernels read; the rest is left empty.
+    if (interleaves_by_16(t)) {
       interleave_q8_K16(out);
+      out.qi.clear();
+      out.corr.clear();
+      out.d32.clear();
+      out.dsum32.clear();
+      return;
+    }
+    out.qi16.clear();
+    out.dsum16.clear();
+    interleave_q8_0(out);
     out.d32.resize(out.sums32.size());
     out.dsum32.resize(out.sums32.size());
     for (std::size_t i = 0; i < out.sums32.size(); ++i) {

@@ -30,10 +30,12 @@ struct QuantActs {
   /// -128 x each block's sum (the weights' +128 taken back).
   std::vector<int8_t> qi;
   std::vector<int32_t> corr;
-  /// K-type activations for packed q4_K / iq4_xs: per 32 values, the scale of their
-  /// 256-value block and that scale times their sum.
+  /// K-type activations for packed q4_K / q5_K / iq4_xs: per 32 values, the scale of their
+  /// 256-value block and that scale times their sum. (qi and corr too; all
+  /// three empty for the types interleaved by 16.)
   std::vector<float> d32, dsum32;
-  /// q8_K activations for packed q2_K, q3_K and q6_K (interleaves_by_16): each 256-value block
+  /// q8_K activations for packed q2_K, q3_K and q6_K (interleaves_by_16; empty
+  /// for the other K types): each 256-value block
   /// as 4 steps of 64 bytes, byte 4g + l of step k being value 16g + 4k + l,
   /// and per 16 values the block's scale times their sum.
   std::vector<int8_t> qi16;
@@ -45,8 +47,8 @@ struct QuantActs {
 /// types and iq4_xs), 0 for the float types.
 int64_t acts_block(WType t);
 
-/// Whether activations for `t` are also interleaved by 16 (QuantActs::qi16:
-/// packed q2_K, q3_K and q6_K read them).
+/// Whether activations for `t` are interleaved by 16 (QuantActs::qi16: packed
+/// q2_K, q3_K and q6_K read them) instead of as q8_0's (QuantActs::qi).
 bool interleaves_by_16(WType t);
 
 /// Which kernels run (tests compare them on one machine): best = what the CPU

@@ -898,7 +898,9 @@ void quant_q8_K_avx512(const float* x, int64_t n, int8_t* q, float* d, int32_t* 
 }
 
 void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
-  if (W.packed && interleaves_by_16(W.type) && !interleaves_by_16(A.for_type)) // (prepares_alike keeps these their own)
+  // Each packed kernel reads the interleaving its own type's activations have
+  // (prepares_alike never shares them across the two kinds).
+  if (W.packed && interleaves_by_16(W.type) != interleaves_by_16(A.for_type))
     throw Error(errc::bad_argument, "packed " + std::string(to_string(W.type)) + " rows given activations quantized for " +
                                       std::string(to_string(A.for_type)));
   if (W.packed)
