@@ -361,19 +361,17 @@ TEST(Cluster, IncompatibleNodeIsRefused) {
   EXPECT_EQ(bad.wait_exit(std::chrono::seconds(60)), 3);
 }
 
-// Nodes serving a GGUF file (one file: weights, config, tokenizer) give the
-// same ids as one process to concurrent clients, also while faults hit some of
-// them (an eviction, a desync, an epoch bump); a node keeping the weights in
-// another type is refused by the coordinator.
-TEST(Cluster, GgufNodesServeAndAnotherWeightTypeIsRefused) {
-  STRATA_REQUIRE_SHARED("models/gguf/rand256-q8_0.gguf");
-  const auto model = test::shared_path("models/gguf/rand256-q8_0.gguf");
-  Cluster c;
-  ASSERT_FALSE(c.add("0", model).wait_line("ready node ").empty());
-  ASSERT_FALSE(c.add("1", model).wait_line("ready node ").empty());
+// Two nodes serving a GGUF file (one file: weights, config, tokenizer), one
+// layer each, give five concurrent clients the ids one process gives the same
+// request alone, also while faults hit three of them (an eviction, a desync,
+// an epoch bump). Returns the cluster for more checks.
+std::unique_ptr<Cluster> gguf_clients_with_faults_equal_one_process(const std::string& model) {
+  auto c = std::make_unique<Cluster>();
+  EXPECT_FALSE(c->add("0", model).wait_line("ready node ").empty());
+  EXPECT_FALSE(c->add("1", model).wait_line("ready node ").empty());
   const std::string args = " --prompt-ids 1,100,200,300 --max-tokens 24 --output ids";
   const auto local = ids_line(run("generate --model " + model + args));
-  ASSERT_FALSE(local.empty());
+  EXPECT_FALSE(local.empty());
   // (fault, what the client's summary must then report; "" = nothing to check)
   const std::vector<std::pair<std::string, std::string>> runs = {
     {"", ""}, {"", ""}, {" --inject evict:1@5", "evicted_lru=1"}, {" --inject desync:0@9", "seq_mismatch=1"},
@@ -381,7 +379,7 @@ TEST(Cluster, GgufNodesServeAndAnotherWeightTypeIsRefused) {
   std::vector<std::unique_ptr<Process>> clients;
   for (const auto& [faults, report] : runs)
     clients.push_back(std::make_unique<Process>(
-      std::vector<std::string>{"/bin/sh", "-c", exe + " generate --cluster " + c.address + args + faults + " 2>&1"}));
+      std::vector<std::string>{"/bin/sh", "-c", exe + " generate --cluster " + c->address + args + faults + " 2>&1"}));
   for (std::size_t i = 0; i < clients.size(); ++i) {
     const auto out = clients[i]->drain();
     EXPECT_EQ(ids_line(out), local) << out;
@@ -393,6 +391,17 @@ TEST(Cluster, GgufNodesServeAndAnotherWeightTypeIsRefused) {
     const bool rerouted = rc != std::string::npos && std::atoi(out.c_str() + rc + 14) >= 1;
     EXPECT_TRUE(out.find(runs[i].second) != std::string::npos || (!runs[i].second.empty() && rerouted)) << out;
   }
+  return c;
+}
+
+// Nodes serving a GGUF file give concurrent clients, faults among them, the
+// ids of one process; a node keeping the weights in another type is refused by
+// the coordinator.
+TEST(Cluster, GgufNodesServeAndAnotherWeightTypeIsRefused) {
+  STRATA_REQUIRE_SHARED("models/gguf/rand256-q8_0.gguf");
+  const auto model = test::shared_path("models/gguf/rand256-q8_0.gguf");
+  const auto cluster = gguf_clients_with_faults_equal_one_process(model);
+  Cluster& c = *cluster;
   // A GGUF file is served in its own types: --dtype is refused at start.
   auto node_cmd = [&](const std::string& address, const std::string& m, const std::string& layers,
                       const std::string& dtype) {
@@ -413,6 +422,15 @@ TEST(Cluster, GgufNodesServeAndAnotherWeightTypeIsRefused) {
   EXPECT_EQ(q8->wait_exit(std::chrono::seconds(60)), 3);
   EXPECT_NE(q8_out.find("weights q8_0"), std::string::npos) << q8_out;
   EXPECT_NE(q8_out.find("weights f32"), std::string::npos) << q8_out;
+}
+
+// The same over llama.cpp's 896-wide Q4_K_M file, whose nodes multiply packed
+// q5_0 and q8_0 rows of 28 blocks (pairs of full groups, a full group paired
+// with a partial one), packed q6_K and q4_K: five clients at once, three of
+// them meeting a fault, each with the ids of one process alone.
+TEST(Cluster, PackedQ4KMNodesGiveConcurrentClientsWithFaultsTheIdsOfOneProcess) {
+  STRATA_REQUIRE_SHARED("models/gguf/qwen2-w896-rand-q4_k_m.gguf");
+  gguf_clients_with_faults_equal_one_process(test::shared_path("models/gguf/qwen2-w896-rand-q4_k_m.gguf"));
 }
 
 // The new architectures across processes: a Gemma-3-shaped model (sliding
