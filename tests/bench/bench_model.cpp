@@ -251,7 +251,8 @@ void bench_dtypes(double bw1, double bw2) {
 // reps interleaved across types. Where the CPU has AVX-512, f32 and bf16 are
 // also measured with the f32 product's AVX2 build (what CPUs without AVX-512 run).
 void bench_kernels() {
-  // STRATA_BENCH_SHAPE=ROWSxCOLS: another matrix (a small one stays in cache:
+  // The product of each type's matrix with 1 and N activation rows, then what
+  // packing each matrix at load costs. STRATA_BENCH_SHAPE=ROWSxCOLS: another matrix (a small one stays in cache:
   // the kernels' arithmetic alone); STRATA_BENCH_M=N: N activation rows for the
   // second column instead of 8.
   int64_t rows = 896, cols = 4864;
@@ -364,6 +365,31 @@ void bench_kernels() {
                   static_cast<double>(k.bytes.size()) / 1e6, ti + 1, s1 * 1e6,
                   static_cast<double>(k.bytes.size()) / s1 / 1e9, f32 / s1, s8 * 1e6, s8 / static_cast<double>(many) / s1);
     }
+  }
+  // What the loader's packing costs: each packable matrix packed on one thread
+  // (pack_rows) and as the loader packs it, on the math pool's threads
+  // (pack_for_kernels), medians of 7 in turn.
+  std::printf("\n## Packing at load: the same matrices, median of 7 in turn\n\n"
+              "| type | MB | 1 thread ms | MB/s | as the loader packs (2 threads) ms | MB/s |\n|---|---|---|---|---|---|\n");
+  model::set_num_threads(2);
+  for (auto& k : ks) {
+    if (!model::detail::packable(k.w) || k.avx2 || k.label.find(" ") != std::string::npos)
+      continue;
+    std::vector<double> one, pool;
+    bool packs = true; // (pack_for_kernels keeps the plain layout where VNNI is missing)
+    for (int rep = 0; rep < 7; ++rep) {
+      auto t0 = clk::now();
+      (void)model::detail::pack_rows(k.w);
+      one.push_back(seconds_since(t0));
+      t0 = clk::now();
+      packs = model::detail::pack_for_kernels(k.w).packed;
+      pool.push_back(seconds_since(t0));
+    }
+    const double mb = static_cast<double>(k.bytes.size()) / 1e6, a = median(one), b = median(pool);
+    if (packs)
+      std::printf("| %s | %.2f | %.2f | %.0f | %.2f | %.0f |\n", k.label.c_str(), mb, a * 1e3, mb / a, b * 1e3, mb / b);
+    else
+      std::printf("| %s | %.2f | %.2f | %.0f | - | - |\n", k.label.c_str(), mb, a * 1e3, mb / a);
   }
 }
 
