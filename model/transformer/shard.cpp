@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <dlfcn.h>
+#include <omp.h>
 #include <limits>
 
 namespace strata::model {
@@ -54,6 +55,10 @@ int num_threads() {
   return at::get_num_threads();
 }
 
+void release_math_threads() {
+  omp_pause_resource_all(omp_pause_soft);
+}
+
 std::vector<int64_t> consecutive_positions(int64_t start, int64_t n) {
   std::vector<int64_t> p(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i)
@@ -77,12 +82,22 @@ WType parse_kv_dtype(const std::string& name, const ModelConfig& cfg) {
   return *t;
 }
 
+namespace {
+// Loading packs weights on the calling thread; the shard's math mostly runs on
+// another one (a detached shard actor): the loading thread's team goes when
+// the load returns or throws.
+struct ReleaseMathThreads {
+  ~ReleaseMathThreads() { release_math_threads(); }
+};
+} // namespace
+
 Shard::Shard(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
 }
 Shard::~Shard() = default;
 
 std::unique_ptr<Shard> Shard::load(const std::string& model, LayerRange range, const LoadOptions& options) {
   at::InferenceMode guard;
+  const ReleaseMathThreads release;
   auto src = detail::open_source(model);
   auto impl = std::make_unique<Impl>();
   impl->uid = next_shard_uid++;
@@ -97,6 +112,7 @@ std::unique_ptr<Shard> Shard::load(const std::string& model, LayerRange range, c
 }
 
 std::unique_ptr<Shard> Shard::load(const std::string& model, const LoadOptions& options) {
+  const ReleaseMathThreads release;
   auto src = detail::open_source(model);
   const int64_t n = src->config().n_layers;
   src.reset();

@@ -76,6 +76,16 @@ struct SeqOutcome {
 /// Sets the threads used by tensor math (intra-op and BLAS). 0 keeps the default.
 void set_num_threads(int threads);
 int num_threads();
+/// Lets the calling thread's math threads go (its OpenMP team, started by the
+/// math it ran). Shard::load calls it when it returns: loading packs weights on
+/// the calling thread, and the shard's math then runs on another one (a
+/// detached shard actor). libgomp cuts the time its threads spin between
+/// parallel regions to almost nothing while it manages more threads than there
+/// are CPUs, so an idle team left on the loading thread made every parallel
+/// region of the shard put its threads to sleep and wake them through the
+/// kernel (on 2 vCPUs, a node decoded 1.5-2x slower). Harmless anywhere: a
+/// thread that runs math again gets a new team.
+void release_math_threads();
 
 class Shard {
 public:
@@ -86,6 +96,7 @@ public:
   /// Loads layers `range` of `model`, which is a llama2.c `.bin` checkpoint, a
   /// GGUF file, a Hugging Face model directory, or `builtin:NAME`. Only what the range needs is
   /// loaded: the embedding on the head, final norm + classifier on the tail.
+  /// The calling thread's math threads are let go on return (release_math_threads).
   static std::unique_ptr<Shard> load(const std::string& model, LayerRange range, const LoadOptions& options = {});
   /// Loads the whole model as one shard.
   static std::unique_ptr<Shard> load(const std::string& model, const LoadOptions& options = {});
