@@ -3,6 +3,7 @@
 #include "model/base/error.hpp"
 #include "model/transformer/sampler.hpp"
 
+#include <atomic>
 #include <cstring>
 
 namespace strata::actors {
@@ -426,6 +427,8 @@ void shard_state::round(self_ptr self) {
       }
       active.clear();
     }
+    if (MathActorCount::alive() > 1)
+      model::release_math_threads();
     for (std::size_t i = 0; i < active.size(); ++i) {
       auto& [piece, ctx] = active[i];
       auto& q = *piece.step;
@@ -675,6 +678,20 @@ shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::sha
       return caf::unit;
     },
   };
+}
+
+namespace {
+std::atomic<int> math_actors{0};
+} // namespace
+
+MathActorCount::MathActorCount() {
+  math_actors.fetch_add(1, std::memory_order_relaxed);
+}
+MathActorCount::~MathActorCount() {
+  math_actors.fetch_sub(1, std::memory_order_relaxed);
+}
+int MathActorCount::alive() {
+  return math_actors.load(std::memory_order_relaxed);
 }
 
 msg::shard_full_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits,

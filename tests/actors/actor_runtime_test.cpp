@@ -155,6 +155,26 @@ TEST_F(ActorRuntime, DuplicateNeverAdvancesACacheTwice) {
   EXPECT_EQ(out.result.reprefills, 0u) << "a duplicate is absorbed, not a miss";
 }
 
+// Shard actors are counted while they live: with more than one in a process,
+// each lets its math threads go after every round (MathThreads.* test that
+// release), so no idle team sits beside a running one.
+TEST_F(ActorRuntime, ShardActorsAreCountedWhileTheyLive) {
+  const int before = actors::MathActorCount::alive();
+  {
+    LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-1,2-4"));
+    EXPECT_EQ(actors::MathActorCount::alive(), before + 2);
+    auto out = c.generate(request("counted", {1, 40}, 12, c.config()));
+    ASSERT_TRUE(out.ok());
+    EXPECT_EQ(out.result.ids, stateless_ids("builtin:tiny", {1, 40}, 12));
+    EXPECT_EQ(actors::MathActorCount::alive(), before + 2);
+  }
+  // The actors were told to exit; their states go as their threads end.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (actors::MathActorCount::alive() != before && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  EXPECT_EQ(actors::MathActorCount::alive(), before);
+}
+
 TEST_F(ActorRuntime, SixteenConcurrentSessionsUnderATightBudget) {
   actors::ClusterOptions opts;
   // Room for only a few sessions' caches per shard: evictions are forced.
