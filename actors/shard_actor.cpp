@@ -427,8 +427,6 @@ void shard_state::round(self_ptr self) {
       }
       active.clear();
     }
-    if (MathActorCount::alive() > 1)
-      model::release_math_threads();
     for (std::size_t i = 0; i < active.size(); ++i) {
       auto& [piece, ctx] = active[i];
       auto& q = *piece.step;
@@ -541,6 +539,9 @@ void shard_state::round(self_ptr self) {
       }
       scheduler->erase(piece.step);
     }
+    // (after the replies and hand-offs are out: letting the team go waits for its threads)
+    if (MathActorCount::alive() > 1)
+      model::release_math_threads();
   }
   if (!scheduler->empty() && !round_pending)
     schedule_round(self);

@@ -163,9 +163,28 @@ TEST_F(ActorRuntime, ShardActorsAreCountedWhileTheyLive) {
   {
     LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-1,2-4"));
     EXPECT_EQ(actors::MathActorCount::alive(), before + 2);
-    auto out = c.generate(request("counted", {1, 40}, 12, c.config()));
-    ASSERT_TRUE(out.ok());
-    EXPECT_EQ(out.result.ids, stateless_ids("builtin:tiny", {1, 40}, 12));
+    // Four clients at once (each shard lets its team go after every round),
+    // one of them meeting an eviction: each equals its stateless run alone.
+    constexpr int n = 4;
+    std::vector<actors::Outcome> outs(n);
+    std::vector<std::thread> clients;
+    for (int i = 0; i < n; ++i)
+      clients.emplace_back([&, i] {
+        std::vector<Injection> faults;
+        if (i == 1)
+          faults.push_back(Injection{Injection::evict, 1, 5, {}});
+        outs[static_cast<std::size_t>(i)] =
+          c.generate(request("counted-" + std::to_string(i), {1, static_cast<int32_t>(40 + 3 * i)}, 12, c.config()), faults);
+      });
+    for (auto& t : clients)
+      t.join();
+    for (int i = 0; i < n; ++i) {
+      ASSERT_TRUE(outs[static_cast<std::size_t>(i)].ok()) << "client " << i;
+      EXPECT_EQ(outs[static_cast<std::size_t>(i)].result.ids,
+                stateless_ids("builtin:tiny", {1, static_cast<int32_t>(40 + 3 * i)}, 12))
+        << "client " << i;
+    }
+    EXPECT_GE(outs[1].result.reprefills, 1u) << "the eviction was met";
     EXPECT_EQ(actors::MathActorCount::alive(), before + 2);
   }
   // The actors were told to exit; their states go as their threads end.
