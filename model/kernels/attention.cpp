@@ -1,7 +1,7 @@
 // Attention entry points: each cache type's kernels live in attention_<type>.cpp
 // (built for AVX-512 and for the baseline), attention_<type>_avx2.cpp (AVX2, for
-// CPUs without AVX-512) and, for the f16 and q8_0 caches, attention_<type>_avx512.cpp
-// (AVX-512 with F16C), each chosen where the CPU runs it.
+// CPUs without AVX-512) and attention_<type>_avx512.cpp
+// (AVX-512; with F16C for the f16 and q8_0 caches), each chosen where the CPU runs it.
 
 #include "model/kernels/attention.hpp"
 
@@ -18,6 +18,8 @@ STRATA_ATTENTION_DECLARE(f32)
 STRATA_ATTENTION_DECLARE(bf16)
 STRATA_ATTENTION_DECLARE(f16)
 STRATA_ATTENTION_DECLARE(q8_0)
+STRATA_ATTENTION_DECLARE(f32_avx512)
+STRATA_ATTENTION_DECLARE(bf16_avx512)
 STRATA_ATTENTION_DECLARE(f16_avx512)
 STRATA_ATTENTION_DECLARE(q8_0_avx512)
 STRATA_ATTENTION_DECLARE(f32_avx2)
@@ -57,11 +59,13 @@ void set_attention_isa(AttentionIsa isa) {
   }
 }
 
-// Each entry point by cache type and build: f32 and bf16 have no AVX-512 build
-// of their own (the AVX-512 clone of the plain one is theirs).
+// Each entry point by cache type and build.
 #define STRATA_ATTENTION_DISPATCH(fn, ...)                                                                          \
   switch (rows.type) {                                                                                              \
-    case WType::bf16: return build() == avx2 ? fn##_bf16_avx2(__VA_ARGS__) : fn##_bf16(__VA_ARGS__);                \
+    case WType::bf16:                                                                                               \
+      return build() == avx512 ? fn##_bf16_avx512(__VA_ARGS__)                                                      \
+             : build() == avx2 ? fn##_bf16_avx2(__VA_ARGS__)                                                        \
+                               : fn##_bf16(__VA_ARGS__);                                                            \
     case WType::f16:                                                                                                \
       return build() == avx512 ? fn##_f16_avx512(__VA_ARGS__)                                                       \
              : build() == avx2 ? fn##_f16_avx2(__VA_ARGS__)                                                         \
@@ -70,7 +74,10 @@ void set_attention_isa(AttentionIsa isa) {
       return build() == avx512 ? fn##_q8_0_avx512(__VA_ARGS__)                                                      \
              : build() == avx2 ? fn##_q8_0_avx2(__VA_ARGS__)                                                        \
                                : fn##_q8_0(__VA_ARGS__);                                                            \
-    default: return build() == avx2 ? fn##_f32_avx2(__VA_ARGS__) : fn##_f32(__VA_ARGS__);                           \
+    default:                                                                                                        \
+      return build() == avx512 ? fn##_f32_avx512(__VA_ARGS__)                                                       \
+             : build() == avx2 ? fn##_f32_avx2(__VA_ARGS__)                                                         \
+                               : fn##_f32(__VA_ARGS__);                                                             \
   }
 
 void attend_rows(const float* q, int64_t q_stride, int64_t m, const CacheRows& rows, int64_t n0, int64_t hd,

@@ -139,13 +139,12 @@ int attention_bench_main(int, char**) {
   for (const auto& s : shapes)
     for (WType t : {WType::f32, WType::bf16, WType::f16, WType::q8_0}) {
       // The builds this CPU runs: the best; where that is AVX-512, the AVX2
-      // one too, and for f16 and q8_0 the plain one (their AVX-512 build is
-      // another file).
+      // one and the plain one too (the AVX-512 build is another file).
       std::vector<std::pair<detail::AttentionIsa, const char*>> isas{
         {detail::AttentionIsa::best, both ? " (AVX-512)" : avx2 ? " (AVX2)" : ""}};
       if (both && avx2)
         isas.emplace_back(detail::AttentionIsa::avx2, " (AVX2)");
-      if (both && (t == WType::f16 || t == WType::q8_0))
+      if (both)
         isas.emplace_back(detail::AttentionIsa::portable, " (plain, AVX-512 clone)");
       for (const auto& [isa, name] : isas) {
         Case c{s, t, isa, std::string(to_string(t)) + name, {}, {}, {}, {}};

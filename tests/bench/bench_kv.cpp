@@ -108,7 +108,7 @@ int kv_bench_main(int argc, char** argv) {
     t->deep = t->shard->new_cache();
     prefill(*t->shard, t->shallow, 64);
     prefill(*t->shard, t->deep, depth);
-    const bool both = model::detail::attention_avx512_available() && (type == "f16" || type == "q8_0");
+    const bool both = model::detail::attention_avx512_available();
     for (int portable = 0; portable <= (both ? 1 : 0); ++portable)
       rows.push_back(Row{t.get(), portable != 0,
                          type + (!both ? "" : portable ? " (portable kernels)" : " (AVX-512 kernels)"), {}, {}});
