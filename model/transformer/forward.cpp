@@ -12,6 +12,7 @@
 #include "model/base/error.hpp"
 #include "model/formats/packed.hpp"
 #include "model/formats/quant.hpp"
+#include "model/kernels/activations.hpp"
 #include "model/kernels/attention.hpp"
 #include "model/kernels/kernels.hpp"
 #include "model/transformer/sampler.hpp"
@@ -270,8 +271,7 @@ struct Pass {
         for (int64_t i = 0; i < H; ++i)
           o[i] = gelu(g[i]) * u[i];
       else
-        for (int64_t i = 0; i < H; ++i)
-          o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+        detail::silu_mul(g, u, o, H);
     }
   }
 
