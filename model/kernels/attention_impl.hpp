@@ -66,33 +66,10 @@ inline __attribute__((always_inline)) vu16 widen_u16(const uint8_t* p) {
 }
 #endif
 
-// e^x for 16 lanes at once (Cephes' expf: x = k ln2 + r, |r| <= ln2 / 2, a
-// degree-7 polynomial in r, times 2^k), within 2 ulp of expf; 0 below -87.3
-// (so -inf, a masked score, gives exactly 0; so does NaN). Lane by lane a pure function of
-// its input, so a score gets the same weight whichever kernel, lane or batch it
-// is computed in.
-inline __attribute__((always_inline)) v16 exp16(v16 x) {
-  const v16 lo = v16{} - 87.33654f, hi = v16{} + 88.72283f;
-  const vi16 under = ~(x >= lo); // NaN too (an unused lane's -inf - -inf)
-  x = select(x >= lo, x, lo);
-  x = select(x > hi, hi, x);
-  // k = round(x / ln2) by the 1.5 * 2^23 trick (|x / ln2| < 2^22).
-  const v16 shifter = v16{} + 12582912.0f;
-  const v16 kf = (x * 1.44269504088896341f + shifter) - shifter;
-  const v16 r = x - kf * 0.693359375f - kf * -2.12194440e-4f;
-  const v16 r2 = r * r;
-  v16 p = v16{} + 1.9875691500E-4f;
-  p = p * r + 1.3981999507E-3f;
-  p = p * r + 8.3334519073E-3f;
-  p = p * r + 4.1665795894E-2f;
-  p = p * r + 1.6666665459E-1f;
-  p = p * r + 5.0000001201E-1f;
-  p = p * r2 + r + 1.0f;
-  const vi16 k = vconvert<vi16>(kf);
-  const v16 two_k = vcast<v16>((k + 127) << 23);
-  const v16 e = p * two_k;
-  return select(under, v16{}, e);
-}
+// e^x for 16 lanes at once (vec_ops.hpp's vexp: -inf, a masked score, gives
+// exactly 0). Lane by lane a pure function of its input, so a score gets the
+// same weight whichever kernel, lane or batch it is computed in.
+inline __attribute__((always_inline)) v16 exp16(v16 x) { return vexp<v16, vi16>(x); }
 
 // f16 bits to f32 with integer and float vector operations only (every target
 // clone has them; a _Float16 conversion would be a library call per value on

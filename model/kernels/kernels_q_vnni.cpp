@@ -52,30 +52,57 @@ __attribute__((always_inline)) inline __m512i act_step(const int8_t* at, int s) 
 // row i's 64 bytes whose low nibbles are step k and high nibbles step k + 4;
 // fix(i, k, lo, hi) may add to the unpacked values (q5_0's 5th bits). Steps k
 // go to P0, steps k + 4 to P1 for one activation row (two chains), else to P0.
+// `unpacked` (several tiles of activation rows: run_packed_rows): the first
+// tile (m0 == 0) keeps the unpacked values of the group there, 8 x R vectors,
+// and the others read them instead of unpacking again; the same values either
+// way. Passed for the types with 5th bits (q5_0, q5_1, q5_K: 5 vector
+// operations a chunk, shifts sharing port 0 with vpdpbusd), where it measured
+// 18-22 % faster at 8-16 rows (one thread, best of 12 alternating runs, 1024 x
+// 896); for the others (2 operations a chunk) it measured 5-9 % slower.
 template <bool PAIR, int R, int MT, class Chunk, class Fix>
 __attribute__((always_inline)) inline void nibble_dots(const QuantActs& A, int64_t qis, int64_t m0, int64_t g,
-                                                       Chunk&& chunk, Fix&& fix, __m512i (&P0)[R][MT],
-                                                       __m512i (&P1)[R][MT]) {
+                                                       __m512i* unpacked, Chunk&& chunk, Fix&& fix,
+                                                       __m512i (&P0)[R][MT], __m512i (&P1)[R][MT]) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const int8_t* a0 = A.qi.data() + m0 * qis + 256 * g;
+  auto run = [&](auto mode) __attribute__((always_inline)) {
+    constexpr int MODE = decltype(mode)::value; // 0: unpack, 1: unpack and keep, 2: read the kept values
 #pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k) {
-    __m512i lo_a[MT], hi_a[MT];
-    for (int t = 0; t < MT; ++t) {
-      lo_a[t] = act_step<PAIR>(a0 + t * qis, k);
-      hi_a[t] = act_step<PAIR>(a0 + t * qis, k + 4);
-    }
-    for (int i = 0; i < R; ++i) {
-      const __m512i w = chunk(i, k);
-      __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-      fix(i, k, lo, hi);
+    for (int k = 0; k < 4; ++k) {
+      __m512i lo_a[MT], hi_a[MT];
       for (int t = 0; t < MT; ++t) {
-        P0[i][t] = _mm512_dpbusd_epi32(P0[i][t], lo, lo_a[t]);
-        auto& Ph = MT == 1 ? P1 : P0;
-        Ph[i][t] = _mm512_dpbusd_epi32(Ph[i][t], hi, hi_a[t]);
+        lo_a[t] = act_step<PAIR>(a0 + t * qis, k);
+        hi_a[t] = act_step<PAIR>(a0 + t * qis, k + 4);
+      }
+      for (int i = 0; i < R; ++i) {
+        __m512i lo, hi;
+        if constexpr (MODE == 2) {
+          lo = _mm512_load_si512(unpacked + 8 * i + 2 * k);
+          hi = _mm512_load_si512(unpacked + 8 * i + 2 * k + 1);
+        } else {
+          const __m512i w = chunk(i, k);
+          lo = _mm512_and_si512(w, m4);
+          hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+          fix(i, k, lo, hi);
+          if constexpr (MODE == 1) {
+            _mm512_store_si512(unpacked + 8 * i + 2 * k, lo);
+            _mm512_store_si512(unpacked + 8 * i + 2 * k + 1, hi);
+          }
+        }
+        for (int t = 0; t < MT; ++t) {
+          P0[i][t] = _mm512_dpbusd_epi32(P0[i][t], lo, lo_a[t]);
+          auto& Ph = MT == 1 ? P1 : P0;
+          Ph[i][t] = _mm512_dpbusd_epi32(Ph[i][t], hi, hi_a[t]);
+        }
       }
     }
-  }
+  };
+  if (unpacked == nullptr)
+    run(std::integral_constant<int, 0>{});
+  else if (m0 == 0)
+    run(std::integral_constant<int, 1>{});
+  else
+    run(std::integral_constant<int, 2>{});
 }
 
 // The integer chains of a group (pair) for weight rows i < R and activation
@@ -125,6 +152,7 @@ struct Blocks32 {
   int64_t nb, ng_full, tail, qis;
   std::size_t rb;
   static constexpr std::size_t GB = 8 * BB; // bytes of a full group
+  mutable __m512i* unpacked = nullptr;      // nibble_dots's, set by run_packed_rows
 
   Blocks32(const WMatrix& w, const QuantActs& a)
       : W(w), A(a), nb(w.cols / 32), ng_full(w.cols / 32 / 8), tail(w.cols / 32 % 8),
@@ -373,7 +401,7 @@ struct Q4p : Blocks32<q4p_block_bytes(T)> {
       chains_from_corr<R, MT>(A, live, nb, g, m0, corr_shift, P0, P1);
     const Side<PAIR, PART, R> side(*this, g, r, fetch);
     nibble_dots<PAIR, R, MT>(
-      A, qis, m0, g, [&](int i, int k) __attribute__((always_inline)) { return side.chunk(i, k); },
+      A, qis, m0, g, Q5 ? this->unpacked : nullptr, [&](int i, int k) __attribute__((always_inline)) { return side.chunk(i, k); },
       [&](int i, int k, __m512i& lo, __m512i& hi) __attribute__((always_inline)) { side.fix(i, k, lo, hi); }, P0, P1);
     this->template scale_into<R, MT>(prep, live, g, m0, P0, P1, acc);
     if constexpr (MIN) { // + m x the activation block's scale x sum, lane by lane
@@ -412,6 +440,7 @@ struct Blocks256 {
   int64_t ng_full, nb32, qis;
   std::size_t rb;
   int64_t tail = 0;
+  mutable __m512i* unpacked = nullptr; // nibble_dots's, set by run_packed_rows
 
   Blocks256(const WMatrix& w, const QuantActs& a)
       : W(w), A(a), ng_full(w.cols / 256), nb32(w.cols / 32), qis(w.cols / 256 * 256), rb(w.row_bytes()) {}
@@ -484,7 +513,7 @@ struct Q4Kp : Blocks256 {
         qh[i] = PAIR ? _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + BB)), 1)
                      : _mm512_zextsi256_si512(lo);
       }
-    nibble_dots<PAIR, R, MT>(A, qis, m0, g, chunk,
+    nibble_dots<PAIR, R, MT>(A, qis, m0, g, Q5 ? unpacked : nullptr, chunk,
                              [&](int i, int k, __m512i& lo, __m512i& hi) __attribute__((always_inline)) {
                                if constexpr (Q5)
                                  fix_5th_bits(qh[i], k, lo, hi);
@@ -558,7 +587,7 @@ struct IQ4XSp : Blocks256 {
       return k256_chunk<136, 8, PAIR, R>(row0 + i * rb, rb, g, k, fetch);
     };
     const __m512i table = iq4_table_u512();
-    nibble_dots<PAIR, R, MT>(A, qis, m0, g, chunk,
+    nibble_dots<PAIR, R, MT>(A, qis, m0, g, nullptr, chunk,
                              [&](int, int, __m512i& lo, __m512i& hi) __attribute__((always_inline)) {
                                lo = _mm512_shuffle_epi8(table, lo);
                                hi = _mm512_shuffle_epi8(table, hi);
@@ -602,6 +631,7 @@ struct K16p {
   int64_t ng_full, nb;
   std::size_t rb;
   int64_t tail = 0; // rows are whole blocks: PART is never asked for
+  mutable __m512i* unpacked = nullptr; // (unused: run_packed_rows sets it for every kernel)
   static constexpr std::size_t BB = Q6 ? 210 : Q3 ? 110 : 84;
 
   K16p(const WMatrix& w, const QuantActs& a) : W(w), A(a), ng_full(w.cols / 256), nb(w.cols / 256), rb(w.row_bytes()) {}
@@ -821,6 +851,8 @@ void run_packed_rows(const K& k, float* Y, int64_t ldy, int64_t r, int64_t r_end
   if (store.size() < static_cast<std::size_t>(16 * R * M))
     store.resize(static_cast<std::size_t>(16 * R * M));
   float* accs = store.data(); // [m][i][16 lanes]
+  alignas(64) __m512i unpacked[8 * R];
+  k.unpacked = M > 4 ? unpacked : nullptr;
   over_groups(k, [&](auto pair, auto part, int64_t g) __attribute__((always_inline)) {
     k.template prepare<pair(), part(), R>(g, r, prep);
     auto tile = [&](auto mt, int64_t m0) __attribute__((always_inline)) {

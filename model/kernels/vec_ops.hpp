@@ -9,6 +9,7 @@
 // - select, vcast, vconvert, vload, vstore, vload_halves: a vector select,
 //   bit cast, lane-wise conversion, load and store, for native vectors and
 //   for pair16.
+// - vexp: e^x lane by lane (the attention's softmax, the FFN's SiLU).
 // - With STRATA_VEC_PAIR: pair16, 16 lanes held as two vectors of 8, for code
 //   built for AVX2, where GCC 12 keeps vec.hpp's 64-byte vectors in memory
 //   (see there). Each half is one AVX2 register. Its operators and helpers
@@ -165,3 +166,32 @@ inline __attribute__((always_inline)) float hsum(pair16<v8> v) {
 }
 
 #endif
+
+// e^x lane by lane for a float vector V with integer lanes VI (Cephes' expf:
+// x = k ln2 + r, |r| <= ln2 / 2, a degree-7 polynomial in r, times 2^k),
+// within 2 ulp of expf; 0 below -87.3 (so -inf gives exactly 0; so does NaN);
+// above 88.7 as at 88.7 (2^128: infinity). Lane by lane a pure function of its
+// input, whatever the vector width.
+template <class V, class VI>
+inline __attribute__((always_inline)) V vexp(V x) {
+  const V lo = V{} - 87.33654f, hi = V{} + 88.72283f;
+  const VI under = ~(x >= lo); // NaN too
+  x = select(x >= lo, x, lo);
+  x = select(x > hi, hi, x);
+  // k = round(x / ln2) by the 1.5 * 2^23 trick (|x / ln2| < 2^22).
+  const V shifter = V{} + 12582912.0f;
+  const V kf = (x * 1.44269504088896341f + shifter) - shifter;
+  const V r = x - kf * 0.693359375f - kf * -2.12194440e-4f;
+  const V r2 = r * r;
+  V p = V{} + 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  p = p * r2 + r + 1.0f;
+  const VI k = vconvert<VI>(kf);
+  const V two_k = vcast<V>((k + 127) << 23);
+  const V e = p * two_k;
+  return select(under, V{}, e);
+}
