@@ -6,7 +6,6 @@
 
 #include "model/kernels/vec.hpp"
 
-#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -43,7 +42,5 @@ silu_mul(const float* g, const float* u, float* o, int64_t n) {
     std::memcpy(o + i, &ov, bytes);
   }
 }
-
-float silu_mul_reference(float g, float u) { return g / (1.0f + std::exp(-g)) * u; }
 
 } // namespace strata::model::detail

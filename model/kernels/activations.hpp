@@ -12,7 +12,4 @@ namespace strata::model::detail {
 /// o may alias g or u.
 void silu_mul(const float* g, const float* u, float* o, int64_t n);
 
-/// The same, one value through the scalar reference formula with std::exp (tests).
-float silu_mul_reference(float g, float u);
-
 } // namespace strata::model::detail

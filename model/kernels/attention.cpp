@@ -59,25 +59,17 @@ void set_attention_isa(AttentionIsa isa) {
   }
 }
 
-// Each entry point by cache type and build.
+// Each entry point by cache type and build: fn_<type>_avx512, fn_<type>_avx2 or fn_<type>.
+#define STRATA_ATTENTION_PICK(fn, type, ...)                                                                        \
+  return build() == avx512 ? fn##_##type##_avx512(__VA_ARGS__)                                                      \
+         : build() == avx2 ? fn##_##type##_avx2(__VA_ARGS__)                                                        \
+                           : fn##_##type(__VA_ARGS__)
 #define STRATA_ATTENTION_DISPATCH(fn, ...)                                                                          \
   switch (rows.type) {                                                                                              \
-    case WType::bf16:                                                                                               \
-      return build() == avx512 ? fn##_bf16_avx512(__VA_ARGS__)                                                      \
-             : build() == avx2 ? fn##_bf16_avx2(__VA_ARGS__)                                                        \
-                               : fn##_bf16(__VA_ARGS__);                                                            \
-    case WType::f16:                                                                                                \
-      return build() == avx512 ? fn##_f16_avx512(__VA_ARGS__)                                                       \
-             : build() == avx2 ? fn##_f16_avx2(__VA_ARGS__)                                                         \
-                               : fn##_f16(__VA_ARGS__);                                                             \
-    case WType::q8_0:                                                                                               \
-      return build() == avx512 ? fn##_q8_0_avx512(__VA_ARGS__)                                                      \
-             : build() == avx2 ? fn##_q8_0_avx2(__VA_ARGS__)                                                        \
-                               : fn##_q8_0(__VA_ARGS__);                                                            \
-    default:                                                                                                        \
-      return build() == avx512 ? fn##_f32_avx512(__VA_ARGS__)                                                       \
-             : build() == avx2 ? fn##_f32_avx2(__VA_ARGS__)                                                         \
-                               : fn##_f32(__VA_ARGS__);                                                             \
+    case WType::bf16: STRATA_ATTENTION_PICK(fn, bf16, __VA_ARGS__);                                                 \
+    case WType::f16: STRATA_ATTENTION_PICK(fn, f16, __VA_ARGS__);                                                   \
+    case WType::q8_0: STRATA_ATTENTION_PICK(fn, q8_0, __VA_ARGS__);                                                 \
+    default: STRATA_ATTENTION_PICK(fn, f32, __VA_ARGS__);                                                           \
   }
 
 void attend_rows(const float* q, int64_t q_stride, int64_t m, const CacheRows& rows, int64_t n0, int64_t hd,

@@ -152,7 +152,6 @@ struct Blocks32 {
   int64_t nb, ng_full, tail, qis;
   std::size_t rb;
   static constexpr std::size_t GB = 8 * BB; // bytes of a full group
-  mutable __m512i* unpacked = nullptr;      // nibble_dots's, set by run_packed_rows
 
   Blocks32(const WMatrix& w, const QuantActs& a)
       : W(w), A(a), nb(w.cols / 32), ng_full(w.cols / 32 / 8), tail(w.cols / 32 % 8),
@@ -317,6 +316,7 @@ struct Q4p : Blocks32<q4p_block_bytes(T)> {
   using B::B;
   // -128 s as is (iq4_nl), / 8 = -16 s (q5_0), / 16 = -8 s (q4_0)
   static constexpr int corr_shift = NL ? 0 : Q5 ? 3 : 4;
+  mutable __m512i* unpacked = nullptr; // nibble_dots's (q5_0, q5_1), set by run_packed_rows
 
   // The weight side every activation row shares: the scales (B's), and the
   // mins of q4_1 and q5_1.
@@ -401,7 +401,7 @@ struct Q4p : Blocks32<q4p_block_bytes(T)> {
       chains_from_corr<R, MT>(A, live, nb, g, m0, corr_shift, P0, P1);
     const Side<PAIR, PART, R> side(*this, g, r, fetch);
     nibble_dots<PAIR, R, MT>(
-      A, qis, m0, g, Q5 ? this->unpacked : nullptr, [&](int i, int k) __attribute__((always_inline)) { return side.chunk(i, k); },
+      A, qis, m0, g, Q5 ? unpacked : nullptr, [&](int i, int k) __attribute__((always_inline)) { return side.chunk(i, k); },
       [&](int i, int k, __m512i& lo, __m512i& hi) __attribute__((always_inline)) { side.fix(i, k, lo, hi); }, P0, P1);
     this->template scale_into<R, MT>(prep, live, g, m0, P0, P1, acc);
     if constexpr (MIN) { // + m x the activation block's scale x sum, lane by lane
@@ -440,7 +440,6 @@ struct Blocks256 {
   int64_t ng_full, nb32, qis;
   std::size_t rb;
   int64_t tail = 0;
-  mutable __m512i* unpacked = nullptr; // nibble_dots's, set by run_packed_rows
 
   Blocks256(const WMatrix& w, const QuantActs& a)
       : W(w), A(a), ng_full(w.cols / 256), nb32(w.cols / 32), qis(w.cols / 256 * 256), rb(w.row_bytes()) {}
@@ -457,6 +456,7 @@ struct Blocks256 {
 // a shift and a vpternlogd, as packed q5_0's.
 template <bool Q5>
 struct Q4Kp : Blocks256 {
+  mutable __m512i* unpacked = nullptr; // nibble_dots's (q5_K), set by run_packed_rows
   using Blocks256::Blocks256;
   static constexpr std::size_t BB = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
 
@@ -631,7 +631,6 @@ struct K16p {
   int64_t ng_full, nb;
   std::size_t rb;
   int64_t tail = 0; // rows are whole blocks: PART is never asked for
-  mutable __m512i* unpacked = nullptr; // (unused: run_packed_rows sets it for every kernel)
   static constexpr std::size_t BB = Q6 ? 210 : Q3 ? 110 : 84;
 
   K16p(const WMatrix& w, const QuantActs& a) : W(w), A(a), ng_full(w.cols / 256), nb(w.cols / 256), rb(w.row_bytes()) {}
@@ -852,7 +851,8 @@ void run_packed_rows(const K& k, float* Y, int64_t ldy, int64_t r, int64_t r_end
     store.resize(static_cast<std::size_t>(16 * R * M));
   float* accs = store.data(); // [m][i][16 lanes]
   alignas(64) __m512i unpacked[8 * R];
-  k.unpacked = M > 4 ? unpacked : nullptr;
+  if constexpr (requires { k.unpacked; }) // the kernels that unpack nibbles
+    k.unpacked = M > 4 ? unpacked : nullptr;
   over_groups(k, [&](auto pair, auto part, int64_t g) __attribute__((always_inline)) {
     k.template prepare<pair(), part(), R>(g, r, prep);
     auto tile = [&](auto mt, int64_t m0) __attribute__((always_inline)) {
