@@ -1,6 +1,7 @@
 #include "actors/drafter.hpp"
 
 #include "model/base/error.hpp"
+#include "model/transformer/math_thread.hpp"
 #include "model/transformer/sampler.hpp"
 
 #include <algorithm>
@@ -52,7 +53,7 @@ std::vector<int32_t> drafter_state::propose(const std::string& session, const st
     if (!e.cache.reserve(L + n))
       throw model::Error(model::errc::cache_full, "the draft model's cache cannot hold " + std::to_string(L + n) +
                                                     " positions");
-    auto out = model->forward(tokens, model::consecutive_positions(L, n), e.cache);
+    auto out = model::run_math([&] { return model->forward(tokens, model::consecutive_positions(L, n), e.cache); });
     e.tokens.insert(e.tokens.end(), tokens.begin(), tokens.end());
     computed += static_cast<uint64_t>(n);
     return model::Sampler::argmax(out.logits);

@@ -1,9 +1,9 @@
 #include "actors/shard_actor.hpp"
 
 #include "model/base/error.hpp"
+#include "model/transformer/math_thread.hpp"
 #include "model/transformer/sampler.hpp"
 
-#include <atomic>
 #include <cstring>
 
 namespace strata::actors {
@@ -417,7 +417,7 @@ void shard_state::round(self_ptr self) {
     std::vector<model::SeqOutcome> outs;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      outs = shard->forward(batch);
+      outs = model::run_math([&] { return shard->forward(batch); });
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       round_ms = round_ms == 0 ? ms : 0.8 * round_ms + 0.2 * ms;
     } catch (const std::exception& e) { // nothing of the caches was committed
@@ -539,9 +539,6 @@ void shard_state::round(self_ptr self) {
       }
       scheduler->erase(piece.step);
     }
-    // (after the replies and hand-offs are out: letting the team go waits for its threads)
-    if (MathActorCount::alive() > 1)
-      model::release_math_threads();
   }
   if (!scheduler->empty() && !round_pending)
     schedule_round(self);
@@ -679,20 +676,6 @@ shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::sha
       return caf::unit;
     },
   };
-}
-
-namespace {
-std::atomic<int> math_actors{0};
-} // namespace
-
-MathActorCount::MathActorCount() {
-  math_actors.fetch_add(1, std::memory_order_relaxed);
-}
-MathActorCount::~MathActorCount() {
-  math_actors.fetch_sub(1, std::memory_order_relaxed);
-}
-int MathActorCount::alive() {
-  return math_actors.load(std::memory_order_relaxed);
 }
 
 msg::shard_full_actor spawn_shard(caf::actor_system& sys, std::shared_ptr<model::Shard> shard, StoreLimits limits,

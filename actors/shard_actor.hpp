@@ -56,24 +56,8 @@ struct RequestLimits {
 using shard_impl_actor =
   msg::shard_full_actor::extend<caf::reacts_to<atom::tick_atom>, caf::reacts_to<atom::round_atom, uint64_t>>;
 
-/// Counts the shard actors of this process while they live (each runs its math
-/// on its own thread, with its own OpenMP team).
-struct MathActorCount {
-  MathActorCount();
-  ~MathActorCount();
-  MathActorCount(const MathActorCount&) = delete;
-  MathActorCount& operator=(const MathActorCount&) = delete;
-  /// Shard actors alive in this process.
-  static int alive();
-};
-
 struct shard_state {
   using self_ptr = shard_impl_actor::stateful_pointer<shard_state>;
-  /// With more than one shard actor in the process, each lets its math threads
-  /// go after every round (model::release_math_threads): teams left idle beside
-  /// the running one make libgomp put every team's threads to sleep at each
-  /// parallel region.
-  MathActorCount counted;
   ShardHooks hooks;
   RequestLimits request_limits;
   std::shared_ptr<model::Shard> shard;

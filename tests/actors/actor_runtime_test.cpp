@@ -5,6 +5,7 @@
 #include "actors/cluster.hpp"
 #include "actors/shard_actor.hpp"
 #include "messages/session_id.hpp"
+#include "model/transformer/math_thread.hpp"
 #include "tests/actors/reference.hpp"
 #include "tests/support.hpp"
 
@@ -155,43 +156,39 @@ TEST_F(ActorRuntime, DuplicateNeverAdvancesACacheTwice) {
   EXPECT_EQ(out.result.reprefills, 0u) << "a duplicate is absorbed, not a miss";
 }
 
-// Shard actors are counted while they live: with more than one in a process,
-// each lets its math threads go after every round (MathThreads.* test that
-// release), so no idle team sits beside a running one.
-TEST_F(ActorRuntime, ShardActorsAreCountedWhileTheyLive) {
-  const int before = actors::MathActorCount::alive();
-  {
-    LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-1,2-4"));
-    EXPECT_EQ(actors::MathActorCount::alive(), before + 2);
-    // Four clients at once (each shard lets its team go after every round),
-    // one of them meeting an eviction: each equals its stateless run alone.
-    constexpr int n = 4;
-    std::vector<actors::Outcome> outs(n);
-    std::vector<std::thread> clients;
-    for (int i = 0; i < n; ++i)
-      clients.emplace_back([&, i] {
-        std::vector<Injection> faults;
-        if (i == 1)
-          faults.push_back(Injection{Injection::evict, 1, 5, {}});
-        outs[static_cast<std::size_t>(i)] =
-          c.generate(request("counted-" + std::to_string(i), {1, static_cast<int32_t>(40 + 3 * i)}, 12, c.config()), faults);
-      });
-    for (auto& t : clients)
-      t.join();
-    for (int i = 0; i < n; ++i) {
-      ASSERT_TRUE(outs[static_cast<std::size_t>(i)].ok()) << "client " << i;
-      EXPECT_EQ(outs[static_cast<std::size_t>(i)].result.ids,
-                stateless_ids("builtin:tiny", {1, static_cast<int32_t>(40 + 3 * i)}, 12))
-        << "client " << i;
-    }
-    EXPECT_GE(outs[1].result.reprefills, 1u) << "the eviction was met";
-    EXPECT_EQ(actors::MathActorCount::alive(), before + 2);
+// Every shard actor's forward passes run on the process's one math thread
+// (model::run_math), so one OpenMP team serves them all: two in-process shard
+// actors, four clients at once, one of them meeting an eviction; each equals
+// its stateless run alone, and every round went through the math thread.
+TEST_F(ActorRuntime, ShardActorsComputeOnTheOneMathThread) {
+  LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-1,2-4"));
+  const uint64_t before = model::math_tasks_run();
+  constexpr int n = 4;
+  std::vector<actors::Outcome> outs(n);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n; ++i)
+    clients.emplace_back([&, i] {
+      std::vector<Injection> faults;
+      if (i == 1)
+        faults.push_back(Injection{Injection::evict, 1, 5, {}});
+      outs[static_cast<std::size_t>(i)] =
+        c.generate(request("math-" + std::to_string(i), {1, static_cast<int32_t>(40 + 3 * i)}, 12, c.config()), faults);
+    });
+  for (auto& t : clients)
+    t.join();
+  const uint64_t ran = model::math_tasks_run() - before;
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(outs[static_cast<std::size_t>(i)].ok()) << "client " << i;
+    EXPECT_EQ(outs[static_cast<std::size_t>(i)].result.ids,
+              stateless_ids("builtin:tiny", {1, static_cast<int32_t>(40 + 3 * i)}, 12))
+      << "client " << i;
   }
-  // The actors were told to exit; their states go as their threads end.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (actors::MathActorCount::alive() != before && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::yield();
-  EXPECT_EQ(actors::MathActorCount::alive(), before);
+  EXPECT_GE(outs[1].result.reprefills, 1u) << "the eviction was met";
+  uint64_t rounds = 0;
+  for (const auto& st : c.stats())
+    rounds += st.rounds;
+  EXPECT_GT(rounds, 0u);
+  EXPECT_GE(ran, rounds) << "a round computed off the math thread";
 }
 
 TEST_F(ActorRuntime, SixteenConcurrentSessionsUnderATightBudget) {

@@ -224,14 +224,16 @@ void fault_in_a_batch(caf::actor_system& sys, actors::Injection::Kind kind) {
     for (auto m : o.result.misses)
       misses += m;
     if (kind == actors::Injection::evict) {
-      if (i == 0)
+      if (i == 0) {
         EXPECT_GE(o.result.misses[static_cast<std::size_t>(msg::miss_reason::evicted_lru)], 1u);
-      else
+      } else {
         EXPECT_EQ(misses + o.result.reprefills, 0u) << "session " << i << " was not the one hit";
+      }
     }
   }
-  if (kind == actors::Injection::kill)
+  if (kind == actors::Injection::kill) {
     EXPECT_GE(outs[0].result.reprefills + outs[0].result.retries + outs[0].result.route_changes, 1u);
+  }
 }
 
 TEST_F(Batching, AnEvictionHitsOneSequenceOfABatchAndTheOthersCarryOn) {
