@@ -9,7 +9,8 @@
 //
 // Usage: strata_bench arch [DIR [LLAMA_BIN]] (STRATA_BENCH_ROUNDS: rounds of
 // strata then llama.cpp, default 3, medians; STRATA_BENCH_KV: strata's KV cache
-// type, default f32; STRATA_BENCH_ARCH=moe|gemma: one model only): DIR holds the generated files
+// type, default f32; STRATA_BENCH_ARCH=moe|gemma|gemma1b: one model only, all: the
+// three, default moe and gemma): DIR holds the generated files
 // (default build/bench-models), LLAMA_BIN the folder with llama-bench and
 // llama-quantize (default: $LLAMA_CPP_BIN; none: strata alone, on f32).
 
@@ -46,6 +47,18 @@ namespace {
 // 4096, window 1024, pattern 6. Widths are multiples of 256 (K-quants apply).
 const Shape moe_shape{"qwen3moe", "qwen3moe-bench", 1024, 12, 8, 2, 128, 0, 32768, 16384, 48, 8, 512, 0, 0};
 const Shape gemma_shape{"gemma3", "gemma3-bench", 1024, 12, 8, 4, 128, 4096, 32768, 16384, 0, 0, 0, 1024, 6, true, false, true};
+// Gemma-3-1B's own dimensions (1.0 B parameters: dim 1152, 26 layers, 4 heads /
+// 1 kv head of 256, FFN 6912, vocabulary 262,144, window 512, 5 local layers in
+// 6), seeded random weights: the smallest Gemma 3 people run, with its real
+// proportions of weights to cache. (The scaled-down shape above keeps 4 kv heads
+// of 128 against a 1024-wide model: per token and layer its cache is 3x larger
+// beside its weights than Gemma-3-4B's, so long contexts weigh more there.)
+// Only on request (STRATA_BENCH_ARCH=gemma1b or all): its f32 file is 4 GB.
+const Shape gemma1b_shape{"gemma3", "gemma3-1b-bench", 1152, 26, 4, 1, 256, 6912, 262144, 32768, 0, 0, 0, 512, 6, true, false, true};
+
+const char* key_of(const Shape* s) {
+  return s == &moe_shape ? "moe" : s == &gemma_shape ? "gemma" : "gemma1b";
+}
 
 // Bytes one decoded token reads: every tensor, the experts' only k/E of theirs
 // (the router picks k), the tied embedding in full (it is the classifier).
@@ -79,14 +92,14 @@ int arch_bench_main(int argc, char** argv) {
               "(STRATA_BENCH_ROUNDS), medians\n",
               bw1, bw2, rounds);
   // STRATA_BENCH_KV=bf16|f16|q8_0: strata's KV cache type (default f32; llama.cpp keeps f16);
-  // STRATA_BENCH_ARCH=moe|gemma: one of the two models only.
+  // STRATA_BENCH_ARCH=moe|gemma|gemma1b: one model only; all: the three (default: moe and gemma).
   model::LoadOptions opts;
   if (const char* kv = std::getenv("STRATA_BENCH_KV"))
     opts.kv_dtype = kv;
   const std::string only = std::getenv("STRATA_BENCH_ARCH") ? std::getenv("STRATA_BENCH_ARCH") : "";
   std::printf("strata's KV cache: %s (STRATA_BENCH_KV)\n", opts.kv_dtype.c_str());
-  for (const Shape* s : {&moe_shape, &gemma_shape}) {
-    if (!only.empty() && only != (s == &moe_shape ? "moe" : "gemma"))
+  for (const Shape* s : {&moe_shape, &gemma_shape, &gemma1b_shape}) {
+    if (only.empty() ? s == &gemma1b_shape : only != "all" && only != key_of(s))
       continue;
     const auto f32 = dir / (s->file + "-f32.gguf");
     if (!fs::exists(f32)) {
