@@ -29,7 +29,7 @@ std::atomic<int> wanted_threads{0};
 } // namespace
 
 // OpenMP keeps the thread count per calling thread: a count set on the main
-// thread does not reach a detached shard actor's thread. Every forward call
+// thread does not reach the math thread (math_thread.hpp). Every forward call
 // applies the process's setting to its own thread (once per change).
 void detail::apply_threads() {
   thread_local int applied = 0;
@@ -84,7 +84,7 @@ WType parse_kv_dtype(const std::string& name, const ModelConfig& cfg) {
 
 namespace {
 // Loading packs weights on the calling thread; the shard's math mostly runs on
-// another one (a detached shard actor): the loading thread's team goes when
+// another one (the process's math thread): the loading thread's team goes when
 // the load returns or throws.
 struct ReleaseMathThreads {
   ~ReleaseMathThreads() { release_math_threads(); }

@@ -78,8 +78,8 @@ void set_num_threads(int threads);
 int num_threads();
 /// Lets the calling thread's math threads go (its OpenMP team, started by the
 /// math it ran). Shard::load calls it when it returns: loading packs weights on
-/// the calling thread, and the shard's math then runs on another one (a
-/// detached shard actor). libgomp cuts the time its threads spin between
+/// the calling thread, and the shard's math then runs on another one (the
+/// process's math thread: math_thread.hpp). libgomp cuts the time its threads spin between
 /// parallel regions to almost nothing while it manages more threads than there
 /// are CPUs, so an idle team left on the loading thread made every parallel
 /// region of the shard put its threads to sleep and wake them through the
