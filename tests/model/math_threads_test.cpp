@@ -105,7 +105,6 @@ TEST(MathThreads, AFailedLoadLetsTheTeamGoToo) {
   EXPECT_EQ(after, base);
 }
 
-
 TEST(MathThreads, RunMathRunsEveryCallersWorkOnOneThread) {
   constexpr int callers = 4, calls = 50;
   std::vector<std::vector<std::thread::id>> seen(callers);
