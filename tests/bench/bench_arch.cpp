@@ -56,9 +56,13 @@ const Shape gemma_shape{"gemma3", "gemma3-bench", 1024, 12, 8, 4, 128, 4096, 327
 // Only on request (STRATA_BENCH_ARCH=gemma1b or all): its f32 file is 4 GB.
 const Shape gemma1b_shape{"gemma3", "gemma3-1b-bench", 1152, 26, 4, 1, 256, 6912, 262144, 32768, 0, 0, 0, 512, 6, true, false, true};
 
-const char* key_of(const Shape* s) {
-  return s == &moe_shape ? "moe" : s == &gemma_shape ? "gemma" : "gemma1b";
-}
+// The models by their STRATA_BENCH_ARCH name, and whether a run without it measures them.
+struct Model {
+  const char* key;
+  const Shape& shape;
+  bool by_default;
+};
+const Model models[] = {{"moe", moe_shape, true}, {"gemma", gemma_shape, true}, {"gemma1b", gemma1b_shape, false}};
 
 // Bytes one decoded token reads: every tensor, the experts' only k/E of theirs
 // (the router picks k), the tied embedding in full (it is the classifier).
@@ -82,6 +86,12 @@ int arch_bench_main(int argc, char** argv) {
   const std::string llama = argc > 3 ? argv[3] : env ? env : "";
   const bool peer = !llama.empty() && fs::exists(fs::path(llama) / "llama-bench") &&
                     fs::exists(fs::path(llama) / "llama-quantize");
+  const std::string only = std::getenv("STRATA_BENCH_ARCH") ? std::getenv("STRATA_BENCH_ARCH") : "";
+  if (!only.empty() && only != "all" &&
+      std::none_of(std::begin(models), std::end(models), [&](const Model& m) { return only == m.key; })) {
+    std::fprintf(stderr, "bench arch: unknown STRATA_BENCH_ARCH '%s' (moe, gemma, gemma1b or all)\n", only.c_str());
+    return 2;
+  }
   fs::create_directories(dir);
   const char* rounds_env = std::getenv("STRATA_BENCH_ROUNDS");
   const int rounds = std::max(1, rounds_env ? std::atoi(rounds_env) : 3);
@@ -96,11 +106,11 @@ int arch_bench_main(int argc, char** argv) {
   model::LoadOptions opts;
   if (const char* kv = std::getenv("STRATA_BENCH_KV"))
     opts.kv_dtype = kv;
-  const std::string only = std::getenv("STRATA_BENCH_ARCH") ? std::getenv("STRATA_BENCH_ARCH") : "";
   std::printf("strata's KV cache: %s (STRATA_BENCH_KV)\n", opts.kv_dtype.c_str());
-  for (const Shape* s : {&moe_shape, &gemma_shape, &gemma1b_shape}) {
-    if (only.empty() ? s == &gemma1b_shape : only != "all" && only != key_of(s))
+  for (const Model& m : models) {
+    if (only.empty() ? !m.by_default : only != "all" && only != m.key)
       continue;
+    const Shape* s = &m.shape;
     const auto f32 = dir / (s->file + "-f32.gguf");
     if (!fs::exists(f32)) {
       const auto t0 = clk::now();
