@@ -67,6 +67,16 @@ const std::map<std::string, BuiltinSpec>& builtin_specs() {
     mha.head_dim = 32;
     m.emplace("tiny-mha", BuiltinSpec{mha, 0x5eed0002});
 
+    // Multi-query attention, one kv head for every query head (as Gemma 3 1B
+    // and Falcon have), and a context long enough for a decode step's attention
+    // to be spread over threads: for tests of that path.
+    ModelConfig mqa = mha;
+    mqa.identity = "builtin:tiny-mqa";
+    mqa.n_layers = 2;
+    mqa.n_kv_heads = 1;
+    mqa.max_seq_len = 2048;
+    m.emplace("tiny-mqa", BuiltinSpec{mqa, 0x5eed0003});
+
     ModelConfig q;
     q.architecture = "qwen2";
     q.identity = "builtin:qwen2-0.5b";

@@ -13,7 +13,13 @@ namespace strata::model::detail {
   void attend_rows_##name(const float* q, int64_t q_stride, int64_t m, const CacheRows& rows, int64_t n0,           \
                           int64_t hd, float scale, float* scores, float* out, int64_t out_stride);                  \
   void attend_heads_##name(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t hd, float scale,   \
-                           float* scores, float* out);
+                           float* scores, float* out);                                                          \
+  void attend_heads_scores_##name(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t hd,          \
+                                  float scale, float* scores, int64_t k0, int64_t k1, float* mx);                   \
+  void attend_heads_weights_##name(int64_t m, const CacheRows& rows, int64_t n, float* scores, const float* mx,     \
+                                   int64_t parts);                                                                  \
+  void attend_heads_values_##name(int64_t m, const CacheRows& rows, int64_t n, int64_t hd, const float* scores,     \
+                                  int64_t c0, int64_t c1, float* out);
 STRATA_ATTENTION_DECLARE(f32)
 STRATA_ATTENTION_DECLARE(bf16)
 STRATA_ATTENTION_DECLARE(f16)
@@ -80,6 +86,20 @@ void attend_rows(const float* q, int64_t q_stride, int64_t m, const CacheRows& r
 void attend_heads(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t hd, float scale,
                   float* scores, float* out) {
   STRATA_ATTENTION_DISPATCH(attend_heads, q, m, rows, n, hd, scale, scores, out)
+}
+
+void attend_heads_scores(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t hd, float scale,
+                         float* scores, int64_t k0, int64_t k1, float* mx) {
+  STRATA_ATTENTION_DISPATCH(attend_heads_scores, q, m, rows, n, hd, scale, scores, k0, k1, mx)
+}
+
+void attend_heads_weights(int64_t m, const CacheRows& rows, int64_t n, float* scores, const float* mx, int64_t parts) {
+  STRATA_ATTENTION_DISPATCH(attend_heads_weights, m, rows, n, scores, mx, parts)
+}
+
+void attend_heads_values(int64_t m, const CacheRows& rows, int64_t n, int64_t hd, const float* scores, int64_t c0,
+                         int64_t c1, float* out) {
+  STRATA_ATTENTION_DISPATCH(attend_heads_values, m, rows, n, hd, scores, c0, c1, out)
 }
 
 } // namespace strata::model::detail

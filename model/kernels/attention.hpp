@@ -54,6 +54,38 @@ constexpr int64_t attend_group = 16;
 /// n-1 of a piece. `scores` has room for attend_scores_floats(n) floats.
 void attend_heads(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t head_dim, float scale,
                   float* scores, float* out);
+
+/// attend_heads in three steps, so that one such call (the heads of one kv head
+/// against a long cache: a decode step of a model with one or two kv heads) can
+/// be spread over threads. However the work is split, every number is the same
+/// bits as attend_heads gives. The keys form heads_keys(rows, n).chunks chunks
+/// of 16.
+///  1. attend_heads_scores: chunks [k0, k1) scored into `scores` (each chunk's
+///     own floats: calls on disjoint chunks may run at once), the heads' maxima
+///     of them into mx (attend_heads_max_floats floats).
+///  2. attend_heads_weights, once every chunk has its scores: the maxima of
+///     `parts` calls of step 1 (at mx, mx + attend_heads_max_floats, ...)
+///     merged, and the scores made the softmax's weights.
+///  3. attend_heads_values: output columns [c0, c1) of every head (multiples of
+///     16 where head_dim is one, else 0 and head_dim); calls on disjoint
+///     columns may run at once.
+void attend_heads_scores(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t head_dim, float scale,
+                         float* scores, int64_t k0, int64_t k1, float* mx);
+void attend_heads_weights(int64_t m, const CacheRows& rows, int64_t n, float* scores, const float* mx, int64_t parts);
+void attend_heads_values(int64_t m, const CacheRows& rows, int64_t n, int64_t head_dim, const float* scores,
+                         int64_t c0, int64_t c1, float* out);
+constexpr int64_t attend_heads_max_floats = 16 * 16;
+/// The keys a decode step at n cached rows sees: [lo, n) (the window's, if
+/// any), scored in `chunks` chunks of 16 from `base` (lo rounded down to 16).
+struct HeadsKeys {
+  int64_t lo, base, chunks;
+};
+inline HeadsKeys heads_keys(const CacheRows& rows, int64_t n) {
+  const int64_t lo = rows.window > 0 && n > rows.window ? n - rows.window : 0;
+  const int64_t base = lo & ~int64_t{15};
+  return {lo, base, (n - base + 15) / 16};
+}
+
 /// Which build of the kernels runs (tests and benches compare them on one
 /// machine; all give the same bits): best = the widest this CPU runs (AVX-512,
 /// with F16C's vcvtph2ps for f16 values; else AVX2; else the baseline),

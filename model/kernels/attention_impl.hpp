@@ -371,16 +371,18 @@ inline __attribute__((always_inline)) void prefetch_block(const CacheRows& rows,
       __builtin_prefetch(p + l, 0, 3);
 }
 
-// The value pass of m <= L lanes over keys [lo, n) (hd a multiple of 16 x CW),
-// 16 x CW output columns at a time, each value row read once for all lanes:
-// lane t's weight of key j at at(j)[STRIDE * t], its output at out + t *
-// out_stride. Each output column adds the keys in order whatever CW is.
+// The value pass of m <= L lanes over keys [lo, n), output columns [c0, c1)
+// (c1 - c0 a multiple of 16 x CW, c0 of 16), 16 x CW columns at a time, each
+// value row read once for all lanes: lane t's weight of key j at
+// at(j)[STRIDE * t], its output at out + t * out_stride. Each output column adds
+// the keys in order whatever CW is, and whatever other columns the call has.
 template <class E, int L, int STRIDE, int CW, class At>
-inline __attribute__((always_inline)) void value_columns_w(const CacheRows& rows, int64_t lo, int64_t n, int64_t hd,
-                                                           int64_t m, At at, float* out, int64_t out_stride) {
+inline __attribute__((always_inline)) void value_columns_w(const CacheRows& rows, int64_t lo, int64_t n, int64_t c0,
+                                                           int64_t c1, int64_t m, At at, float* out,
+                                                           int64_t out_stride) {
   const int64_t bt = rows.block_tokens, b0 = lo / bt;
   const std::size_t rs = rows.row_stride;
-  for (int64_t c = 0; c < hd; c += 16 * CW) {
+  for (int64_t c = c0; c < c1; c += 16 * CW) {
     v16 acc[L][CW] = {};
     // These columns of the values two blocks ahead (a block's keys take less
     // time than a fetch from memory).
@@ -417,20 +419,23 @@ inline __attribute__((always_inline)) void value_columns_w(const CacheRows& rows
 // of one kv head) then read each value row in one pass, whole cache lines,
 // rather than a part of it per pass over the whole cache (a 16-column pass
 // over a bf16 cache reads half of each line, so each line came twice).
+// Columns [c0, c1) (multiples of 16).
 template <class E, int L, int STRIDE, class At>
-inline __attribute__((always_inline)) void value_columns(const CacheRows& rows, int64_t lo, int64_t n, int64_t hd,
-                                                         int64_t m, At at, float* out, int64_t out_stride) {
+inline __attribute__((always_inline)) void value_columns(const CacheRows& rows, int64_t lo, int64_t n, int64_t c0,
+                                                         int64_t c1, int64_t m, At at, float* out,
+                                                         int64_t out_stride) {
   const int budget = wide_registers_here();
+  const int64_t w = c1 - c0;
   if constexpr (L <= 2)
-    if (8 * L <= budget && hd % 128 == 0)
-      return value_columns_w<E, L, STRIDE, 8>(rows, lo, n, hd, m, at, out, out_stride);
+    if (8 * L <= budget && w % 128 == 0)
+      return value_columns_w<E, L, STRIDE, 8>(rows, lo, n, c0, c1, m, at, out, out_stride);
   if constexpr (L <= 4)
-    if (4 * L <= budget && hd % 64 == 0)
-      return value_columns_w<E, L, STRIDE, 4>(rows, lo, n, hd, m, at, out, out_stride);
+    if (4 * L <= budget && w % 64 == 0)
+      return value_columns_w<E, L, STRIDE, 4>(rows, lo, n, c0, c1, m, at, out, out_stride);
   if constexpr (L <= 8)
-    if (2 * L <= budget && hd % 32 == 0)
-      return value_columns_w<E, L, STRIDE, 2>(rows, lo, n, hd, m, at, out, out_stride);
-  value_columns_w<E, L, STRIDE, 1>(rows, lo, n, hd, m, at, out, out_stride);
+    if (2 * L <= budget && w % 32 == 0)
+      return value_columns_w<E, L, STRIDE, 2>(rows, lo, n, c0, c1, m, at, out, out_stride);
+  value_columns_w<E, L, STRIDE, 1>(rows, lo, n, c0, c1, m, at, out, out_stride);
 }
 
 // The sum of a softmax's weights, the same bits in every kernel: weight j
@@ -546,7 +551,8 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
     vstore(S + 16 * j, p);
   }
   if (hd % 16 == 0) // 16 output columns of all rows at a time: each value row is read once
-    return value_columns<E, L, 1>(rows, lo, n, hd, m, [&](int64_t j) { return scores_raw + j * L; }, out, out_stride);
+    return value_columns<E, L, 1>(rows, lo, n, 0, hd, m, [&](int64_t j) { return scores_raw + j * L; }, out,
+                                  out_stride);
   for (int64_t t = 0; t < m; ++t) {
     float* o = out + t * out_stride;
     for (int64_t i = 0; i < hd; ++i)
@@ -588,31 +594,40 @@ inline __attribute__((always_inline)) void key_ptrs(const CacheRows& rows, std::
 }
 
 // m <= MH query heads of one position that share a kv head (a decode step of
-// grouped-query attention) against keys [lo, n). Keys are the lanes: 16 keys'
-// rows are transposed (E::keys16) so that each head's scores of 16 keys are one
-// chain of hd multiply-adds (C groups of 16 keys at once: C * MH chains, enough
-// to hide the latency), and each head's softmax runs 16 keys a vector. Every
-// number is the same bits as attend_rows gives the same query row: a score adds
-// its products in order i = 0 .. hd-1, the weights' sum goes by j % 16
-// (sum_parts), the value pass adds keys in order. Scores are kept as
+// grouped-query attention) against keys [lo, n), in three steps (the scores,
+// the softmax weights, the value pass) that one item may spread over threads:
+// each step's numbers are the same bits however the work is split. Keys are the
+// lanes: 16 keys' rows are transposed (E::keys16) so that each head's scores of
+// 16 keys are one chain of hd multiply-adds (C groups of 16 keys at once: C * MH
+// chains, enough to hide the latency), and each head's softmax runs 16 keys a
+// vector. Every number is the same bits as attend_rows gives the same query
+// row: a score adds its products in order i = 0 .. hd-1, the weights' sum goes
+// by j % 16 (sum_parts), the value pass adds keys in order. Scores are kept as
 // [16-key chunk][head][16], so the value pass reads every head's weight of a key
 // at fixed offsets.
+
+// Step 1: the scores of chunks [k0, k1) of keys [lo, n) (chunk k holds keys
+// base + 16 k .. + 15, base = lo rounded down to 16), and each head's maximum of
+// them, lane by lane, at mx + 16 h.
 template <class E, int HD, int MH>
-inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int64_t m, const CacheRows& rows, int64_t n,
-                                                             int64_t hd_rt, float scale, float* scores, float* out) {
+inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int64_t m, const CacheRows& rows,
+                                                             int64_t n, int64_t hd_rt, float scale, float* scores,
+                                                             int64_t k0, int64_t k1, float* mx_out) {
   const int64_t hd = HD > 0 ? HD : hd_rt;
-  // (AVX2 has half the registers: half the groups)
-  constexpr int C = HD == 0 || MH >= 16 ? 1
-                    : wide_registers == 8 ? (MH >= 8 ? 1 : MH >= 4 ? 2 : 4)
-                                          : (MH >= 8 ? 2 : 4);
+  // (AVX2 has half the registers: half the groups; a head size of 256 or more
+  // half again, so that the groups' transposed keys stay in the L1 cache)
+  constexpr int C0 = HD == 0 || MH >= 16 ? 1
+                     : wide_registers == 8 ? (MH >= 8 ? 1 : MH >= 4 ? 2 : 4)
+                                           : (MH >= 8 ? 2 : 4);
+  constexpr int C = HD >= 256 && C0 > 1 ? C0 / 2 : C0;
   constexpr int64_t HM = HD > 0 ? HD : max_head_dim;
   float qb[MH][HM];
   for (int h = 0; h < MH; ++h)
     for (int64_t i = 0; i < hd; ++i)
       qb[h][i] = h < m ? q[h * hd + i] : 0.f;
-  const int64_t w = rows.window;
-  const int64_t lo = w > 0 ? std::max<int64_t>(0, n - w) : 0;
-  const int64_t base = lo & ~int64_t{15};
+  const HeadsKeys keys = heads_keys(rows, n);
+  const int64_t lo = keys.lo, base = keys.base;
+  const int64_t end = std::min(n, base + 16 * k1);
   const float cap = rows.softcap, inv_cap = cap > 0 ? 1.0f / cap : 0.f;
   v16 lanes;
   for (int t = 0; t < 16; ++t)
@@ -623,12 +638,12 @@ inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int
   v16 kt[C][HM];
   const uint8_t* ptr[16];
   const int64_t kbytes = E::bytes(hd);
-  for (int64_t c0 = base; c0 < n; c0 += 16 * C) {
+  for (int64_t c0 = base + 16 * k0; c0 < end; c0 += 16 * C) {
     // The keys two groups ahead, while these are computed (blocks lie anywhere
     // in the pool: the hardware prefetcher starts over at each one).
     for (int c = 0; c < C; ++c) {
       const int64_t ahead = c0 + 16 * (2 * C + c);
-      if (ahead < n) {
+      if (ahead < end) {
         key_ptrs(rows, rows.k_offset, ahead, lo, n, ptr);
         for (int r = 0; r < 16; ++r)
           for (int64_t l = 0; l < kbytes; l += 64)
@@ -652,6 +667,8 @@ inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int
     }
     for (int c = 0; c < C; ++c) {
       const int64_t cs = c0 + 16 * c;
+      if (cs >= end) // (the next call's chunk: it stores it)
+        break;
       // lane r is key cs + r: seen when lo <= cs + r < n
       const v16 from = v16{} + static_cast<float>(lo - cs), until = v16{} + static_cast<float>(n - cs);
       const auto seen = (lanes >= from) & (lanes < until);
@@ -667,12 +684,26 @@ inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int
       }
     }
   }
-  // Each head's weights, 16 keys a vector: e^(s - max), summed by j % 16.
-  const int64_t chunks = (n - base + 15) / 16;
+  for (int h = 0; h < MH; ++h)
+    vstore(mx_out + 16 * h, mx[h]);
+}
+
+// Step 2, once every chunk has its scores: the maxima of `parts` calls of step 1
+// (part p's at mx + attend_heads_max_floats * p) merged, and each head's scores
+// made its weights, 16 keys a vector: e^(s - max), summed by j % 16.
+template <int MH>
+inline __attribute__((always_inline)) void heads_weights_impl(int64_t m, const CacheRows& rows, int64_t n,
+                                                              float* scores, const float* mx, int64_t parts) {
+  const int64_t chunks = heads_keys(rows, n).chunks;
   for (int h = 0; h < std::min<int64_t>(m, MH); ++h) {
+    v16 mh = vload<v16>(mx + 16 * h);
+    for (int64_t p = 1; p < parts; ++p) {
+      const v16 o = vload<v16>(mx + attend_heads_max_floats * p + 16 * h);
+      mh = select(mh > o, mh, o);
+    }
     float top = -INFINITY;
     for (int t = 0; t < 16; ++t)
-      top = std::max(top, mx[h][t]);
+      top = std::max(top, mh[t]);
     v16 part = v16{};
     float* S = scores + 16 * h;
     for (int64_t k = 0; k < chunks; ++k) {
@@ -686,17 +717,26 @@ inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int
       vstore(S + k * 16 * MH, p);
     }
   }
-  const int64_t bt = rows.block_tokens;
-  const int64_t b0 = lo / bt;
-  const std::size_t rs = rows.row_stride;
+}
+
+// Step 3: output columns [c0, c1) of every head (multiples of 16 where hd is one).
+template <class E, int MH>
+inline __attribute__((always_inline)) void heads_values_impl(int64_t m, const CacheRows& rows, int64_t n,
+                                                             int64_t hd, const float* scores, int64_t c0, int64_t c1,
+                                                             float* out) {
+  const HeadsKeys keys = heads_keys(rows, n);
+  const int64_t lo = keys.lo, base = keys.base;
   if (hd % 16 == 0) // 16 output columns of every head at a time: each value row is read once
     // key j's weights: chunk (j - base) / 16, lane j % 16, a head every 16 floats
     return value_columns<E, MH, 16>(
-      rows, lo, n, hd, m, [&](int64_t j) { return scores + ((j - base) >> 4) * 16 * MH + (j & 15); }, out, hd);
-  float tmp[HM];
+      rows, lo, n, c0, c1, m, [&](int64_t j) { return scores + ((j - base) >> 4) * 16 * MH + (j & 15); }, out, hd);
+  const int64_t bt = rows.block_tokens;
+  const int64_t b0 = lo / bt;
+  const std::size_t rs = rows.row_stride;
+  float tmp[max_head_dim];
   for (int64_t t = 0; t < m; ++t) {
     float* o = out + t * hd;
-    for (int64_t i = 0; i < hd; ++i)
+    for (int64_t i = c0; i < c1; ++i)
       o[i] = 0.f;
     for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
       const int64_t first = std::max<int64_t>(lo - j0, 0);
@@ -706,7 +746,7 @@ inline __attribute__((always_inline)) void attend_heads_impl(const float* q, int
         const float* v = E::row(vp, hd, tmp);
         const float a = scores[((j - base) >> 4) * 16 * MH + 16 * t + (j & 15)];
 #pragma omp simd
-        for (int64_t i = 0; i < hd; ++i)
+        for (int64_t i = c0; i < c1; ++i)
           o[i] += a * v[i];
       }
     }
@@ -727,26 +767,60 @@ inline __attribute__((always_inline)) void attend_rows_typed(const float* q, int
 }
 
 template <class E, int MH>
-inline __attribute__((always_inline)) void attend_heads_lanes(const float* q, int64_t m, const CacheRows& rows, int64_t n,
-                                                              int64_t hd, float scale, float* scores, float* out) {
+inline __attribute__((always_inline)) void heads_scores_lanes(const float* q, int64_t m, const CacheRows& rows,
+                                                              int64_t n, int64_t hd, float scale, float* scores,
+                                                              int64_t k0, int64_t k1, float* mx) {
   switch (hd) {
-    case 64: return attend_heads_impl<E, 64, MH>(q, m, rows, n, hd, scale, scores, out);
-    case 128: return attend_heads_impl<E, 128, MH>(q, m, rows, n, hd, scale, scores, out);
-    default: return attend_heads_impl<E, 0, MH>(q, m, rows, n, hd, scale, scores, out);
+    case 64: return heads_scores_impl<E, 64, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+    case 128: return heads_scores_impl<E, 128, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+    case 256: return heads_scores_impl<E, 256, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+    default: return heads_scores_impl<E, 0, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
   }
 }
 
-// As few head lanes as hold the heads (1-2, 3-4, 5-8, 9-16).
+// As few head lanes as hold the heads (1-2, 3-4, 5-8, 9-16): every step picks the same.
+#define STRATA_HEADS_LANES(m, call)                                                                                 \
+  if ((m) <= 2)                                                                                                     \
+    return call(2);                                                                                                 \
+  if ((m) <= 4)                                                                                                     \
+    return call(4);                                                                                                 \
+  if ((m) <= 8)                                                                                                     \
+    return call(8);                                                                                                 \
+  return call(16)
+
+template <class E>
+inline __attribute__((always_inline)) void attend_heads_scores_typed(const float* q, int64_t m, const CacheRows& rows,
+                                                                     int64_t n, int64_t hd, float scale, float* scores,
+                                                                     int64_t k0, int64_t k1, float* mx) {
+#define STRATA_CALL(MH) heads_scores_lanes<E, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx)
+  STRATA_HEADS_LANES(m, STRATA_CALL);
+#undef STRATA_CALL
+}
+template <class E>
+inline __attribute__((always_inline)) void attend_heads_weights_typed(int64_t m, const CacheRows& rows, int64_t n,
+                                                                      float* scores, const float* mx, int64_t parts) {
+#define STRATA_CALL(MH) heads_weights_impl<MH>(m, rows, n, scores, mx, parts)
+  STRATA_HEADS_LANES(m, STRATA_CALL);
+#undef STRATA_CALL
+}
+template <class E>
+inline __attribute__((always_inline)) void attend_heads_values_typed(int64_t m, const CacheRows& rows, int64_t n,
+                                                                     int64_t hd, const float* scores, int64_t c0,
+                                                                     int64_t c1, float* out) {
+#define STRATA_CALL(MH) heads_values_impl<E, MH>(m, rows, n, hd, scores, c0, c1, out)
+  STRATA_HEADS_LANES(m, STRATA_CALL);
+#undef STRATA_CALL
+}
+#undef STRATA_HEADS_LANES
+
+// The three steps in one call.
 template <class E>
 inline __attribute__((always_inline)) void attend_heads_typed(const float* q, int64_t m, const CacheRows& rows, int64_t n,
                                                               int64_t hd, float scale, float* scores, float* out) {
-  if (m <= 2)
-    return attend_heads_lanes<E, 2>(q, m, rows, n, hd, scale, scores, out);
-  if (m <= 4)
-    return attend_heads_lanes<E, 4>(q, m, rows, n, hd, scale, scores, out);
-  if (m <= 8)
-    return attend_heads_lanes<E, 8>(q, m, rows, n, hd, scale, scores, out);
-  return attend_heads_lanes<E, 16>(q, m, rows, n, hd, scale, scores, out);
+  float mx[attend_heads_max_floats];
+  attend_heads_scores_typed<E>(q, m, rows, n, hd, scale, scores, 0, heads_keys(rows, n).chunks, mx);
+  attend_heads_weights_typed<E>(m, rows, n, scores, mx, 1);
+  attend_heads_values_typed<E>(m, rows, n, hd, scores, 0, hd, out);
 }
 
 } // namespace strata::model::detail::STRATA_ATTENTION_NS
@@ -769,5 +843,18 @@ inline __attribute__((always_inline)) void attend_heads_typed(const float* q, in
   ATTRS void attend_heads_##name(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t hd,         \
                                  float scale, float* scores, float* out) {                                        \
     STRATA_ATTENTION_NS::attend_heads_typed<STRATA_ATTENTION_NS::E>(q, m, rows, n, hd, scale, scores, out);       \
+  }                                                                                                               \
+  ATTRS void attend_heads_scores_##name(const float* q, int64_t m, const CacheRows& rows, int64_t n, int64_t hd,  \
+                                        float scale, float* scores, int64_t k0, int64_t k1, float* mx) {          \
+    STRATA_ATTENTION_NS::attend_heads_scores_typed<STRATA_ATTENTION_NS::E>(q, m, rows, n, hd, scale, scores, k0,  \
+                                                                           k1, mx);                               \
+  }                                                                                                               \
+  ATTRS void attend_heads_weights_##name(int64_t m, const CacheRows& rows, int64_t n, float* scores,              \
+                                         const float* mx, int64_t parts) {                                        \
+    STRATA_ATTENTION_NS::attend_heads_weights_typed<STRATA_ATTENTION_NS::E>(m, rows, n, scores, mx, parts);       \
+  }                                                                                                               \
+  ATTRS void attend_heads_values_##name(int64_t m, const CacheRows& rows, int64_t n, int64_t hd,                  \
+                                        const float* scores, int64_t c0, int64_t c1, float* out) {                \
+    STRATA_ATTENTION_NS::attend_heads_values_typed<STRATA_ATTENTION_NS::E>(m, rows, n, hd, scores, c0, c1, out);  \
   }                                                                                                               \
   }

@@ -83,7 +83,7 @@ std::unique_ptr<Tokenizer> Tokenizer::bytes() {
 }
 
 std::unique_ptr<Tokenizer> default_tokenizer_for(const ModelConfig& cfg) {
-  if (cfg.identity == "builtin:tiny" || cfg.identity == "builtin:tiny-mha")
+  if (cfg.identity == "builtin:tiny" || cfg.identity == "builtin:tiny-mha" || cfg.identity == "builtin:tiny-mqa")
     return Tokenizer::bytes();
   // A GGUF file carries its tokenizer (read from the shard's own copy).
   if (cfg.dtype.rfind("gguf:", 0) == 0)

@@ -21,6 +21,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -30,6 +31,8 @@ namespace strata::model {
 using detail::LayerWeights;
 
 namespace {
+
+std::atomic<uint64_t> spreads{0};
 
 void rmsnorm(float* out, const float* x, const float* w, int64_t n, float eps) {
   float ss = 0.f;
@@ -211,6 +214,8 @@ struct Pass {
     const BlockPool* pool = plan.seqs.front().view.pool;
     const WType kv_type = pool->shape().kv_type;
     const std::size_t row_stride = pool->head_row_bytes();
+    if (attention_spread(l, scale, window, softcap))
+      return;
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, max_ctx * hd));
     at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> scores;
@@ -233,6 +238,114 @@ struct Pass {
           detail::attend_rows(qp, qkv_stride, w.m, rows, q.past + w.t0, hd, scale, scores.data(), op, c.q_dim());
       }
     });
+  }
+
+  // A round of decode steps with fewer attention items than threads (one
+  // session of a model with one kv head, as Gemma 3 1B has) would leave threads
+  // idle while one reads a long cache: each item is spread over `spans` threads,
+  // its keys cut into spans for the scores and then its output columns for the
+  // value pass (attend_heads_scores / _weights / _values: the same bits as one
+  // attend_heads call, so a step's numbers do not depend on the threads).
+  // False (nothing done) where no item has enough keys to be worth it.
+  struct Piece {
+    int32_t item, part, parts;
+  };
+  std::vector<Piece> pieces;
+  std::vector<int32_t> item_spans;
+
+  bool attention_spread(int64_t l, float scale, int64_t window, float softcap) {
+    const auto& c = cfg();
+    const int64_t threads = at::get_num_threads();
+    const auto n_items = static_cast<int64_t>(items.size());
+    if (threads < 2 || n_items >= threads ||
+        !std::all_of(items.begin(), items.end(), [](const Item& w) { return w.heads; }))
+      return false;
+    const int64_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
+    const int64_t qkv_stride = c.q_dim() + 2 * c.kv_dim();
+    const BlockPool* pool = plan.seqs.front().view.pool;
+    const std::size_t row_stride = pool->head_row_bytes();
+    auto cache_rows = [&](const Item& w) {
+      const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
+      const int64_t g = w.head / group;
+      return detail::CacheRows{q.view.blocks_of(l).data(), BlockPool::block_tokens, row_stride,
+                               pool->k_offset(l, 0, g), pool->v_offset(l, 0, g), window, softcap,
+                               pool->shape().kv_type};
+    };
+    auto keys_of = [&](const Item& w) {
+      const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
+      return detail::heads_keys(cache_rows(w), q.past + 1);
+    };
+    // Spans of at least 16 chunks (256 keys): below that the threads' meeting
+    // points cost more than the work they share.
+    const int64_t want = (threads + n_items - 1) / n_items;
+    item_spans.assign(static_cast<std::size_t>(n_items), 1);
+    bool any = false;
+    for (int64_t i = 0; i < n_items; ++i) {
+      const int64_t spans = std::min(want, keys_of(items[static_cast<std::size_t>(i)]).chunks / 16);
+      if (spans > 1) {
+        item_spans[static_cast<std::size_t>(i)] = static_cast<int32_t>(spans);
+        any = true;
+      }
+    }
+    if (!any)
+      return false;
+    spreads.fetch_add(1, std::memory_order_relaxed);
+    const auto per_item = static_cast<std::size_t>(detail::attend_scores_floats(plan.max_ctx + 1));
+    float* const scores = grow(s.ws.att_scores, n_items * static_cast<int64_t>(per_item));
+    float* const maxima = grow(s.ws.att_max, n_items * want * detail::attend_heads_max_floats);
+    pieces.clear();
+    for (int64_t i = 0; i < n_items; ++i)
+      for (int32_t p = 0; p < item_spans[static_cast<std::size_t>(i)]; ++p)
+        pieces.push_back(Piece{static_cast<int32_t>(i), p, item_spans[static_cast<std::size_t>(i)]});
+    const auto n_pieces = static_cast<int64_t>(pieces.size());
+    const float* qkv = s.ws.qkv.data();
+    float* att = s.ws.att.data();
+    auto item_scores = [&](int64_t i) { return scores + static_cast<std::size_t>(i) * per_item; };
+    auto item_max = [&](int64_t i) { return maxima + i * want * detail::attend_heads_max_floats; };
+    // 1. Each span's scores (span boundaries on multiples of 4 chunks: the
+    // kernel scores up to 4 chunks at a time).
+    at::parallel_for(0, n_pieces, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const Piece& pc = pieces[static_cast<std::size_t>(k)];
+        const Item& w = items[static_cast<std::size_t>(pc.item)];
+        const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
+        const detail::CacheRows rows = cache_rows(w);
+        const int64_t chunks = detail::heads_keys(rows, q.past + 1).chunks;
+        auto bound = [&](int64_t p) { return p == pc.parts ? chunks : (chunks * p / pc.parts) & ~int64_t{3}; };
+        const float* qp = qkv + q.row0 * qkv_stride + w.head * hd;
+        detail::attend_heads_scores(qp, w.m, rows, q.past + 1, hd, scale, item_scores(pc.item), bound(pc.part),
+                                    bound(pc.part + 1), item_max(pc.item) + pc.part * detail::attend_heads_max_floats);
+      }
+    });
+    // 2. Each item's weights.
+    at::parallel_for(0, n_items, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const Item& w = items[static_cast<std::size_t>(i)];
+        const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
+        detail::attend_heads_weights(w.m, cache_rows(w), q.past + 1, item_scores(i), item_max(i),
+                                     item_spans[static_cast<std::size_t>(i)]);
+      }
+    });
+    // 3. Each span of output columns (multiples of 64 where the head size
+    // allows, so that the value pass keeps its widest tiles; else of 16).
+    at::parallel_for(0, n_pieces, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const Piece& pc = pieces[static_cast<std::size_t>(k)];
+        const Item& w = items[static_cast<std::size_t>(pc.item)];
+        const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
+        float* op = att + q.row0 * c.q_dim() + w.head * hd;
+        if (hd % 16 != 0) { // one piece does the columns
+          if (pc.part == 0)
+            detail::attend_heads_values(w.m, cache_rows(w), q.past + 1, hd, item_scores(pc.item), 0, hd, op);
+          continue;
+        }
+        const int64_t unit = hd % 64 == 0 && hd / 64 >= pc.parts ? 64 : 16, units = hd / unit;
+        const int64_t c0 = units * pc.part / pc.parts * unit, c1 = units * (pc.part + 1) / pc.parts * unit;
+        if (c1 > c0)
+          detail::attend_heads_values(w.m, cache_rows(w), q.past + 1, hd, item_scores(pc.item), c0, c1, op);
+      }
+    });
+    return true;
   }
 
   // Row-wise work over all rows, split across threads when there is enough.
@@ -581,7 +694,7 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
       std::memcpy(x + q.row0 * D, st.hidden, static_cast<std::size_t>(q.rows * D) * sizeof(float));
     }
   }
-  Pass{*this, plan, {}}.layers();
+  Pass{*this, plan, {}, {}, {}}.layers();
   // Commit: only now do the new positions count.
   for (auto& q : plan.seqs)
     batch[q.index].cache->commit(q.past + q.rows);
@@ -677,6 +790,10 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
     }
   }
   return out;
+}
+
+uint64_t attention_spreads() {
+  return spreads.load(std::memory_order_relaxed);
 }
 
 } // namespace strata::model

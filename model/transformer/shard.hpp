@@ -86,6 +86,10 @@ int num_threads();
 /// kernel (on 2 vCPUs, a node decoded 1.5-2x slower). Harmless anywhere: a
 /// thread that runs math again gets a new team.
 void release_math_threads();
+/// How many times this process spread a layer's decode attention over threads
+/// (fewer attention items than threads, each with a long enough cache: one
+/// session of a model with one kv head). For tests and benches.
+uint64_t attention_spreads();
 
 class Shard {
 public:

@@ -27,6 +27,10 @@ struct Workspace {
   std::vector<float> router;      // (R, n_experts)
   std::vector<int32_t> chosen;    // (R, n_experts_used)
   std::vector<float> weight;      // (R, n_experts_used)
+  // Attention items spread over threads: each item's scores, and the heads'
+  // maxima of each of its spans of keys.
+  std::vector<float> att_scores;
+  std::vector<float> att_max;
 };
 
 struct Shard::Impl {

@@ -385,6 +385,58 @@ TEST(Batch, CachedDecodeEqualsStatelessBitForBitWithMultiHeadAttention) {
   }
 }
 
+// A decode step of a model with one kv head (Gemma 3 1B's multi-query
+// attention) is one attention item a layer: past 512 cached rows a round
+// spreads it over the threads (its keys' scores, then its output columns), and
+// the step still equals the stateless recomputation of its position bit for
+// bit, in every KV type, and the same step on one thread: a step's numbers do
+// not depend on the threads. The spreads are counted, so the path is known to
+// have run.
+TEST(Batch, OneKvHeadDecodeSpreadOverThreadsEqualsStatelessBitForBit) {
+  struct Restore {
+    int threads = model::num_threads();
+    ~Restore() { model::set_num_threads(threads); }
+  } restore;
+  for (const char* kv : {"f32", "bf16", "f16", "q8_0"}) {
+    SCOPED_TRACE(std::string("KV ") + kv);
+    model::LoadOptions o;
+    o.dtype = "q8_0";
+    o.kv_dtype = kv;
+    auto s = Shard::load("builtin:tiny-mqa", o);
+    ASSERT_EQ(s->config().n_kv_heads, 1);
+    std::vector<int32_t> tokens;
+    for (int j = 0; j < 700; ++j)
+      tokens.push_back(static_cast<int32_t>((5 + 29 * j + j * j) % 250 + 3));
+    model::set_num_threads(2);
+    auto cache = s->new_cache();
+    auto cached = s->forward(tokens, model::consecutive_positions(0, 700), cache).logits;
+    auto one = s->new_cache(); // the same steps on one thread
+    model::set_num_threads(1);
+    auto cached_one = s->forward(tokens, model::consecutive_positions(0, 700), one).logits;
+    const uint64_t spreads_before = model::attention_spreads();
+    for (int step = 0; step < 12; ++step) {
+      ASSERT_EQ(cached, cached_one) << "step " << step << ": two threads and one differ";
+      if (step % 4 == 3) {
+        auto fresh = s->new_cache();
+        const auto stateless =
+          s->forward(tokens, model::consecutive_positions(0, static_cast<int64_t>(tokens.size())), fresh).logits;
+        ASSERT_EQ(cached.size(), stateless.size());
+        for (std::size_t v = 0; v < cached.size(); ++v)
+          ASSERT_EQ(__builtin_bit_cast(uint32_t, cached[v]), __builtin_bit_cast(uint32_t, stateless[v]))
+            << "step " << step << " logit " << v << ": " << cached[v] << " cached, " << stateless[v] << " stateless";
+      }
+      tokens.push_back(argmax(cached));
+      const auto at = model::consecutive_positions(static_cast<int64_t>(tokens.size()) - 1, 1);
+      model::set_num_threads(2);
+      cached = s->forward(std::vector<int32_t>{tokens.back()}, at, cache).logits;
+      model::set_num_threads(1);
+      cached_one = s->forward(std::vector<int32_t>{tokens.back()}, at, one).logits;
+    }
+    // Two layers a step, each spread on two threads (one thread never spreads).
+    EXPECT_EQ(model::attention_spreads() - spreads_before, 2u * 12u);
+  }
+}
+
 // One bad sequence in a batch gets its own typed error and leaves its cache
 // untouched; the others run and equal their lone runs.
 TEST(Batch, ABadSequenceFailsAloneAndTheOthersRun) {

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <string>
 #include <random>
+#include <thread>
 #include <vector>
 
 namespace strata::model::detail {
@@ -213,6 +214,78 @@ TEST(Kernels, DecodeHeadsEqualPrefillRowsBitForBit) {
     }
 }
 
+
+// One decode item spread over threads (attend_heads_scores on spans of keys,
+// attend_heads_weights, attend_heads_values on spans of output columns) is the
+// same bits as one attend_heads call, for every cache type, head size (64, 128
+// and 256 have kernels of their own; 48 and 40 take the run-time one, 40 the
+// column loop of a head size not a multiple of 16), window and soft-cap: spans
+// on any chunk, those of one step run at once on threads of their own, in any
+// order, and every score and output is written (the buffers start as NaN).
+TEST(Kernels, ADecodeItemSpreadOverThreadsGivesTheBitsOfOneCall) {
+  const int64_t bt = 64, blocks = 20; // 1,280 keys
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (WType type : {WType::f32, WType::bf16, WType::f16, WType::q8_0})
+    for (int64_t hd : {40, 48, 64, 128, 256}) {
+      if (type == WType::q8_0 && hd % 32 != 0)
+        continue;
+      const std::size_t stride = row_bytes(type, hd);
+      const StoredBlocks cache = stored_blocks(type, hd, bt, blocks, 60);
+      for (int64_t window : {0, 300})
+        for (float cap : {0.f, 3.f}) {
+          SCOPED_TRACE(std::string(to_string(type)) + " hd " + std::to_string(hd) + " window " + std::to_string(window) +
+                       " cap " + std::to_string(cap));
+          const CacheRows rows{cache.ptrs.data(), bt, stride, 0, bt * stride, window, cap, type};
+          const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+          for (int64_t m : {1, 4, 7, 16})
+            for (int64_t n : {1, 333, 1000, 1280}) {
+              const auto q = random(static_cast<std::size_t>(m * hd), static_cast<uint32_t>(13 * m + n));
+              std::vector<float> scores(static_cast<std::size_t>(attend_scores_floats(n + 1)));
+              std::vector<float> whole(static_cast<std::size_t>(m * hd));
+              attend_heads(q.data(), m, rows, n, hd, scale, scores.data(), whole.data());
+              const int64_t chunks = heads_keys(rows, n).chunks;
+              for (int64_t parts : {2, 3, 5}) {
+                if (parts > chunks)
+                  continue;
+                // Chunk bounds anywhere (not only on multiples of 4), column
+                // bounds on multiples of 16 (all of them in one piece where hd is not one).
+                std::vector<int64_t> kb, cb;
+                for (int64_t p = 0; p <= parts; ++p) {
+                  kb.push_back(chunks * p / parts);
+                  cb.push_back(hd % 16 == 0 ? hd / 16 * p / parts * 16 : (p == 0 ? 0 : hd));
+                }
+                std::vector<float> split_scores(scores.size(), nan), mx(static_cast<std::size_t>(parts * attend_heads_max_floats), nan);
+                std::vector<float> split(whole.size(), nan);
+                {
+                  std::vector<std::thread> ts;
+                  for (int64_t p = parts - 1; p >= 0; --p)
+                    ts.emplace_back([&, p] {
+                      attend_heads_scores(q.data(), m, rows, n, hd, scale, split_scores.data(), kb[p], kb[p + 1],
+                                          mx.data() + p * attend_heads_max_floats);
+                    });
+                  for (auto& t : ts)
+                    t.join();
+                }
+                attend_heads_weights(m, rows, n, split_scores.data(), mx.data(), parts);
+                {
+                  std::vector<std::thread> ts;
+                  for (int64_t p = parts - 1; p >= 0; --p)
+                    if (cb[p + 1] > cb[p])
+                      ts.emplace_back([&, p] {
+                        attend_heads_values(m, rows, n, hd, split_scores.data(), cb[p], cb[p + 1], split.data());
+                      });
+                  for (auto& t : ts)
+                    t.join();
+                }
+                for (std::size_t i = 0; i < whole.size(); ++i)
+                  ASSERT_EQ(__builtin_bit_cast(uint32_t, whole[i]), __builtin_bit_cast(uint32_t, split[i]))
+                    << "m " << m << " n " << n << " in " << parts << " parts, head " << i / hd << " column "
+                    << i % hd;
+              }
+            }
+        }
+    }
+}
 
 // The kernel builds named for `strata status` are the ones that run here.
 TEST(Kernels, KernelBuildsNameWhatThisCpuRuns) {
