@@ -392,8 +392,18 @@ inline __attribute__((always_inline)) void value_columns_w(const CacheRows& rows
       const int64_t first = std::max<int64_t>(lo - j0, 0);
       const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rs;
       const int64_t cnt = std::min(bt, n - j0);
-      prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.v_offset, v_at, v_bytes);
+      // Row r of the block two ahead while row r of this one is read: the
+      // prefetches spread over the block's work (a burst of a whole block's
+      // filled the line buffers and stalled the loads behind it).
+      const int64_t ahead = std::min(bt, n - j0 - 2 * bt);
+      const uint8_t* pf = ahead > 0 ? rows.blocks[b + 2] + rows.v_offset + v_at + static_cast<std::size_t>(first) * rs
+                                    : nullptr;
       for (int64_t j = j0 + first; j < j0 + cnt; ++j, vp += rs) {
+        if (j - j0 < ahead) {
+          for (int64_t l = 0; l < v_bytes; l += 64)
+            __builtin_prefetch(pf + l, 0, 3);
+          pf += rs;
+        }
         // Each lane's weight broadcast from memory (a load, folded into the
         // multiply-add), not extracted from a register (a shuffle each).
         const float* p = at(j);
@@ -640,7 +650,9 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
   const int64_t kbytes = E::bytes(hd);
   for (int64_t c0 = base + 16 * k0; c0 < end; c0 += 16 * C) {
     // The keys two groups ahead, while these are computed (blocks lie anywhere
-    // in the pool: the hardware prefetcher starts over at each one).
+    // in the pool: the hardware prefetcher starts over at each one), a chunk's
+    // before each chunk is transposed: a burst of all the groups' prefetches at
+    // once filled the line buffers and stalled the loads behind it.
     for (int c = 0; c < C; ++c) {
       const int64_t ahead = c0 + 16 * (2 * C + c);
       if (ahead < end) {
@@ -649,8 +661,6 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
           for (int64_t l = 0; l < kbytes; l += 64)
             __builtin_prefetch(ptr[r] + l, 0, 3);
       }
-    }
-    for (int c = 0; c < C; ++c) {
       key_ptrs(rows, rows.k_offset, c0 + 16 * c, lo, n, ptr);
       E::keys16(ptr, hd, kt[c]);
     }
