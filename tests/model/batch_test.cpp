@@ -346,6 +346,18 @@ TEST(Batch, ChunkedPrefillEqualsOnePrefill) {
   }
 }
 
+// `cached` (a decode step's logits after `tokens`) is bit for bit what a fresh
+// cache's prefill of all of `tokens` gives.
+void expect_stateless_bits(Shard& s, const std::vector<int32_t>& tokens, const std::vector<float>& cached, int step) {
+  auto fresh = s.new_cache();
+  const auto stateless =
+    s.forward(tokens, model::consecutive_positions(0, static_cast<int64_t>(tokens.size())), fresh).logits;
+  ASSERT_EQ(cached.size(), stateless.size());
+  for (std::size_t v = 0; v < cached.size(); ++v)
+    ASSERT_EQ(__builtin_bit_cast(uint32_t, cached[v]), __builtin_bit_cast(uint32_t, stateless[v]))
+      << "step " << step << " logit " << v << ": " << cached[v] << " cached, " << stateless[v] << " stateless";
+}
+
 // A decode step equals the stateless recomputation of the same position bit
 // for bit with multi-head attention (one kv head per query head, as in Llama 2
 // and Phi-3-mini; GgufArchitecture.CachedEqualsStateless checks grouped heads),
@@ -370,13 +382,7 @@ TEST(Batch, CachedDecodeEqualsStatelessBitForBitWithMultiHeadAttention) {
     auto cache = s->new_cache();
     auto cached = s->forward(tokens, model::consecutive_positions(0, 9), cache).logits;
     for (int step = 0; step < 40; ++step) {
-      auto fresh = s->new_cache();
-      const auto stateless =
-        s->forward(tokens, model::consecutive_positions(0, static_cast<int64_t>(tokens.size())), fresh).logits;
-      ASSERT_EQ(cached.size(), stateless.size());
-      for (std::size_t v = 0; v < cached.size(); ++v)
-        ASSERT_EQ(__builtin_bit_cast(uint32_t, cached[v]), __builtin_bit_cast(uint32_t, stateless[v]))
-          << "step " << step << " logit " << v << ": " << cached[v] << " cached, " << stateless[v] << " stateless";
+      ASSERT_NO_FATAL_FAILURE(expect_stateless_bits(*s, tokens, cached, step));
       tokens.push_back(argmax(cached));
       cached = s->forward(std::vector<int32_t>{tokens.back()},
                           model::consecutive_positions(static_cast<int64_t>(tokens.size()) - 1, 1), cache)
@@ -416,15 +422,8 @@ TEST(Batch, OneKvHeadDecodeSpreadOverThreadsEqualsStatelessBitForBit) {
     const uint64_t spreads_before = model::attention_spreads();
     for (int step = 0; step < 12; ++step) {
       ASSERT_EQ(cached, cached_one) << "step " << step << ": two threads and one differ";
-      if (step % 4 == 3) {
-        auto fresh = s->new_cache();
-        const auto stateless =
-          s->forward(tokens, model::consecutive_positions(0, static_cast<int64_t>(tokens.size())), fresh).logits;
-        ASSERT_EQ(cached.size(), stateless.size());
-        for (std::size_t v = 0; v < cached.size(); ++v)
-          ASSERT_EQ(__builtin_bit_cast(uint32_t, cached[v]), __builtin_bit_cast(uint32_t, stateless[v]))
-            << "step " << step << " logit " << v << ": " << cached[v] << " cached, " << stateless[v] << " stateless";
-      }
+      if (step % 4 == 3)
+        ASSERT_NO_FATAL_FAILURE(expect_stateless_bits(*s, tokens, cached, step));
       tokens.push_back(argmax(cached));
       const auto at = model::consecutive_positions(static_cast<int64_t>(tokens.size()) - 1, 1);
       model::set_num_threads(2);

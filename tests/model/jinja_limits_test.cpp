@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <limits>
 #include <string>
 #include <sys/resource.h>
 #include <thread>
@@ -220,6 +221,9 @@ TEST(JinjaLimits, AGgufTemplateIsCheckedWithTheSameRulesWhenItIsRead) {
   RenderLimits l;
   l.deadline = clk::now() + std::chrono::milliseconds(200);
   l.max_bytes = no_byte_budget;
+  // (no step bound: on a quiet machine 20 million steps took less than the
+  // 200 ms, and the step bound stopped the loop first)
+  l.max_steps = std::numeric_limits<uint64_t>::max() / 2;
   try {
     (void)loop->render(nlohmann::ordered_json::array(), true, nlohmann::json::object(), l);
     FAIL() << "the loop rendered";
