@@ -8,70 +8,173 @@
 
 namespace strata::actors {
 
-std::vector<int32_t> drafter_state::propose(const std::string& session, const std::vector<int32_t>& seq, uint32_t k) {
+namespace {
+
+// One request's work in a batch.
+struct Job {
+  std::size_t request = 0;
+  std::list<drafter_state::Entry>::iterator entry;
+  std::span<const int32_t> rest; // what the cache lacks of the sequence
+  std::size_t fed = 0;           // of rest
+  uint32_t k = 0;
+  std::vector<int32_t> piece;    // this pass's rows
+  std::vector<int64_t> positions;
+  bool done = false;
+};
+
+} // namespace
+
+std::vector<drafter_state::Answer> drafter_state::propose_all(const std::vector<Request>& requests) {
   const auto& cfg = model->config();
-  k = std::min<uint32_t>(k, msg::max_draft);
-  if (seq.empty() || k == 0)
-    return {};
-  if (static_cast<int64_t>(seq.size()) + k > cfg.max_seq_len)
-    k = static_cast<uint32_t>(std::max<int64_t>(0, cfg.max_seq_len - static_cast<int64_t>(seq.size())));
-  if (k == 0)
-    return {};
-  auto it = index.find(session);
-  if (it == index.end()) {
-    while (lru.size() >= limits.max_sessions) {
-      index.erase(lru.back().session);
-      lru.pop_back();
+  std::vector<Answer> answers(requests.size());
+  std::vector<bool> served(requests.size(), false);
+  std::vector<std::string> dropped; // sessions whose request failed: their caches go
+  for (;;) {
+    // A batch: the first waiting request of each session (at most max_sessions
+    // of them: every one of them keeps its cache for the whole batch).
+    std::vector<Job> jobs;
+    std::unordered_map<std::string, bool> in_batch;
+    for (std::size_t i = 0; i < requests.size() && jobs.size() < limits.max_sessions; ++i) {
+      if (served[i] || in_batch.count(requests[i].session) != 0)
+        continue;
+      in_batch[requests[i].session] = true;
+      served[i] = true;
+      const auto& rq = requests[i];
+      uint32_t k = std::min<uint32_t>(rq.k, msg::max_draft);
+      if (!rq.seq.empty() && static_cast<int64_t>(rq.seq.size()) + k > cfg.max_seq_len)
+        k = static_cast<uint32_t>(std::max<int64_t>(0, cfg.max_seq_len - static_cast<int64_t>(rq.seq.size())));
+      if (rq.seq.empty() || k == 0)
+        continue; // nothing to propose
+      auto it = index.find(rq.session);
+      if (it == index.end()) {
+        // Room for one more session: the least recently used one not in this batch goes.
+        while (lru.size() >= limits.max_sessions) {
+          auto victim = std::prev(lru.end());
+          while (in_batch.count(victim->session) != 0 && victim != lru.begin())
+            victim = std::prev(victim);
+          if (in_batch.count(victim->session) != 0)
+            break;
+          index.erase(victim->session);
+          lru.erase(victim);
+        }
+        lru.push_front(Entry{rq.session, model::KVCache(pool), {}});
+        it = index.emplace(rq.session, lru.begin()).first;
+      } else {
+        lru.splice(lru.begin(), lru, it->second);
+      }
+      auto& e = *it->second;
+      // Keep the longest common prefix (always recomputing the last token,
+      // whose logits give the first proposal).
+      std::size_t c = 0;
+      while (c < e.tokens.size() && c + 1 < rq.seq.size() && e.tokens[c] == rq.seq[c])
+        ++c;
+      try {
+        e.cache.truncate(static_cast<int64_t>(c));
+      } catch (const model::Error&) { // a window that cannot go back that far: start over
+        e.cache = model::KVCache(pool);
+        c = 0;
+      }
+      e.tokens.resize(c);
+      Job j;
+      j.request = i;
+      j.entry = it->second;
+      j.rest = std::span<const int32_t>(rq.seq.data() + c, rq.seq.size() - c);
+      j.k = k;
+      jobs.push_back(std::move(j));
     }
-    lru.push_front(Entry{session, model::KVCache(pool), {}});
-    it = index.emplace(session, lru.begin()).first;
-  } else {
-    lru.splice(lru.begin(), lru, it->second);
-  }
-  auto& e = *it->second;
-  // Keep the longest common prefix (always recomputing the last token, whose
-  // logits give the first proposal).
-  std::size_t c = 0;
-  while (c < e.tokens.size() && c + 1 < seq.size() && e.tokens[c] == seq[c])
-    ++c;
-  try {
-    e.cache.truncate(static_cast<int64_t>(c));
-  } catch (const model::Error&) { // a window that cannot go back that far: start over
-    e.cache = model::KVCache(pool);
-    c = 0;
-  }
-  e.tokens.resize(c);
-  auto run = [&](std::span<const int32_t> tokens) {
-    const auto L = static_cast<int64_t>(e.tokens.size());
-    const auto n = static_cast<int64_t>(tokens.size());
-    // A full pool makes room from the least recently used other sessions (e is
-    // at the front: it was just used).
-    while (e.cache.blocks_missing(L + n) > pool->available() && lru.size() > 1) {
-      index.erase(lru.back().session);
-      lru.pop_back();
+    if (jobs.empty())
+      break;
+    // Passes until every job has its k proposals: the rest of each sequence in
+    // pieces (the last piece's logits propose), then a token a pass.
+    constexpr std::size_t chunk = 256;
+    for (;;) {
+      std::vector<model::SeqStep> batch;
+      std::vector<Job*> in;
+      for (auto& j : jobs) {
+        if (j.done)
+          continue;
+        auto& e = *j.entry;
+        auto& out = answers[j.request].tokens;
+        bool emit = true;
+        if (j.fed < j.rest.size()) {
+          const std::size_t n = std::min(chunk, j.rest.size() - j.fed);
+          j.piece.assign(j.rest.begin() + static_cast<std::ptrdiff_t>(j.fed),
+                         j.rest.begin() + static_cast<std::ptrdiff_t>(j.fed + n));
+          emit = j.fed + n == j.rest.size();
+        } else {
+          j.piece.assign(1, out.back());
+        }
+        const auto L = static_cast<int64_t>(e.tokens.size());
+        const auto n = static_cast<int64_t>(j.piece.size());
+        // A full pool makes room from the least recently used sessions outside this batch.
+        for (auto victim = lru.end(); e.cache.blocks_missing(L + n) > pool->available() && victim != lru.begin();) {
+          --victim;
+          if (in_batch.count(victim->session) == 0) {
+            index.erase(victim->session);
+            victim = lru.erase(victim);
+          }
+        }
+        if (!e.cache.reserve(L + n)) {
+          answers[j.request].error = model::Error(model::errc::cache_full, "the draft model's cache cannot hold " +
+                                                                              std::to_string(L + n) + " positions");
+          j.done = true;
+          continue;
+        }
+        j.positions = model::consecutive_positions(L, n);
+        model::SeqStep st;
+        st.tokens = j.piece;
+        st.positions = j.positions;
+        st.cache = &e.cache;
+        st.emit = emit;
+        batch.push_back(st);
+        in.push_back(&j);
+      }
+      if (batch.empty())
+        break;
+      auto outs = model::run_math([&] { return model->forward(batch); });
+      ++passes;
+      for (std::size_t b = 0; b < in.size(); ++b) {
+        Job& j = *in[b];
+        auto& answer = answers[j.request];
+        if (outs[b].error) {
+          answer.error = std::move(outs[b].error);
+          j.done = true;
+          continue;
+        }
+        auto& e = *j.entry;
+        e.tokens.insert(e.tokens.end(), j.piece.begin(), j.piece.end());
+        computed += j.piece.size();
+        if (j.fed < j.rest.size()) {
+          j.fed += j.piece.size();
+          if (j.fed < j.rest.size())
+            continue; // not the last piece: no logits
+        }
+        answer.tokens.push_back(model::Sampler::argmax(outs[b].out.logits));
+        if (answer.tokens.size() >= j.k) {
+          j.done = true;
+          ++proposals;
+        }
+      }
     }
-    if (!e.cache.reserve(L + n))
-      throw model::Error(model::errc::cache_full, "the draft model's cache cannot hold " + std::to_string(L + n) +
-                                                    " positions");
-    auto out = model::run_math([&] { return model->forward(tokens, model::consecutive_positions(L, n), e.cache); });
-    e.tokens.insert(e.tokens.end(), tokens.begin(), tokens.end());
-    computed += static_cast<uint64_t>(n);
-    return model::Sampler::argmax(out.logits);
-  };
-  const std::span<const int32_t> rest(seq.data() + c, seq.size() - c);
-  std::vector<int32_t> out;
-  // The rest of the sequence in pieces (the last piece's logits propose).
-  constexpr std::size_t chunk = 256;
-  int32_t next = -1;
-  for (std::size_t i = 0; i < rest.size(); i += chunk)
-    next = run(rest.subspan(i, std::min(chunk, rest.size() - i)));
-  out.push_back(next);
-  while (out.size() < k) {
-    const int32_t t = out.back();
-    out.push_back(run(std::span<const int32_t>(&t, 1)));
+    for (auto& j : jobs)
+      if (answers[j.request].error) {
+        answers[j.request].tokens.clear();
+        dropped.push_back(requests[j.request].session);
+      }
   }
-  ++proposals;
-  return out;
+  for (const auto& session : dropped)
+    if (auto it = index.find(session); it != index.end()) {
+      lru.erase(it->second);
+      index.erase(it);
+    }
+  return answers;
+}
+
+std::vector<int32_t> drafter_state::propose(const std::string& session, const std::vector<int32_t>& seq, uint32_t k) {
+  auto answers = propose_all({Request{session, seq, k}});
+  if (answers[0].error)
+    throw *answers[0].error;
+  return std::move(answers[0].tokens);
 }
 
 drafter_actor::behavior_type drafter(drafter_self self, std::shared_ptr<model::Shard> model, DrafterLimits limits) {
@@ -83,18 +186,46 @@ drafter_actor::behavior_type drafter(drafter_self self, std::shared_ptr<model::S
   return {
     [=](atom::propose_atom, const std::string& session, const std::vector<int32_t>& seq,
         uint32_t k) -> caf::result<std::vector<int32_t>> {
+      auto& st = self->state;
+      for (auto id : seq)
+        if (id < 0 || id >= st.model->config().vocab_size)
+          return caf::make_error(ec::bad_request, "token " + std::to_string(id) + " is outside the draft model's vocabulary");
+      // Answered at the next round, with every request that came before it.
+      auto rp = self->make_response_promise<std::vector<int32_t>>();
+      st.queued.emplace_back(drafter_state::Request{session, seq, k}, rp);
+      if (!st.round_pending) {
+        st.round_pending = true;
+        self->send(self, atom::round_atom_v);
+      }
+      return rp;
+    },
+    [=](atom::round_atom) {
+      auto& st = self->state;
+      st.round_pending = false;
+      auto queued = std::move(st.queued);
+      st.queued.clear();
+      if (queued.empty())
+        return;
+      std::vector<drafter_state::Request> requests;
+      requests.reserve(queued.size());
+      for (auto& q : queued)
+        requests.push_back(std::move(q.first));
       try {
-        for (auto id : seq)
-          if (id < 0 || id >= self->state.model->config().vocab_size)
-            return caf::make_error(ec::bad_request, "token " + std::to_string(id) + " is outside the draft model's vocabulary");
-        return self->state.propose(session, seq, k);
-      } catch (const std::exception& e) { // nothing escapes a handler: the session steps without proposals
-        auto& st = self->state;
-        if (auto it = st.index.find(session); it != st.index.end()) {
-          st.lru.erase(it->second);
-          st.index.erase(it);
-        }
-        return caf::make_error(ec::model_error, std::string("draft model failed: ") + e.what());
+        auto answers = st.propose_all(requests);
+        for (std::size_t i = 0; i < queued.size(); ++i)
+          if (answers[i].error)
+            queued[i].second.deliver(caf::make_error(ec::model_error, std::string("draft model failed: ") + answers[i].error->what()));
+          else
+            queued[i].second.deliver(std::move(answers[i].tokens));
+      } catch (const std::exception& e) { // nothing escapes a handler: these sessions step without proposals
+        for (auto& r : requests)
+          if (auto it = st.index.find(r.session); it != st.index.end()) {
+            st.lru.erase(it->second);
+            st.index.erase(it);
+          }
+        for (auto& q : queued)
+          if (q.second.pending())
+            q.second.deliver(caf::make_error(ec::model_error, std::string("draft model failed: ") + e.what()));
       }
     },
     [=](atom::release_atom, const std::string& session) {

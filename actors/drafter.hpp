@@ -10,6 +10,14 @@
 //       prefix (accepted proposals included) and computes only the rest.
 //   (release_atom, session)       -> drops that session's cache.
 //
+// Requests are answered in rounds, as a shard's steps are: a request is queued
+// and the actor sends itself (round_atom); every request that arrived by then
+// runs together, one batched forward pass of the draft model a token
+// (Shard::forward over all their sequences), instead of one pass a session a
+// token. With many sessions the draft's cost per pass is shared, as the
+// shards' is. A batch gives each sequence the bits it gets alone, so a
+// proposal does not depend on who else asked.
+//
 // The draft must share the model's tokenizer (the same vocabulary size is
 // checked when it loads). Its proposals are greedy, so a proposal is certain
 // and the tail's verification (model::Sampler::verify) keeps the model's
@@ -20,8 +28,10 @@
 #include "model/transformer/shard.hpp"
 
 #include <caf/all.hpp>
+#include <caf/typed_response_promise.hpp>
 
 #include <list>
+#include <optional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -30,7 +40,7 @@ namespace strata::actors {
 
 using drafter_actor =
   caf::typed_actor<caf::replies_to<atom::propose_atom, std::string, std::vector<int32_t>, uint32_t>::with<std::vector<int32_t>>,
-                   caf::reacts_to<atom::release_atom, std::string>>;
+                   caf::reacts_to<atom::release_atom, std::string>, caf::reacts_to<atom::round_atom>>;
 
 struct DrafterLimits {
   std::size_t cache_bytes = std::size_t{256} << 20; ///< the draft's KV pool
@@ -48,9 +58,28 @@ struct drafter_state {
   };
   std::list<Entry> lru; // front: most recently used
   std::unordered_map<std::string, std::list<Entry>::iterator> index;
-  uint64_t proposals = 0, computed = 0;
-  /// Greedy proposals after `seq` (throws model::Error on bad input).
+  /// Proposals made, positions computed, batched forward passes run.
+  uint64_t proposals = 0, computed = 0, passes = 0;
+
+  struct Request {
+    std::string session;
+    std::vector<int32_t> seq; ///< prompt + accepted tokens
+    uint32_t k = 0;
+  };
+  struct Answer {
+    std::vector<int32_t> tokens;
+    std::optional<model::Error> error; ///< set: no proposal (that session's cache was dropped)
+  };
+  /// Greedy proposals for every request, all of them in one batched forward
+  /// pass a token (a session asking twice is served in a second batch after
+  /// its first). A request that fails gets its error; the others go on.
+  std::vector<Answer> propose_all(const std::vector<Request>& requests);
+  /// One request alone (throws model::Error on bad input).
   std::vector<int32_t> propose(const std::string& session, const std::vector<int32_t>& seq, uint32_t k);
+
+  /// Requests waiting for the next round, and whether a round_atom is on its way.
+  std::vector<std::pair<Request, caf::typed_response_promise<std::vector<int32_t>>>> queued;
+  bool round_pending = false;
   static inline const char* name = "strata.drafter";
 };
 

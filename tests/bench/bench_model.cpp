@@ -408,6 +408,7 @@ int batch_bench_main(int argc, char** argv);   // bench_batch.cpp
 int prefix_bench_main(int argc, char** argv);  // bench_prefix.cpp
 int wan_bench_main(int argc, char** argv);     // bench_wan.cpp
 int grammar_bench_main(int argc, char** argv); // bench_grammar.cpp
+int draft_bench_main(int argc, char** argv);   // bench_draft.cpp
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -416,6 +417,8 @@ int main(int argc, char** argv) {
     return wan_bench_main(argc, argv);
   if (what == "grammar")
     return grammar_bench_main(argc, argv);
+  if (what == "draft")
+    return draft_bench_main(argc, argv);
   if (what == "arch")
     return arch_bench_main(argc, argv);
   if (what == "types")

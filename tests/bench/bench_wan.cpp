@@ -12,7 +12,8 @@
 // Usage: strata_bench wan [MODEL ...] (default: builtin:qwen2-0.5b as q8_0, then
 // stories260K when ../shared has it); STRATA_WAN_DELAYS=0,25 runs only those delays;
 // STRATA_WAN_PAIRS=K adds K interleaved rounds of 32 sessions plain / with lookup
-// per delay (STRATA_WAN_TABLE=0 skips the table before them).
+// (/ with the draft model, where there is one) per delay (STRATA_WAN_TABLE=0 skips
+// the table before them).
 
 #include "actors/cluster.hpp"
 #include "actors/drafter.hpp"
@@ -252,29 +253,40 @@ int wan_bench_main(int argc, char** argv) {
       // median ratio (this VM's run-to-run noise is larger than the difference).
       const int pairs = std::max(1, std::atoi(env));
       const int n = crowd.back();
-      std::printf("\n### %s: %d sessions, lookup / plain, interleaved (%d rounds per delay)\n\n"
-                  "| one-way delay ms | plain tok/s per round | lookup tok/s per round | median lookup / plain |\n"
-                  "|---|---|---|---|\n",
-                  model.c_str(), n, pairs);
+      std::printf("\n### %s: %d sessions, plain / lookup%s in turn (%d rounds per delay)\n\n"
+                  "| one-way delay ms | plain tok/s per round | lookup tok/s per round | median lookup / plain |%s\n"
+                  "|---|---|---|---|%s\n",
+                  model.c_str(), n, drafter ? " / draft" : "", pairs,
+                  drafter ? " draft tok/s per round | median draft / plain |" : "", drafter ? "---|---|" : "");
       for (auto& p : proxies)
         p->set_delay(std::chrono::microseconds(0));
       run(n, 8, false); // warm-up: the shards' first rounds of that many rows (their buffers grow once)
       for (double d : delays) {
         for (auto& p : proxies)
           p->set_delay(std::chrono::microseconds(static_cast<int64_t>(d * 1000)));
-        std::vector<double> ratios;
-        std::string plain_s, lookup_s;
+        std::vector<double> ratios, draft_ratios;
+        std::string plain_s, lookup_s, draft_s;
+        const auto add = [](std::string& to, int k, double v) {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, "%s%.1f", k ? " / " : "", v);
+          to += buf;
+        };
         for (int k = 0; k < pairs; ++k) {
           const auto a = run(n, 0, false);
           const auto b = run(n, 8, false);
           ratios.push_back(a.tok_s > 0 ? b.tok_s / a.tok_s : 0);
-          char buf[64];
-          std::snprintf(buf, sizeof buf, "%s%.1f", k ? " / " : "", a.tok_s);
-          plain_s += buf;
-          std::snprintf(buf, sizeof buf, "%s%.1f", k ? " / " : "", b.tok_s);
-          lookup_s += buf;
+          add(plain_s, k, a.tok_s);
+          add(lookup_s, k, b.tok_s);
+          if (drafter) {
+            const auto c = run(n, 8, true);
+            draft_ratios.push_back(a.tok_s > 0 ? c.tok_s / a.tok_s : 0);
+            add(draft_s, k, c.tok_s);
+          }
         }
-        std::printf("| %.0f | %s | %s | %.2fx |\n", d, plain_s.c_str(), lookup_s.c_str(), pct(ratios, 0.5));
+        std::printf("| %.0f | %s | %s | %.2fx |", d, plain_s.c_str(), lookup_s.c_str(), pct(ratios, 0.5));
+        if (drafter)
+          std::printf(" %s | %.2fx |", draft_s.c_str(), pct(draft_ratios, 0.5));
+        std::printf("\n");
         std::fflush(stdout);
       }
     }
