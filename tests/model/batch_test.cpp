@@ -358,6 +358,14 @@ void expect_stateless_bits(Shard& s, const std::vector<int32_t>& tokens, const s
       << "step " << step << " logit " << v << ": " << cached[v] << " cached, " << stateless[v] << " stateless";
 }
 
+// `model` with q8_0 weights and a KV cache of type `kv`.
+std::unique_ptr<Shard> load_q8_0(const std::string& model, const char* kv) {
+  model::LoadOptions o;
+  o.dtype = "q8_0";
+  o.kv_dtype = kv;
+  return Shard::load(model, o);
+}
+
 // A decode step equals the stateless recomputation of the same position bit
 // for bit with multi-head attention (one kv head per query head, as in Llama 2
 // and Phi-3-mini; GgufArchitecture.CachedEqualsStateless checks grouped heads),
@@ -371,10 +379,7 @@ void expect_stateless_bits(Shard& s, const std::vector<int32_t>& tokens, const s
 TEST(Batch, CachedDecodeEqualsStatelessBitForBitWithMultiHeadAttention) {
   for (const char* kv : {"f32", "bf16", "f16", "q8_0"}) {
     SCOPED_TRACE(std::string("KV ") + kv);
-    model::LoadOptions o;
-    o.dtype = "q8_0";
-    o.kv_dtype = kv;
-    auto s = Shard::load("builtin:tiny-mha", o);
+    auto s = load_q8_0("builtin:tiny-mha", kv);
     ASSERT_EQ(s->config().n_kv_heads, s->config().n_heads);
     std::vector<int32_t> tokens;
     for (int j = 0; j < 9; ++j)
@@ -405,10 +410,7 @@ TEST(Batch, OneKvHeadDecodeSpreadOverThreadsEqualsStatelessBitForBit) {
   } restore;
   for (const char* kv : {"f32", "bf16", "f16", "q8_0"}) {
     SCOPED_TRACE(std::string("KV ") + kv);
-    model::LoadOptions o;
-    o.dtype = "q8_0";
-    o.kv_dtype = kv;
-    auto s = Shard::load("builtin:tiny-mqa", o);
+    auto s = load_q8_0("builtin:tiny-mqa", kv);
     ASSERT_EQ(s->config().n_kv_heads, 1);
     std::vector<int32_t> tokens;
     for (int j = 0; j < 700; ++j)
