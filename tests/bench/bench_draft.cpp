@@ -20,20 +20,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 
 using namespace strata;
 using clk = std::chrono::steady_clock;
 
 int draft_bench_main(int argc, char** argv) {
-  std::vector<std::string> models;
-  for (int i = 2; i < argc; ++i)
-    models.push_back(argv[i]);
-  if (models.empty()) {
-    models.push_back("builtin:qwen2-0.5b");
-    if (std::filesystem::exists("../shared/models/gguf/stories260K-q4_0.gguf"))
-      models.push_back("../shared/models/gguf/stories260K-q4_0.gguf");
-  }
+  const auto models = bench::models_or(argc, argv, "builtin:qwen2-0.5b", "../shared/models/gguf/stories260K-q4_0.gguf");
   const int rounds = std::getenv("STRATA_BENCH_ROUNDS") ? std::max(1, std::atoi(std::getenv("STRATA_BENCH_ROUNDS"))) : 3;
   const int steps = 8;
   const uint32_t k = 4;

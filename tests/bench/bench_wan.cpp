@@ -92,14 +92,7 @@ struct Run {
 
 int wan_bench_main(int argc, char** argv) {
   const std::string exe = (std::filesystem::path(argv[0]).parent_path() / "strata").string();
-  std::vector<std::string> models;
-  for (int i = 2; i < argc; ++i)
-    models.push_back(argv[i]);
-  if (models.empty()) {
-    models.push_back("builtin:qwen2-0.5b");
-    if (std::filesystem::exists("../shared/models/stories260K.bin"))
-      models.push_back("../shared/models/stories260K.bin");
-  }
+  const auto models = bench::models_or(argc, argv, "builtin:qwen2-0.5b", "../shared/models/stories260K.bin");
   std::vector<double> delays{0, 5, 25, 50};
   if (const char* env = std::getenv("STRATA_WAN_DELAYS")) { // e.g. "0,25": only those
     delays.clear();
