@@ -5,6 +5,7 @@
 #include "model/transformer/sampler.hpp"
 
 #include <algorithm>
+#include <unordered_set>
 
 namespace strata::actors {
 
@@ -33,11 +34,10 @@ std::vector<drafter_state::Answer> drafter_state::propose_all(const std::vector<
     // A batch: the first waiting request of each session (at most max_sessions
     // of them: every one of them keeps its cache for the whole batch).
     std::vector<Job> jobs;
-    std::unordered_map<std::string, bool> in_batch;
+    std::unordered_set<std::string> in_batch;
     for (std::size_t i = 0; i < requests.size() && jobs.size() < limits.max_sessions; ++i) {
-      if (served[i] || in_batch.count(requests[i].session) != 0)
+      if (served[i] || !in_batch.insert(requests[i].session).second)
         continue;
-      in_batch[requests[i].session] = true;
       served[i] = true;
       const auto& rq = requests[i];
       uint32_t k = std::min<uint32_t>(rq.k, msg::max_draft);
@@ -47,15 +47,8 @@ std::vector<drafter_state::Answer> drafter_state::propose_all(const std::vector<
         continue; // nothing to propose
       auto it = index.find(rq.session);
       if (it == index.end()) {
-        // Room for one more session: the least recently used one not in this batch goes.
-        while (lru.size() >= limits.max_sessions) {
-          auto victim = std::prev(lru.end());
-          while (in_batch.count(victim->session) != 0 && victim != lru.begin())
-            victim = std::prev(victim);
-          if (in_batch.count(victim->session) != 0)
-            break;
-          index.erase(victim->session);
-          lru.erase(victim);
+        // Room for one more session: the least recently used ones not in this batch go.
+        while (lru.size() >= limits.max_sessions && evict_outside(in_batch)) {
         }
         lru.push_front(Entry{rq.session, model::KVCache(pool), {}});
         it = index.emplace(rq.session, lru.begin()).first;
@@ -107,12 +100,7 @@ std::vector<drafter_state::Answer> drafter_state::propose_all(const std::vector<
         const auto L = static_cast<int64_t>(e.tokens.size());
         const auto n = static_cast<int64_t>(j.piece.size());
         // A full pool makes room from the least recently used sessions outside this batch.
-        for (auto victim = lru.end(); e.cache.blocks_missing(L + n) > pool->available() && victim != lru.begin();) {
-          --victim;
-          if (in_batch.count(victim->session) == 0) {
-            index.erase(victim->session);
-            victim = lru.erase(victim);
-          }
+        while (e.cache.blocks_missing(L + n) > pool->available() && evict_outside(in_batch)) {
         }
         if (!e.cache.reserve(L + n)) {
           answers[j.request].error = model::Error(model::errc::cache_full, "the draft model's cache cannot hold " +
@@ -163,11 +151,27 @@ std::vector<drafter_state::Answer> drafter_state::propose_all(const std::vector<
       }
   }
   for (const auto& session : dropped)
-    if (auto it = index.find(session); it != index.end()) {
-      lru.erase(it->second);
-      index.erase(it);
-    }
+    drop(session);
   return answers;
+}
+
+bool drafter_state::evict_outside(const std::unordered_set<std::string>& keep) {
+  for (auto it = lru.end(); it != lru.begin();) {
+    --it;
+    if (keep.count(it->session) == 0) {
+      index.erase(it->session);
+      lru.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+void drafter_state::drop(const std::string& session) {
+  if (auto it = index.find(session); it != index.end()) {
+    lru.erase(it->second);
+    index.erase(it);
+  }
 }
 
 std::vector<int32_t> drafter_state::propose(const std::string& session, const std::vector<int32_t>& seq, uint32_t k) {
@@ -219,22 +223,13 @@ drafter_actor::behavior_type drafter(drafter_self self, std::shared_ptr<model::S
             queued[i].second.deliver(std::move(answers[i].tokens));
       } catch (const std::exception& e) { // nothing escapes a handler: these sessions step without proposals
         for (auto& r : requests)
-          if (auto it = st.index.find(r.session); it != st.index.end()) {
-            st.lru.erase(it->second);
-            st.index.erase(it);
-          }
+          st.drop(r.session);
         for (auto& q : queued)
           if (q.second.pending())
             q.second.deliver(caf::make_error(ec::model_error, std::string("draft model failed: ") + e.what()));
       }
     },
-    [=](atom::release_atom, const std::string& session) {
-      auto& st = self->state;
-      if (auto it = st.index.find(session); it != st.index.end()) {
-        st.lru.erase(it->second);
-        st.index.erase(it);
-      }
-    },
+    [=](atom::release_atom, const std::string& session) { self->state.drop(session); },
   };
 }
 

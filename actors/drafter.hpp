@@ -31,10 +31,11 @@
 #include <caf/typed_response_promise.hpp>
 
 #include <list>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace strata::actors {
 
@@ -76,6 +77,10 @@ struct drafter_state {
   std::vector<Answer> propose_all(const std::vector<Request>& requests);
   /// One request alone (throws model::Error on bad input).
   std::vector<int32_t> propose(const std::string& session, const std::vector<int32_t>& seq, uint32_t k);
+  /// Drops the least recently used session not in `keep`; false when none is left.
+  bool evict_outside(const std::unordered_set<std::string>& keep);
+  /// Drops one session's draft cache (released, or its request failed).
+  void drop(const std::string& session);
 
   /// Requests waiting for the next round, and whether a round_atom is on its way.
   std::vector<std::pair<Request, caf::typed_response_promise<std::vector<int32_t>>>> queued;
