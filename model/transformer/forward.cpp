@@ -201,9 +201,20 @@ struct Pass {
     }
   }
 
+  // The cache rows item w reads at layer l (its sequence's blocks, its kv head).
+  detail::CacheRows cache_rows(int64_t l, const Item& w, int64_t window, float softcap) const {
+    const auto& c = cfg();
+    const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
+    const BlockPool* pool = q.view.pool;
+    const int64_t g = w.head / (c.n_heads / c.n_kv_heads);
+    return detail::CacheRows{q.view.blocks_of(l).data(), BlockPool::block_tokens, pool->head_row_bytes(),
+                             pool->k_offset(l, 0, g), pool->v_offset(l, 0, g), window, softcap,
+                             pool->shape().kv_type};
+  }
+
   void attention(int64_t l) {
     const auto& c = cfg();
-    const int64_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
+    const int64_t hd = c.head_dim;
     const int64_t qkv_stride = c.q_dim() + 2 * c.kv_dim();
     const float scale = c.query_scale > 0 ? static_cast<float>(c.query_scale) : 1.0f / std::sqrt(static_cast<float>(hd));
     const int64_t window = c.is_local(s.range.first + l) ? c.sliding_window : 0;
@@ -211,9 +222,6 @@ struct Pass {
     const float* qkv = s.ws.qkv.data();
     float* att = s.ws.att.data();
     const int64_t max_ctx = plan.max_ctx;
-    const BlockPool* pool = plan.seqs.front().view.pool;
-    const WType kv_type = pool->shape().kv_type;
-    const std::size_t row_stride = pool->head_row_bytes();
     if (attention_spread(l, scale, window, softcap))
       return;
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, max_ctx * hd));
@@ -225,9 +233,7 @@ struct Pass {
       for (int64_t it = begin; it < end; ++it) {
         const Item& w = items[static_cast<std::size_t>(it)];
         const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
-        const int64_t g = w.head / group;
-        const detail::CacheRows rows{q.view.blocks_of(l).data(), BlockPool::block_tokens, row_stride,
-                                     pool->k_offset(l, 0, g), pool->v_offset(l, 0, g), window, softcap, kv_type};
+        const detail::CacheRows rows = cache_rows(l, w, window, softcap);
         const int64_t r = q.row0 + w.t0;
         const float* qp = qkv + r * qkv_stride + w.head * hd;
         float* op = att + r * c.q_dim() + w.head * hd;
@@ -252,6 +258,7 @@ struct Pass {
   };
   std::vector<Piece> pieces;
   std::vector<int32_t> item_spans;
+  std::vector<int64_t> item_chunks; // heads_keys(...).chunks of each item
 
   bool attention_spread(int64_t l, float scale, int64_t window, float softcap) {
     const auto& c = cfg();
@@ -260,28 +267,20 @@ struct Pass {
     if (threads < 2 || n_items >= threads ||
         !std::all_of(items.begin(), items.end(), [](const Item& w) { return w.heads; }))
       return false;
-    const int64_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
+    const int64_t hd = c.head_dim;
     const int64_t qkv_stride = c.q_dim() + 2 * c.kv_dim();
-    const BlockPool* pool = plan.seqs.front().view.pool;
-    const std::size_t row_stride = pool->head_row_bytes();
-    auto cache_rows = [&](const Item& w) {
-      const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
-      const int64_t g = w.head / group;
-      return detail::CacheRows{q.view.blocks_of(l).data(), BlockPool::block_tokens, row_stride,
-                               pool->k_offset(l, 0, g), pool->v_offset(l, 0, g), window, softcap,
-                               pool->shape().kv_type};
-    };
-    auto keys_of = [&](const Item& w) {
-      const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
-      return detail::heads_keys(cache_rows(w), q.past + 1);
-    };
+    auto rows_of = [&](const Item& w) { return cache_rows(l, w, window, softcap); };
     // Spans of at least 16 chunks (256 keys): below that the threads' meeting
     // points cost more than the work they share.
     const int64_t want = (threads + n_items - 1) / n_items;
     item_spans.assign(static_cast<std::size_t>(n_items), 1);
+    item_chunks.resize(static_cast<std::size_t>(n_items));
     bool any = false;
     for (int64_t i = 0; i < n_items; ++i) {
-      const int64_t spans = std::min(want, keys_of(items[static_cast<std::size_t>(i)]).chunks / 16);
+      const Item& w = items[static_cast<std::size_t>(i)];
+      const int64_t chunks = detail::heads_keys(rows_of(w), plan.seqs[static_cast<std::size_t>(w.seq)].past + 1).chunks;
+      item_chunks[static_cast<std::size_t>(i)] = chunks;
+      const int64_t spans = std::min(want, chunks / 16);
       if (spans > 1) {
         item_spans[static_cast<std::size_t>(i)] = static_cast<int32_t>(spans);
         any = true;
@@ -309,8 +308,8 @@ struct Pass {
         const Piece& pc = pieces[static_cast<std::size_t>(k)];
         const Item& w = items[static_cast<std::size_t>(pc.item)];
         const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
-        const detail::CacheRows rows = cache_rows(w);
-        const int64_t chunks = detail::heads_keys(rows, q.past + 1).chunks;
+        const detail::CacheRows rows = rows_of(w);
+        const int64_t chunks = item_chunks[static_cast<std::size_t>(pc.item)];
         auto bound = [&](int64_t p) { return p == pc.parts ? chunks : (chunks * p / pc.parts) & ~int64_t{3}; };
         const float* qp = qkv + q.row0 * qkv_stride + w.head * hd;
         detail::attend_heads_scores(qp, w.m, rows, q.past + 1, hd, scale, item_scores(pc.item), bound(pc.part),
@@ -322,7 +321,7 @@ struct Pass {
       for (int64_t i = begin; i < end; ++i) {
         const Item& w = items[static_cast<std::size_t>(i)];
         const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
-        detail::attend_heads_weights(w.m, cache_rows(w), q.past + 1, item_scores(i), item_max(i),
+        detail::attend_heads_weights(w.m, rows_of(w), q.past + 1, item_scores(i), item_max(i),
                                      item_spans[static_cast<std::size_t>(i)]);
       }
     });
@@ -336,13 +335,13 @@ struct Pass {
         float* op = att + q.row0 * c.q_dim() + w.head * hd;
         if (hd % 16 != 0) { // one piece does the columns
           if (pc.part == 0)
-            detail::attend_heads_values(w.m, cache_rows(w), q.past + 1, hd, item_scores(pc.item), 0, hd, op);
+            detail::attend_heads_values(w.m, rows_of(w), q.past + 1, hd, item_scores(pc.item), 0, hd, op);
           continue;
         }
         const int64_t unit = hd % 64 == 0 && hd / 64 >= pc.parts ? 64 : 16, units = hd / unit;
         const int64_t c0 = units * pc.part / pc.parts * unit, c1 = units * (pc.part + 1) / pc.parts * unit;
         if (c1 > c0)
-          detail::attend_heads_values(w.m, cache_rows(w), q.past + 1, hd, item_scores(pc.item), c0, c1, op);
+          detail::attend_heads_values(w.m, rows_of(w), q.past + 1, hd, item_scores(pc.item), c0, c1, op);
       }
     });
     return true;
@@ -694,7 +693,7 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
       std::memcpy(x + q.row0 * D, st.hidden, static_cast<std::size_t>(q.rows * D) * sizeof(float));
     }
   }
-  Pass{*this, plan, {}, {}, {}}.layers();
+  Pass{*this, plan, {}, {}, {}, {}}.layers();
   // Commit: only now do the new positions count.
   for (auto& q : plan.seqs)
     batch[q.index].cache->commit(q.past + q.rows);
