@@ -372,6 +372,69 @@ TEST(SpeculativeCrowd, SevenSessionsDraftingAtOnceUnderFaultsEachEqualAlone) {
   crowd_equals_alone([](int) { return 8u; }, [](int i) { return i != 0; });
 }
 
+// The drafter answers the requests of a round together: one batched forward
+// pass of the draft model a token for all of them. Each request gets exactly
+// the proposal it gets alone; a session asking twice is served after its first
+// request; a bad request fails alone. The passes are those of the longest
+// request (plus the second wave), not the sum.
+TEST(Drafter, ABatchOfRequestsProposesWhatEachGetsAloneInOnePassAToken) {
+  const std::shared_ptr<model::Shard> draft = model::Shard::load(poor_draft_path());
+  const auto& cfg = draft->config();
+  const auto vocab = static_cast<int32_t>(cfg.vocab_size);
+  const auto fresh = [&] {
+    auto st = std::make_unique<actors::drafter_state>();
+    st->model = draft;
+    st->pool = draft->new_pool(st->limits.cache_bytes);
+    st->pool->set_prefix_cache(false);
+    return st;
+  };
+  const auto seq_of = [&](int salt, int64_t len) {
+    std::vector<int32_t> s;
+    for (int64_t j = 0; j < len; ++j)
+      s.push_back(static_cast<int32_t>((7 + 13 * salt + 31 * j + j * j) % (vocab - 3) + 3));
+    return s;
+  };
+  const int64_t longest = std::min<int64_t>(300, cfg.max_seq_len - 20); // two pieces of 256 where it fits
+  using Request = actors::drafter_state::Request;
+  std::vector<Request> requests{
+    {"a", seq_of(1, 5), 3},
+    {"b", seq_of(2, 40), 8},
+    {"c", seq_of(3, longest), 15},
+    {"d", seq_of(4, 1), 1},
+    {"e", {}, 4},                 // nothing to propose after
+    {"f", seq_of(6, 9), 0},       // none asked for
+    {"g", {1, vocab + 5}, 4},     // outside the vocabulary: fails alone
+    {"a", seq_of(1, 4), 5},       // "a" again: after its first request, from its cache
+  };
+  auto batched = fresh();
+  const auto answers = batched->propose_all(requests);
+  ASSERT_EQ(answers.size(), requests.size());
+  auto alone = fresh();
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i) + " of session " + requests[i].session);
+    if (requests[i].session == "g") {
+      ASSERT_TRUE(answers[i].error);
+      EXPECT_EQ(answers[i].error->code(), model::errc::token_out_of_range) << answers[i].error->what();
+      EXPECT_TRUE(answers[i].tokens.empty());
+      EXPECT_THROW(alone->propose(requests[i].session, requests[i].seq, requests[i].k), model::Error);
+      continue;
+    }
+    ASSERT_FALSE(answers[i].error) << answers[i].error->what();
+    const auto expected = alone->propose(requests[i].session, requests[i].seq, requests[i].k);
+    EXPECT_EQ(answers[i].tokens, expected);
+    const std::size_t k = requests[i].seq.empty() ? 0 : requests[i].k;
+    EXPECT_EQ(answers[i].tokens.size(), k);
+  }
+  // First wave: the longest job's pieces (longest/256 rounded up) and then k - 1
+  // tokens; second wave: "a" again, whose cache holds 3 of its 4 tokens: one
+  // piece of 1 token, then 4 tokens.
+  const uint64_t first = static_cast<uint64_t>((longest + 255) / 256 + 15 - 1), second = 1 + 5 - 1;
+  EXPECT_EQ(batched->passes, first + second);
+  EXPECT_GT(alone->passes, batched->passes) << "alone, every request runs its own passes";
+  EXPECT_EQ(batched->computed, alone->computed) << "the same positions computed either way";
+  EXPECT_EQ(batched->index.count("g"), 0u) << "a failed request's cache is dropped";
+}
+
 // Sampling (temperature 1, and top-p 0.9): over many seeds, the tokens a
 // speculative step emits are distributed as plain decoding's: tokens 2 to 8 of
 // each run, counted by position (a repeating prompt, so proposals come early).
