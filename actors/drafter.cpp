@@ -155,6 +155,15 @@ std::vector<drafter_state::Answer> drafter_state::propose_all(const std::vector<
   return answers;
 }
 
+bool drafter_state::crowded(const std::string& session, std::chrono::steady_clock::time_point now) {
+  drafting[session] = now;
+  if (now - pruned_at > std::chrono::seconds(1)) { // (sessions that ended without a release go too)
+    std::erase_if(drafting, [&](const auto& d) { return now - d.second > limits.crowd_idle; });
+    pruned_at = now;
+  }
+  return limits.max_crowd > 0 && drafting.size() > limits.max_crowd;
+}
+
 bool drafter_state::evict_outside(const std::unordered_set<std::string>& keep) {
   for (auto it = lru.end(); it != lru.begin();) {
     --it;
@@ -194,6 +203,10 @@ drafter_actor::behavior_type drafter(drafter_self self, std::shared_ptr<model::S
       for (auto id : seq)
         if (id < 0 || id >= st.model->config().vocab_size)
           return caf::make_error(ec::bad_request, "token " + std::to_string(id) + " is outside the draft model's vocabulary");
+      if (st.crowded(session, std::chrono::steady_clock::now())) {
+        ++st.declined; // too many drafting at once: this step goes without proposals
+        return std::vector<int32_t>{};
+      }
       // Answered at the next round, with every request that came before it.
       auto rp = self->make_response_promise<std::vector<int32_t>>();
       st.queued.emplace_back(drafter_state::Request{session, seq, k}, rp);
@@ -229,7 +242,10 @@ drafter_actor::behavior_type drafter(drafter_self self, std::shared_ptr<model::S
             q.second.deliver(caf::make_error(ec::model_error, std::string("draft model failed: ") + e.what()));
       }
     },
-    [=](atom::release_atom, const std::string& session) { self->state.drop(session); },
+    [=](atom::release_atom, const std::string& session) {
+      self->state.drop(session);
+      self->state.drafting.erase(session);
+    },
   };
 }
 

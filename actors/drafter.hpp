@@ -18,6 +18,15 @@
 // shards' is. A batch gives each sequence the bits it gets alone, so a
 // proposal does not depend on who else asked.
 //
+// A crowd turns the draft off (vLLM's disable-by-batch-size): while more
+// sessions draft at once than DrafterLimits::max_crowd (--draft-max-sessions),
+// every request is answered at once with no proposals, and those sessions
+// step plainly until fewer draft. On one machine a crowd already fills the
+// shards' rounds, and proposals that are mostly refused only cost them (a
+// weak draft with 32 sessions at 0 ms: 0.80-0.91x plain); across a network a
+// crowd still gains from it (raise the limit there). A session drafts from
+// its first request until it releases (or goes quiet for `crowd_idle`).
+//
 // The draft must share the model's tokenizer (the same vocabulary size is
 // checked when it loads). Its proposals are greedy, so a proposal is certain
 // and the tail's verification (model::Sampler::verify) keeps the model's
@@ -30,6 +39,7 @@
 #include <caf/all.hpp>
 #include <caf/typed_response_promise.hpp>
 
+#include <chrono>
 #include <list>
 #include <memory>
 #include <optional>
@@ -46,6 +56,11 @@ using drafter_actor =
 struct DrafterLimits {
   std::size_t cache_bytes = std::size_t{256} << 20; ///< the draft's KV pool
   std::size_t max_sessions = 64;                    ///< least recently used ones go first
+  /// More sessions drafting at once than this: requests get no proposals
+  /// (0: no limit).
+  std::size_t max_crowd = 1;
+  /// A session that has not asked for this long no longer counts as drafting.
+  std::chrono::milliseconds crowd_idle{30000};
 };
 
 struct drafter_state {
@@ -59,8 +74,15 @@ struct drafter_state {
   };
   std::list<Entry> lru; // front: most recently used
   std::unordered_map<std::string, std::list<Entry>::iterator> index;
-  /// Proposals made, positions computed, batched forward passes run.
-  uint64_t proposals = 0, computed = 0, passes = 0;
+  /// Proposals made, positions computed, batched forward passes run,
+  /// requests declined because of the crowd.
+  uint64_t proposals = 0, computed = 0, passes = 0, declined = 0;
+  /// The sessions drafting now (asked, not released), with when each last asked.
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point> drafting;
+  std::chrono::steady_clock::time_point pruned_at{};
+  /// Notes that `session` asks at `now` and forgets sessions idle for
+  /// limits.crowd_idle; true when the crowd is over limits.max_crowd.
+  bool crowded(const std::string& session, std::chrono::steady_clock::time_point now);
 
   struct Request {
     std::string session;

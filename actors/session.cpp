@@ -390,6 +390,10 @@ void go_stepping(session_self self) {
             st.draft_ms = ms_since(asked);
             if (proposal.size() > room)
               proposal.resize(room);
+            if (proposal.empty()) { // declined (too many sessions drafting) or nothing to propose: ask again later
+              ++st.result.declined;
+              st.drafting.declined();
+            }
             st.draft = std::move(proposal);
             st.drafted = true;
             go_stepping(self);
@@ -650,7 +654,8 @@ behavior session(session_self self, msg::supervisor_actor supervisor, msg::sessi
     st.req.session = msg::mint_session_id("s");
   st.seq = st.req.prompt;
   st.rng_state = st.req.sampling.rng_state;
-  st.drafting = DraftControl(std::min(st.req.speculate, msg::max_draft));
+  // (A draft model's proposals each cost a pass of it: it starts at 2 and grows as they are taken.)
+  st.drafting = DraftControl(std::min(st.req.speculate, msg::max_draft), 3, st.opts.drafter ? 2 : UINT32_MAX);
   if (st.req.sampling.penalized() && st.req.sampling.repetition_penalty != 1.0f)
     for (auto id : st.req.prompt) // the repetition penalty sees the prompt too (count 0)
       st.penalty_counts.emplace(id, 0);

@@ -51,7 +51,12 @@ std::vector<int32_t> lookup_proposal(std::span<const int32_t> seq, std::size_t k
   return {};
 }
 
-DraftControl::DraftControl(uint32_t max, int patience) : max_(max), k_(max), patience_(std::max(1, patience)) {
+DraftControl::DraftControl(uint32_t max, int patience, uint32_t start)
+    : max_(max), k_(std::min(max, std::max<uint32_t>(1, start))), patience_(std::max(1, patience)) {
+}
+
+void DraftControl::declined(int steps) {
+  cooldown_ = std::max(cooldown_, steps);
 }
 
 double DraftControl::acceptance() const {
@@ -81,7 +86,7 @@ uint32_t DraftControl::paying() const {
 uint32_t DraftControl::next() const {
   if (cooldown_ > 0)
     return 0;
-  if ((trip_ms_ < 0 && spec_steps_ >= 8) || spec_steps_ >= 16)
+  if ((trip_ms_ < 0 && spec_steps_ >= 2) || spec_steps_ >= 16)
     return 0; // one step without proposals tells what a trip costs alone (now)
   const uint32_t pay = paying();
   if (pay == 0)

@@ -23,7 +23,8 @@
 //   (c; with a draft model, its time to propose counts in), and from the refusals the chance a ≥ 0 that a proposal is taken; k is
 //   then at most the k maximizing the expected tokens per millisecond,
 //   (1 + a + ... + a^k) / (t + k c); and where speculative steps have in fact
-//   cost more per token than a plain trip, none. Where proposals do not pay
+//   cost more per token than a plain trip, none. Until a plain trip is timed
+//   it proposes for two steps, then steps once without. Where proposals do not pay
 //   (a short trip, costly rows or drafts, little taken) it proposes nothing,
 //   trying again every 32 steps; one step in 16 goes without proposals to keep
 //   t current. Long trips make every proposal worth it.
@@ -42,7 +43,9 @@ std::vector<int32_t> lookup_proposal(std::span<const int32_t> seq, std::size_t k
 
 class DraftControl {
 public:
-  explicit DraftControl(uint32_t max = 0, int patience = 3);
+  /// `start`: the first steps' k (at most max; with a draft model each
+  /// proposal costs a pass of it, so it starts small and grows as they are taken).
+  explicit DraftControl(uint32_t max = 0, int patience = 3, uint32_t start = UINT32_MAX);
   /// Tokens to propose at the next step (0: step without proposals now).
   uint32_t next() const;
   /// A step that proposed `proposed` tokens took `accepted` of them; `ms`: how
@@ -50,6 +53,9 @@ public:
   void observe(uint32_t proposed, uint32_t accepted, double ms = -1);
   /// A step went without proposals (none found, cooling down, or not paying).
   void plain_step(double ms = -1);
+  /// The proposer declined (a draft model busy with a crowd): no asking for
+  /// the next `steps` steps.
+  void declined(int steps = 32);
   uint32_t max() const { return max_; }
   /// What it learnt (negative: not yet): a step's time without proposals, the
   /// time one proposed row adds, the chance a proposal is taken.

@@ -612,6 +612,7 @@ struct generation_result {
   uint64_t full_layer_tokens = 0;   ///< what a full re-prefill of every layer would have recomputed instead
   uint64_t proposed = 0;            ///< speculative decoding: tokens proposed
   uint64_t accepted = 0;            ///< ... of them the model took
+  uint64_t declined = 0;            ///< steps the draft model proposed nothing for (a crowd: DrafterLimits::max_crowd)
   /// generation_request::prompt_logprobs: as step_reply's (the prompt's tokens
   /// after the first, each with k alternatives).
   std::vector<float> prompt_logprobs;
@@ -623,7 +624,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_result& x) {
   return f(caf::meta::type_name("generation_result"), x.session, guard(x.ids), x.finish, raw(x.prefill_ms), raw(x.total_ms),
            x.steps, x.reprefills, x.retries, guard(x.misses), x.route_changes, x.recomputed_tokens,
-           x.recomputed_layer_tokens, x.full_layer_tokens, x.proposed, x.accepted, guard(x.prompt_logprobs),
+           x.recomputed_layer_tokens, x.full_layer_tokens, x.proposed, x.accepted, x.declined, guard(x.prompt_logprobs),
            guard(x.prompt_top_ids), guard(x.prompt_top_logprobs));
 }
 

@@ -52,6 +52,9 @@ struct ServerOptions {
   /// The draft model that proposes them (--draft-model; loaded at start; null:
   /// prompt lookup). Its vocabulary must be the cluster's model's.
   std::shared_ptr<model::Shard> draft_model;
+  /// More sessions drafting at once than this: they step without the draft
+  /// model until fewer do (--draft-max-sessions; 0: no limit).
+  std::size_t draft_max_sessions = 1;
   std::string cors_origin;                         ///< the one origin CORS allows ("" = none)
   std::string served_model_name;                   ///< the model's id in the API ("" = file or directory name)
   std::string chat_template;                       ///< a template file overriding the model's own ("" = the model's)

@@ -105,6 +105,7 @@ void Metrics::generation(const msg::generation_result& r) {
   full_layers_ += r.full_layer_tokens;
   proposed_ += r.proposed;
   accepted_ += r.accepted;
+  declined_ += r.declined;
   trips_ += r.steps;
   generated_ += r.ids.size();
 }
@@ -146,6 +147,10 @@ std::string Metrics::render(const ClusterSnapshot& c) const {
            "Speculative decoding: tokens proposed (serve --speculate).", proposed_);
     scalar(out, "strata_speculative_accepted_tokens_total", "counter",
            "Speculative decoding: proposed tokens the model took.", accepted_);
+    scalar(out, "strata_speculative_declined_total", "counter",
+           "Speculative decoding: draft model requests answered without proposals (more sessions drafting than "
+           "--draft-max-sessions); those sessions then step without it for 32 steps.",
+           declined_);
     scalar(out, "strata_session_trips_total", "counter",
            "Steps sessions sent through the pipeline (trips; divided by strata_session_tokens_total: trips per token).",
            trips_);

@@ -51,7 +51,7 @@ private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   int64_t in_flight_ = 0;
-  uint64_t prompt_tokens_ = 0, tokens_ = 0, reprefills_ = 0, proposed_ = 0, accepted_ = 0, trips_ = 0, generated_ = 0, recomputed_layers_ = 0, full_layers_ = 0, route_changes_ = 0, retries_ = 0, cancelled_ = 0,
+  uint64_t prompt_tokens_ = 0, tokens_ = 0, reprefills_ = 0, proposed_ = 0, accepted_ = 0, declined_ = 0, trips_ = 0, generated_ = 0, recomputed_layers_ = 0, full_layers_ = 0, route_changes_ = 0, retries_ = 0, cancelled_ = 0,
            recomputed_ = 0;
   std::vector<uint64_t> misses_;
   Histogram ttft_, itl_;

@@ -42,6 +42,9 @@ int run_serve(int argc, char** argv) {
                               "requests with penalties or logprobs step one token at a time)")
     .option("draft-model", "PATH", "a small model of the same tokenizer that proposes the tokens (loaded in this "
                                    "process; without it proposals come from prompt lookup)")
+    .option("draft-max-sessions", "N", "with --draft-model: while more sessions than N draft at once, they step "
+                                       "without it (on one machine a crowd already fills the rounds; raise it "
+                                       "across a network; 0: no limit; default 1)")
     .option("served-model-name", "NAME", "the model's id in the API (default: its file or directory name)")
     .option("chat-template", "FILE", "a Jinja chat template (or a tokenizer_config.json) overriding the model's own")
     .option("allow-control-tokens-in-messages", "",
@@ -91,6 +94,9 @@ int run_serve(int argc, char** argv) {
       throw runtime::UsageError("--draft-model with --speculate 0 would never use it");
     o.draft_model = std::shared_ptr<model::Shard>(model::Shard::load(a.str("draft-model")));
   }
+  if (a.has("draft-max-sessions") && !a.has("draft-model"))
+    throw runtime::UsageError("--draft-max-sessions limits the draft model: give --draft-model too");
+  o.draft_max_sessions = static_cast<std::size_t>(a.integer("draft-max-sessions", 1, 0, 1000000));
   o.cors_origin = a.str("cors-origin");
   o.served_model_name = a.str("served-model-name");
   o.chat_template = a.str("chat-template");

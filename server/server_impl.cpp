@@ -90,12 +90,16 @@ std::optional<ApiError> Server::Impl::ensure_model(ModelState& out) {
                          : "chat template: none found; chat uses the " + model.family + " format");
     if (opts.draft_model) {
       try {
-        model.drafter = actors::spawn_drafter(sys, opts.draft_model, model.cfg.vocab_size);
+        actors::DrafterLimits dl;
+        dl.max_crowd = opts.draft_max_sessions;
+        model.drafter = actors::spawn_drafter(sys, opts.draft_model, model.cfg.vocab_size, dl);
       } catch (const std::exception& e) {
         return api_error(500, std::string("cannot use the draft model: ") + e.what(), "server_error");
       }
       log::info("speculative decoding: up to " + std::to_string(opts.speculate) + " proposals per step from the draft model " +
-                opts.draft_model->config().identity);
+                opts.draft_model->config().identity +
+                (opts.draft_max_sessions > 0 ? ", while at most " + std::to_string(opts.draft_max_sessions) + " sessions draft at once"
+                                             : ""));
     }
     model.loaded = true;
   }

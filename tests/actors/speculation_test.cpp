@@ -104,6 +104,7 @@ TEST(LookupProposal, TakesWhatMostMatchesOfTheLongestNgramContinuedWith) {
 
 TEST(DraftControl, FollowsTheAcceptanceAndStopsWhereNothingIsTaken) {
   actors::DraftControl c(6, 3);
+  c.plain_step(100); // a trip timed (else every third step would go plain to time one)
   EXPECT_EQ(c.next(), 6u);
   c.observe(6, 2);
   EXPECT_EQ(c.next(), 3u) << "what was taken plus one";
@@ -158,12 +159,32 @@ TEST(DraftControl, WeighsTheTripAgainstWhatProposedRowsCost) {
   }
   {
     actors::DraftControl c(6);
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < 2; ++i)
       c.observe(6, 6); // no times known yet
-    EXPECT_EQ(c.next(), 0u) << "one plain step to time a trip";
+    EXPECT_EQ(c.next(), 0u) << "after two speculative steps, one plain step to time a trip";
     c.plain_step(10);
     EXPECT_EQ(c.next(), 6u);
   }
+}
+
+// With a draft model it starts small and grows as proposals are taken; a
+// proposer that declines (a crowd) is not asked again for 32 steps.
+TEST(DraftControl, StartsWhereToldAndRestsAfterADecline) {
+  actors::DraftControl c(8, 3, 2);
+  EXPECT_EQ(c.next(), 2u);
+  c.observe(2, 2);
+  EXPECT_EQ(c.next(), 3u) << "all taken: one more";
+  EXPECT_EQ(actors::DraftControl(3, 3, 9).next(), 3u) << "never past the maximum";
+  EXPECT_EQ(actors::DraftControl(3, 3, 0).next(), 1u) << "at least one";
+  c.plain_step(10);
+  c.declined();
+  int resting = 0;
+  while (c.next() == 0 && resting < 100) {
+    c.plain_step(10);
+    ++resting;
+  }
+  EXPECT_EQ(resting, 32);
+  EXPECT_EQ(c.next(), 3u) << "then as before";
 }
 
 // The rule keeps the model's distribution: over many draws, verify(logits, d)
@@ -313,10 +334,12 @@ INSTANTIATE_TEST_SUITE_P(Routes, SpeculativeGreedy,
 
 // 8 staggered sessions through 3 shards while session 0 injects an eviction
 // and an epoch bump: session i proposes up to speculate(i) tokens (0: plain), by
-// the draft model where drafted(i), else by lookup. Each equals its lone
+// the draft model where drafted(i) (declining while more than max_crowd draft
+// at once; 0: never), else by lookup. Each equals its lone
 // stateless run; plain sessions propose nothing; some proposals were taken and
 // some refused and cut back.
-void crowd_equals_alone(const std::function<uint32_t(int)>& speculate, const std::function<bool(int)>& drafted_session) {
+void crowd_equals_alone(const std::function<uint32_t(int)>& speculate, const std::function<bool(int)>& drafted_session,
+                        std::size_t max_crowd) {
   actors::actor_config cfg;
   caf::actor_system sys{cfg};
   const auto model = test::stories_or_tiny();
@@ -324,7 +347,9 @@ void crowd_equals_alone(const std::function<uint32_t(int)>& speculate, const std
   opts.session.max_retries = 100;
   LocalCluster c(sys, model, model::parse_layer_ranges("0-1,2-3,4"), opts);
   auto drafted = c.session_options();
-  drafted.drafter = actors::spawn_drafter(sys, poor_draft_path(), c.config().vocab_size);
+  actors::DrafterLimits limits;
+  limits.max_crowd = max_crowd;
+  drafted.drafter = actors::spawn_drafter(sys, poor_draft_path(), c.config().vocab_size, {}, limits);
   const auto vocab = static_cast<int32_t>(c.config().vocab_size);
   const int n = 8;
   const int64_t len = 80;
@@ -363,13 +388,71 @@ void crowd_equals_alone(const std::function<uint32_t(int)>& speculate, const std
 // route epoch bumped: each equals the same request alone.
 TEST(SpeculativeCrowd, EightSessionsMixingSpeculativeAndPlainEachEqualAlone) {
   // Even sessions speculate: 2 and 6 with a draft model, 0 and 4 by lookup.
-  crowd_equals_alone([](int i) { return i % 2 == 0 ? 8u : 0u; }, [](int i) { return i % 4 == 2; });
+  crowd_equals_alone([](int i) { return i % 2 == 0 ? 8u : 0u; }, [](int i) { return i % 4 == 2; }, 0);
 }
 
 // Seven sessions ask the one drafter at once (its rounds may hold several
-// sessions' requests) while session 0 injects the faults.
+// sessions' requests) while session 0 injects the faults; then again with a
+// drafter that declines while more than 3 draft at once (sessions stepping
+// with and without it as the crowd grows and shrinks).
 TEST(SpeculativeCrowd, SevenSessionsDraftingAtOnceUnderFaultsEachEqualAlone) {
-  crowd_equals_alone([](int) { return 8u; }, [](int i) { return i != 0; });
+  crowd_equals_alone([](int) { return 8u; }, [](int i) { return i != 0; }, 0);
+  crowd_equals_alone([](int) { return 8u; }, [](int i) { return i != 0; }, 3);
+}
+
+// What a fresh drafter proposes for `seq` alone.
+std::vector<int32_t> draft_alone(const std::shared_ptr<model::Shard>& draft, const std::vector<int32_t>& seq, uint32_t k) {
+  actors::drafter_state st;
+  st.model = draft;
+  st.pool = draft->new_pool(st.limits.cache_bytes);
+  st.pool->set_prefix_cache(false);
+  return st.propose("alone", seq, k);
+}
+
+// The crowd gate: a session counts as drafting from its first request until it
+// releases (or is idle for crowd_idle); while more draft than max_crowd, every
+// request is answered at once with no proposals, then as before.
+TEST(Drafter, DeclinesWhileMoreSessionsDraftThanItsLimit) {
+  using clk = std::chrono::steady_clock;
+  {
+    actors::drafter_state st;
+    st.limits.max_crowd = 2;
+    const auto t0 = clk::now();
+    EXPECT_FALSE(st.crowded("a", t0));
+    EXPECT_FALSE(st.crowded("b", t0));
+    EXPECT_TRUE(st.crowded("c", t0));
+    EXPECT_TRUE(st.crowded("a", t0 + std::chrono::seconds(10))) << "c still counts";
+    EXPECT_FALSE(st.crowded("a", t0 + std::chrono::seconds(31))) << "b and c have been idle past crowd_idle";
+    EXPECT_EQ(st.drafting.size(), 1u);
+    st.limits.max_crowd = 0;
+    for (int i = 0; i < 100; ++i)
+      EXPECT_FALSE(st.crowded("s" + std::to_string(i), t0 + std::chrono::seconds(31))) << "0: no limit";
+  }
+  actors::actor_config cfg;
+  caf::actor_system sys{cfg};
+  const std::shared_ptr<model::Shard> draft = model::Shard::load(poor_draft_path());
+  actors::DrafterLimits limits;
+  limits.max_crowd = 2;
+  auto d = actors::spawn_drafter(sys, draft, draft->config().vocab_size, limits);
+  caf::scoped_actor self{sys};
+  const std::vector<int32_t> seq{1, 5, 9, 13};
+  const auto ask = [&](const std::string& session) {
+    std::vector<int32_t> got;
+    self->request(d, std::chrono::seconds(30), atom::propose_atom_v, session, seq, uint32_t{3})
+      .receive([&](std::vector<int32_t>& p) { got = std::move(p); },
+               [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+    return got;
+  };
+  const auto alone = draft_alone(draft, seq, 3);
+  ASSERT_EQ(alone.size(), 3u);
+  EXPECT_EQ(ask("a"), alone);
+  EXPECT_EQ(ask("b"), alone);
+  EXPECT_TRUE(ask("c").empty()) << "a third session drafting: declined";
+  EXPECT_TRUE(ask("a").empty()) << "every session, while the crowd is there";
+  self->send(d, atom::release_atom_v, std::string("c")); // (before the next request: one sender's messages keep their order)
+  const auto again = ask("a");
+  EXPECT_EQ(again, alone) << "fewer drafting: proposals again, the same as alone";
+  caf::anon_send_exit(d, caf::exit_reason::user_shutdown);
 }
 
 // The drafter answers the requests of a round together: one batched forward

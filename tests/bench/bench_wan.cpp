@@ -11,9 +11,10 @@
 //
 // Usage: strata_bench wan [MODEL ...] (default: builtin:qwen2-0.5b as q8_0, then
 // stories260K when ../shared has it); STRATA_WAN_DELAYS=0,25 runs only those delays;
-// STRATA_WAN_PAIRS=K adds K interleaved rounds of 32 sessions plain / with lookup
-// (/ with the draft model, where there is one) per delay (STRATA_WAN_TABLE=0 skips
-// the table before them).
+// STRATA_WAN_PAIRS=K adds K interleaved rounds of 32 sessions (STRATA_WAN_SESSIONS=2,8:
+// those crowds) plain / with lookup (/ with the draft model, where there is one:
+// with serve's default crowd limit and with none) per delay (STRATA_WAN_TABLE=0
+// skips the table before them).
 
 #include "actors/cluster.hpp"
 #include "actors/drafter.hpp"
@@ -93,18 +94,25 @@ struct Run {
 int wan_bench_main(int argc, char** argv) {
   const std::string exe = (std::filesystem::path(argv[0]).parent_path() / "strata").string();
   const auto models = bench::models_or(argc, argv, "builtin:qwen2-0.5b", "../shared/models/stories260K.bin");
-  std::vector<double> delays{0, 5, 25, 50};
-  if (const char* env = std::getenv("STRATA_WAN_DELAYS")) { // e.g. "0,25": only those
-    delays.clear();
+  const auto env_list = [](const char* name, std::vector<double> fallback) { // e.g. "0,25"
+    const char* env = std::getenv(name);
+    if (!env)
+      return fallback;
+    std::vector<double> out;
     for (std::string d; const char c : std::string(env) + ",")
       if (c == ',') {
         if (!d.empty())
-          delays.push_back(std::stod(d));
+          out.push_back(std::stod(d));
         d.clear();
       } else {
         d += c;
       }
-  }
+    return out;
+  };
+  const std::vector<double> delays = env_list("STRATA_WAN_DELAYS", {0, 5, 25, 50});
+  std::vector<int> pair_crowds;
+  for (double n : env_list("STRATA_WAN_SESSIONS", {32}))
+    pair_crowds.push_back(std::max(1, static_cast<int>(n)));
   const std::vector<int> crowd{1, 8, 32};
   const int64_t tokens = 64;
   std::printf("# strata_bench wan: 3 node processes, each behind a delay proxy (one-way delay per link, both "
@@ -155,7 +163,7 @@ int wan_bench_main(int argc, char** argv) {
     };
     if (model.find("stories260K") != std::string::npos) // a story's first words (ids of stories260K's vocabulary)
       prompt_of = [](int i) { return std::vector<int32_t>{1, 403, 407, static_cast<int32_t>(31 + 7 * i % 200), 263}; };
-    actors::drafter_actor drafter;
+    actors::drafter_actor drafter, unlimited; // the crowd limit as serve's default, and none
     const std::string draft_file = "../shared/models/gguf/stories260K-q4_0.gguf";
     if (model.find("stories260K") != std::string::npos && std::filesystem::exists(draft_file)) {
       // One math thread for the draft in this process: the nodes share this
@@ -163,11 +171,15 @@ int wan_bench_main(int argc, char** argv) {
       // them (on separate machines the client has its own).
       model::set_num_threads(1);
       drafter = actors::spawn_drafter(sys, draft_file, cfg.vocab_size);
+      actors::DrafterLimits free;
+      free.max_crowd = 0;
+      unlimited = actors::spawn_drafter(sys, draft_file, cfg.vocab_size, {}, free);
     }
-    auto run = [&](int n, uint32_t speculate, bool with_draft) {
+    // with_draft: 0 none, 1 the drafter with the default crowd limit, 2 the one without.
+    auto run = [&](int n, uint32_t speculate, int with_draft) {
       auto so_run = so;
       if (with_draft)
-        so_run.drafter = drafter;
+        so_run.drafter = with_draft == 1 ? drafter : unlimited;
       const auto before = stats();
       std::atomic<int64_t> got{0};
       std::atomic<uint64_t> trips{0}, proposed{0}, accepted{0};
@@ -210,9 +222,11 @@ int wan_bench_main(int argc, char** argv) {
       res.rows_per_round = bench::rows_per_round(before, stats());
       return res;
     };
-    run(1, 0, false); // warm-up: every connection made
-    if (drafter)
-      run(1, 8, true); // ... and the draft model's first use (its pool, its threads)
+    run(1, 0, 0); // warm-up: every connection made
+    if (drafter) { // ... and the draft models' first use (their pools, their threads)
+      run(1, 8, 1);
+      run(1, 8, 2);
+    }
     std::printf("## %s (%s; hops: layers %s, %s, %s and the classifier: each about a third of the "
                 "multiply-adds)\n\n| one-way delay ms | sessions | speculation | total tok/s | vs 1 session | median "
                 "TTFT ms | trips per token | accepted | rows per round (per hop) | failed |\n"
@@ -223,18 +237,18 @@ int wan_bench_main(int argc, char** argv) {
     for (double d : table ? delays : std::vector<double>{}) {
       for (auto& p : proxies)
         p->set_delay(std::chrono::microseconds(static_cast<int64_t>(d * 1000)));
-      for (int mode = 0; mode < (drafter ? 3 : 2); ++mode) {
+      for (int mode = 0; mode < (drafter ? 4 : 2); ++mode) {
         const uint32_t spec = mode == 0 ? 0u : 8u;
         double one = 0;
         for (int n : crowd) {
-          const auto r = run(n, spec, mode == 2);
+          const auto r = run(n, spec, mode >= 2 ? mode - 1 : 0);
           if (n == 1)
             one = r.tok_s;
           char acc[32] = "-";
           if (r.acceptance >= 0)
             std::snprintf(acc, sizeof acc, "%.0f%%", 100 * r.acceptance);
           std::printf("| %.0f | %d | %s | %.1f | %.2fx | %.0f | %.2f | %s | %s | %d |\n", d, n,
-                      mode == 0 ? "off" : mode == 1 ? "lookup" : "draft", r.tok_s, one > 0 ? r.tok_s / one : 0.0, r.ttft_ms, r.trips_per_token, acc,
+                      mode == 0 ? "off" : mode == 1 ? "lookup" : mode == 2 ? "draft" : "draft, no limit", r.tok_s, one > 0 ? r.tok_s / one : 0.0, r.ttft_ms, r.trips_per_token, acc,
                       r.rows_per_round.c_str(), r.failed);
           std::fflush(stdout);
         }
@@ -242,49 +256,53 @@ int wan_bench_main(int argc, char** argv) {
     }
     if (const char* env = std::getenv("STRATA_WAN_PAIRS")) {
       // Speculation against plain in a crowd, interleaved: K rounds of (plain,
-      // lookup) with the same sessions at each delay; the ratio per round and the
-      // median ratio (this VM's run-to-run noise is larger than the difference).
+      // lookup[, draft, draft with no crowd limit]) with the same sessions at
+      // each delay; the ratio per round and the median ratio (this VM's
+      // run-to-run noise is larger than the difference).
       const int pairs = std::max(1, std::atoi(env));
-      const int n = crowd.back();
-      std::printf("\n### %s: %d sessions, plain / lookup%s in turn (%d rounds per delay)\n\n"
-                  "| one-way delay ms | plain tok/s per round | lookup tok/s per round | median lookup / plain |%s\n"
-                  "|---|---|---|---|%s\n",
-                  model.c_str(), n, drafter ? " / draft" : "", pairs,
-                  drafter ? " draft tok/s per round | median draft / plain |" : "", drafter ? "---|---|" : "");
+      std::printf("\n### %s: plain / lookup%s in turn (%d rounds per delay and crowd)\n\n"
+                  "| one-way delay ms | sessions | plain tok/s per round | lookup tok/s per round | median lookup / plain |%s\n"
+                  "|---|---|---|---|---|%s\n",
+                  model.c_str(), drafter ? " / draft / draft with no crowd limit" : "", pairs,
+                  drafter ? " draft tok/s per round | median draft / plain | no limit: tok/s per round | median / plain |" : "",
+                  drafter ? "---|---|---|---|" : "");
       for (auto& p : proxies)
         p->set_delay(std::chrono::microseconds(0));
-      run(n, 8, false); // warm-up: the shards' first rounds of that many rows (their buffers grow once)
+      run(*std::max_element(pair_crowds.begin(), pair_crowds.end()), 8, 0); // warm-up: the shards' first big rounds
       for (double d : delays) {
         for (auto& p : proxies)
           p->set_delay(std::chrono::microseconds(static_cast<int64_t>(d * 1000)));
-        std::vector<double> ratios, draft_ratios;
-        std::string plain_s, lookup_s, draft_s;
-        const auto add = [](std::string& to, int k, double v) {
-          char buf[64];
-          std::snprintf(buf, sizeof buf, "%s%.1f", k ? " / " : "", v);
-          to += buf;
-        };
-        for (int k = 0; k < pairs; ++k) {
-          const auto a = run(n, 0, false);
-          const auto b = run(n, 8, false);
-          ratios.push_back(a.tok_s > 0 ? b.tok_s / a.tok_s : 0);
-          add(plain_s, k, a.tok_s);
-          add(lookup_s, k, b.tok_s);
-          if (drafter) {
-            const auto c = run(n, 8, true);
-            draft_ratios.push_back(a.tok_s > 0 ? c.tok_s / a.tok_s : 0);
-            add(draft_s, k, c.tok_s);
+        for (int n : pair_crowds) {
+          std::vector<double> ratios[3];
+          std::string per_round[4];
+          const auto add = [](std::string& to, int k, double v) {
+            char buf[64];
+            std::snprintf(buf, sizeof buf, "%s%.1f", k ? " / " : "", v);
+            to += buf;
+          };
+          for (int k = 0; k < pairs; ++k) {
+            const auto a = run(n, 0, 0);
+            add(per_round[0], k, a.tok_s);
+            for (int m = 1; m < (drafter ? 4 : 2); ++m) {
+              const auto b = run(n, 8, m - 1);
+              ratios[m - 1].push_back(a.tok_s > 0 ? b.tok_s / a.tok_s : 0);
+              add(per_round[m], k, b.tok_s);
+            }
           }
+          std::printf("| %.0f | %d | %s | %s | %.2fx |", d, n, per_round[0].c_str(), per_round[1].c_str(),
+                      pct(ratios[0], 0.5));
+          if (drafter)
+            std::printf(" %s | %.2fx | %s | %.2fx |", per_round[2].c_str(), pct(ratios[1], 0.5), per_round[3].c_str(),
+                        pct(ratios[2], 0.5));
+          std::printf("\n");
+          std::fflush(stdout);
         }
-        std::printf("| %.0f | %s | %s | %.2fx |", d, plain_s.c_str(), lookup_s.c_str(), pct(ratios, 0.5));
-        if (drafter)
-          std::printf(" %s | %.2fx |", draft_s.c_str(), pct(draft_ratios, 0.5));
-        std::printf("\n");
-        std::fflush(stdout);
       }
     }
-    if (drafter)
+    if (drafter) {
       caf::anon_send_exit(drafter, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(unlimited, caf::exit_reason::user_shutdown);
+    }
     std::printf("\n");
   }
   return 0;

@@ -66,6 +66,8 @@ TEST(Cli, BadArgumentsGiveOneLineAndExitTwo) {
     "tokenize",
     "tokenize --tokenizer builtin:bytes --text a --text b",
     "detokenize --tokenizer builtin:bytes 1 x",
+    "serve --cluster 127.0.0.1:1 --draft-max-sessions 2",                            // no --draft-model
+    "serve --cluster 127.0.0.1:1 --draft-model builtin:tiny --draft-max-sessions x", // not a number
   };
   for (auto& args : bad) {
     auto r = strata(args, true);

@@ -245,9 +245,12 @@ TEST_F(Server, MetricsParseAndMoveWithRequestsAndAnEviction) {
 // answer exactly what the plain server answers, and /metrics counts the
 // proposals and the trips.
 TEST_F(Server, SpeculatingServeAnswersAsThePlainOneAndCountsProposals) {
-  for (const std::vector<std::string> how : {std::vector<std::string>{"--speculate", "6"},
-                                             std::vector<std::string>{"--draft-model", "builtin:tiny"}}) {
-    SCOPED_TRACE(how[0]);
+  for (const std::vector<std::string> how :
+       {std::vector<std::string>{"--speculate", "6"},
+        std::vector<std::string>{"--draft-model", "builtin:tiny", "--draft-max-sessions", "0"},
+        std::vector<std::string>{"--draft-model", "builtin:tiny"}}) { // (the default: one session drafts at a time)
+    const bool limited = how[0] == "--draft-model" && how.size() == 2;
+    SCOPED_TRACE(how[0] + (limited ? " (at most one drafting)" : ""));
     std::vector<std::string> args{exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0"};
     args.insert(args.end(), how.begin(), how.end());
     Process spec(args);
@@ -270,6 +273,12 @@ TEST_F(Server, SpeculatingServeAnswersAsThePlainOneAndCountsProposals) {
       EXPECT_EQ(got, plain["choices"][0]["text"].get<std::string>()) << prompts[i];
     }
     auto m = scrape(sbase);
+    if (limited) { // requests at once: some are declined, every answer as plain (above)
+      EXPECT_GT(m["strata_speculative_declined_total"] + m["strata_speculative_proposed_tokens_total"], 0)
+        << "the draft model was asked";
+      continue;
+    }
+    EXPECT_EQ(m["strata_speculative_declined_total"], 0) << "no limit: never declined";
     EXPECT_GT(m["strata_speculative_proposed_tokens_total"], 0);
     EXPECT_LE(m["strata_speculative_accepted_tokens_total"], m["strata_speculative_proposed_tokens_total"]);
     if (how[0] == "--draft-model")
