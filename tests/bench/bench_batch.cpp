@@ -6,7 +6,7 @@
 // the time to first token of a 512-token prompt that arrives while 8 sessions
 // decode; and prefill GFLOP/s against this machine's peak. `batch file PATH`:
 // 1/4/8/16 sessions through one shard over a GGUF file (how its weight types
-// batch). `batch serve TYPE|PATH [LLAMA_BIN]`: 1/4/8/16 concurrent requests
+// batch; STRATA_BENCH_SESSIONS=8: 8 sessions, 8 times over). `batch serve TYPE|PATH [LLAMA_BIN]`: 1/4/8/16 concurrent requests
 // through `strata serve` over one node, next to llama-server on the same file
 // (TYPE: llama-quantize's type of the Qwen2.5-0.5B-shaped model of `types`),
 // interleaved.
@@ -284,7 +284,10 @@ int batch_bench_main(int argc, char** argv) {
     gen(request(prompt_of(0), 4), {}); // warm-up
     Table t{file.substr(file.find_last_of('/') + 1), {}};
     stats_fn stats = [&] { return c.stats(); };
-    for (int n : {1, 4, 8, 16})
+    std::vector<int> crowds{1, 4, 8, 16};
+    if (const char* env = std::getenv("STRATA_BENCH_SESSIONS")) // e.g. "8": only that crowd, 8 times (for a profiler)
+      crowds.assign(8, std::max(1, std::atoi(env)));
+    for (int n : crowds)
       t.rows.emplace_back(n, concurrent(n, gen, stats));
     std::printf("## one shard over %s (%s)\n\n| where | sessions | total tok/s | vs 1 session | p50 inter-token ms | p99 "
                 "inter-token ms | p50 vs 1 session | rows per round | failed |\n|---|---|---|---|---|---|---|---|---|\n",
