@@ -98,8 +98,10 @@ std::optional<ApiError> Server::Impl::ensure_model(ModelState& out) {
       }
       log::info("speculative decoding: up to " + std::to_string(opts.speculate) + " proposals per step from the draft model " +
                 opts.draft_model->config().identity +
-                (opts.draft_max_sessions > 0 ? ", while at most " + std::to_string(opts.draft_max_sessions) + " sessions draft at once"
-                                             : ""));
+                (opts.draft_max_sessions == 1   ? ", while one session drafts at a time (--draft-max-sessions)"
+                 : opts.draft_max_sessions > 1 ? ", while at most " + std::to_string(opts.draft_max_sessions) +
+                                                   " sessions draft at once (--draft-max-sessions)"
+                                               : ""));
     }
     model.loaded = true;
   }
