@@ -164,6 +164,11 @@ bool drafter_state::crowded(const std::string& session, std::chrono::steady_cloc
   return limits.max_crowd > 0 && drafting.size() > limits.max_crowd;
 }
 
+std::size_t drafter_state::crowd(std::chrono::steady_clock::time_point now) const {
+  return static_cast<std::size_t>(
+    std::count_if(drafting.begin(), drafting.end(), [&](const auto& d) { return now - d.second <= limits.crowd_idle; }));
+}
+
 bool drafter_state::evict_outside(const std::unordered_set<std::string>& keep) {
   for (auto it = lru.end(); it != lru.begin();) {
     --it;
@@ -245,6 +250,11 @@ drafter_actor::behavior_type drafter(drafter_self self, std::shared_ptr<model::S
     [=](atom::release_atom, const std::string& session) {
       self->state.drop(session);
       self->state.drafting.erase(session);
+    },
+    [=](atom::stats_atom) -> caf::result<uint64_t, uint64_t, uint64_t, uint64_t, uint64_t> {
+      const auto& st = self->state;
+      return {st.proposals, st.computed, st.passes, st.declined,
+              static_cast<uint64_t>(st.crowd(std::chrono::steady_clock::now()))};
     },
   };
 }

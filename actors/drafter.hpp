@@ -9,6 +9,8 @@
 //       keeps what it computed: the next request reuses the longest common
 //       prefix (accepted proposals included) and computes only the rest.
 //   (release_atom, session)       -> drops that session's cache.
+//   (stats_atom)                  -> proposals made, positions computed,
+//       batched passes run, requests declined (the crowd), sessions drafting now.
 //
 // Requests are answered in rounds, as a shard's steps are: a request is queued
 // and the actor sends itself (round_atom); every request that arrived by then
@@ -51,7 +53,8 @@ namespace strata::actors {
 
 using drafter_actor =
   caf::typed_actor<caf::replies_to<atom::propose_atom, std::string, std::vector<int32_t>, uint32_t>::with<std::vector<int32_t>>,
-                   caf::reacts_to<atom::release_atom, std::string>, caf::reacts_to<atom::round_atom>>;
+                   caf::reacts_to<atom::release_atom, std::string>, caf::reacts_to<atom::round_atom>,
+                   caf::replies_to<atom::stats_atom>::with<uint64_t, uint64_t, uint64_t, uint64_t, uint64_t>>;
 
 struct DrafterLimits {
   std::size_t cache_bytes = std::size_t{256} << 20; ///< the draft's KV pool
@@ -83,6 +86,8 @@ struct drafter_state {
   /// Notes that `session` asks at `now` and forgets sessions idle for
   /// limits.crowd_idle; true when the crowd is over limits.max_crowd.
   bool crowded(const std::string& session, std::chrono::steady_clock::time_point now);
+  /// The sessions drafting at `now` (asked within limits.crowd_idle, not released).
+  std::size_t crowd(std::chrono::steady_clock::time_point now) const;
 
   struct Request {
     std::string session;

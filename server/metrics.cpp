@@ -162,6 +162,18 @@ std::string Metrics::render(const ClusterSnapshot& c) const {
   scalar(out, "strata_cluster_reachable", "gauge", "1 if the coordinator answered this scrape.", int{c.reachable});
   scalar(out, "strata_route_epoch", "gauge", "The route supervisor's current epoch.", c.epoch);
   scalar(out, "strata_route_complete", "gauge", "1 if registered shards cover every layer.", int{c.route_complete});
+  if (c.draft.present) { // serve --draft-model, as its drafter counts now
+    scalar(out, "strata_draft_proposals_total", "counter", "Requests the draft model answered with proposals.",
+           c.draft.proposals);
+    scalar(out, "strata_draft_positions_total", "counter", "Positions the draft model computed.", c.draft.positions);
+    scalar(out, "strata_draft_passes_total", "counter",
+           "Batched forward passes of the draft model (one a token for every request of a round).", c.draft.passes);
+    scalar(out, "strata_draft_declined_total", "counter",
+           "Draft requests declined because more sessions drafted than --draft-max-sessions.", c.draft.declined);
+    scalar(out, "strata_draft_sessions", "gauge", "Sessions drafting now (they asked and have not ended).",
+           c.draft.drafting);
+    scalar(out, "strata_draft_max_sessions", "gauge", "--draft-max-sessions (0: no limit).", c.draft.max_sessions);
+  }
   auto labels = [](const runtime::ShardView& v) {
     return "node=\"" + esc(caf::to_string(v.hop.shard.node())) + "\",layers=\"" + std::to_string(v.hop.first) + "-" +
            std::to_string(v.hop.last) + "\"";

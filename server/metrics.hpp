@@ -34,6 +34,12 @@ struct ClusterSnapshot {
   int64_t epoch = 0;
   bool route_complete = false;
   std::vector<runtime::ShardView> shards;
+  /// The draft model (serve --draft-model), as its drafter counts.
+  struct Draft {
+    bool present = false; ///< a draft model answered
+    uint64_t proposals = 0, positions = 0, passes = 0, declined = 0, drafting = 0;
+    std::size_t max_sessions = 0; ///< --draft-max-sessions (0: no limit)
+  } draft;
 };
 
 class Metrics {

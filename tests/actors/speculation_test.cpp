@@ -411,7 +411,8 @@ std::vector<int32_t> draft_alone(const std::shared_ptr<model::Shard>& draft, con
 
 // The crowd gate: a session counts as drafting from its first request until it
 // releases (or is idle for crowd_idle); while more draft than max_crowd, every
-// request is answered at once with no proposals, then as before.
+// request is answered at once with no proposals, then as before; the drafter
+// counts it all (stats_atom).
 TEST(Drafter, DeclinesWhileMoreSessionsDraftThanItsLimit) {
   using clk = std::chrono::steady_clock;
   {
@@ -452,6 +453,16 @@ TEST(Drafter, DeclinesWhileMoreSessionsDraftThanItsLimit) {
   self->send(d, atom::release_atom_v, std::string("c")); // (before the next request: one sender's messages keep their order)
   const auto again = ask("a");
   EXPECT_EQ(again, alone) << "fewer drafting: proposals again, the same as alone";
+  // Its counts (serve's /metrics): 3 answered, 2 declined, a and b drafting.
+  self->request(d, std::chrono::seconds(30), atom::stats_atom_v)
+    .receive(
+      [&](uint64_t proposals, uint64_t positions, uint64_t passes, uint64_t declined, uint64_t drafting) {
+        EXPECT_EQ(proposals, 3u);
+        EXPECT_EQ(declined, 2u);
+        EXPECT_EQ(drafting, 2u);
+        EXPECT_GE(positions, passes);
+      },
+      [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
   caf::anon_send_exit(d, caf::exit_reason::user_shutdown);
 }
 

@@ -273,17 +273,28 @@ TEST_F(Server, SpeculatingServeAnswersAsThePlainOneAndCountsProposals) {
       EXPECT_EQ(got, plain["choices"][0]["text"].get<std::string>()) << prompts[i];
     }
     auto m = scrape(sbase);
+    if (how[0] == "--draft-model") { // the drafter's own counts
+      EXPECT_EQ(m["strata_draft_max_sessions"], limited ? 1 : 0);
+      EXPECT_EQ(m["strata_draft_declined_total"], m["strata_speculative_declined_total"])
+        << "every empty answer the sessions counted was a decline";
+      EXPECT_LE(m["strata_draft_sessions"], 8);
+      EXPECT_GE(m["strata_draft_positions_total"], m["strata_draft_passes_total"]);
+    } else {
+      EXPECT_EQ(m.count("strata_draft_passes_total"), 0u) << "no draft model, no draft metrics";
+    }
     if (limited) { // requests at once: some are declined, every answer as plain (above)
-      EXPECT_GT(m["strata_speculative_declined_total"] + m["strata_speculative_proposed_tokens_total"], 0)
-        << "the draft model was asked";
+      EXPECT_GT(m["strata_draft_declined_total"] + m["strata_draft_proposals_total"], 0) << "the draft model was asked";
       continue;
     }
     EXPECT_EQ(m["strata_speculative_declined_total"], 0) << "no limit: never declined";
     EXPECT_GT(m["strata_speculative_proposed_tokens_total"], 0);
     EXPECT_LE(m["strata_speculative_accepted_tokens_total"], m["strata_speculative_proposed_tokens_total"]);
-    if (how[0] == "--draft-model")
+    if (how[0] == "--draft-model") {
       EXPECT_EQ(m["strata_speculative_accepted_tokens_total"], m["strata_speculative_proposed_tokens_total"])
         << "the model as its own draft: every proposal taken";
+      EXPECT_GT(m["strata_draft_passes_total"], 0);
+      EXPECT_EQ(m["strata_draft_declined_total"], 0);
+    }
     EXPECT_GT(m["strata_session_trips_total"], 0);
     EXPECT_LT(m["strata_session_trips_total"], m["strata_session_tokens_total"]);
     std::printf("speculating serve (%s): %.0f proposed, %.0f accepted, %.0f trips for %.0f tokens\n", how[0].c_str(),
