@@ -157,16 +157,13 @@ std::vector<drafter_state::Answer> drafter_state::propose_all(const std::vector<
 
 bool drafter_state::crowded(const std::string& session, std::chrono::steady_clock::time_point now) {
   drafting[session] = now;
-  if (now - pruned_at > std::chrono::seconds(1)) { // (sessions that ended without a release go too)
-    std::erase_if(drafting, [&](const auto& d) { return now - d.second > limits.crowd_idle; });
-    pruned_at = now;
-  }
-  return limits.max_crowd > 0 && drafting.size() > limits.max_crowd;
+  return limits.max_crowd > 0 && crowd(now) > limits.max_crowd;
 }
 
-std::size_t drafter_state::crowd(std::chrono::steady_clock::time_point now) const {
-  return static_cast<std::size_t>(
-    std::count_if(drafting.begin(), drafting.end(), [&](const auto& d) { return now - d.second <= limits.crowd_idle; }));
+std::size_t drafter_state::crowd(std::chrono::steady_clock::time_point now) {
+  // (Sessions that ended without a release go too.)
+  std::erase_if(drafting, [&](const auto& d) { return now - d.second > limits.crowd_idle; });
+  return drafting.size();
 }
 
 bool drafter_state::evict_outside(const std::unordered_set<std::string>& keep) {
@@ -252,7 +249,7 @@ drafter_actor::behavior_type drafter(drafter_self self, std::shared_ptr<model::S
       self->state.drafting.erase(session);
     },
     [=](atom::stats_atom) -> caf::result<uint64_t, uint64_t, uint64_t, uint64_t, uint64_t> {
-      const auto& st = self->state;
+      auto& st = self->state;
       return {st.proposals, st.computed, st.passes, st.declined,
               static_cast<uint64_t>(st.crowd(std::chrono::steady_clock::now()))};
     },

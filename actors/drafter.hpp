@@ -82,12 +82,10 @@ struct drafter_state {
   uint64_t proposals = 0, computed = 0, passes = 0, declined = 0;
   /// The sessions drafting now (asked, not released), with when each last asked.
   std::unordered_map<std::string, std::chrono::steady_clock::time_point> drafting;
-  std::chrono::steady_clock::time_point pruned_at{};
-  /// Notes that `session` asks at `now` and forgets sessions idle for
-  /// limits.crowd_idle; true when the crowd is over limits.max_crowd.
+  /// Notes that `session` asks at `now`; true when the crowd is over limits.max_crowd.
   bool crowded(const std::string& session, std::chrono::steady_clock::time_point now);
-  /// The sessions drafting at `now` (asked within limits.crowd_idle, not released).
-  std::size_t crowd(std::chrono::steady_clock::time_point now) const;
+  /// The sessions drafting at `now`: those idle past limits.crowd_idle are forgotten.
+  std::size_t crowd(std::chrono::steady_clock::time_point now);
 
   struct Request {
     std::string session;

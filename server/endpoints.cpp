@@ -49,7 +49,9 @@ Reply health_reply(Server::Impl& srv) {
 }
 
 Reply metrics_reply(Server::Impl& srv) {
-  return Reply{200, "text/plain; version=0.0.4; charset=utf-8", srv.metrics.render(srv.snapshot()), {}};
+  auto c = srv.snapshot();
+  c.draft = srv.draft_snapshot();
+  return Reply{200, "text/plain; version=0.0.4; charset=utf-8", srv.metrics.render(c), {}};
 }
 
 Reply models_reply(Server::Impl& srv) {

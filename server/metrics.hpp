@@ -34,7 +34,7 @@ struct ClusterSnapshot {
   int64_t epoch = 0;
   bool route_complete = false;
   std::vector<runtime::ShardView> shards;
-  /// The draft model (serve --draft-model), as its drafter counts.
+  /// The draft model (serve --draft-model), as its drafter counts (filled for /metrics only).
   struct Draft {
     bool present = false; ///< a draft model answered
     uint64_t proposals = 0, positions = 0, passes = 0, declined = 0, drafting = 0;

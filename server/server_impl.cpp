@@ -123,22 +123,27 @@ ClusterSnapshot Server::Impl::snapshot() {
   } catch (const std::exception&) {
     c.reachable = false;
   }
+  return c;
+}
+
+ClusterSnapshot::Draft Server::Impl::draft_snapshot() {
+  ClusterSnapshot::Draft d;
   actors::drafter_actor drafter;
   {
     std::unique_lock<std::mutex> g(model_mu, std::try_to_lock); // (a model being loaded: this scrape goes without)
     if (g.owns_lock())
       drafter = model.drafter;
   }
-  if (drafter) {
-    caf::scoped_actor self{sys};
-    self->request(drafter, std::chrono::seconds(2), atom::stats_atom_v)
-      .receive(
-        [&](uint64_t proposals, uint64_t positions, uint64_t passes, uint64_t declined, uint64_t drafting) {
-          c.draft = {true, proposals, positions, passes, declined, drafting, opts.draft_max_sessions};
-        },
-        [](caf::error&) {}); // busy past 2 s or gone: the scrape goes without it
-  }
-  return c;
+  if (!drafter)
+    return d;
+  caf::scoped_actor self{sys};
+  self->request(drafter, std::chrono::seconds(2), atom::stats_atom_v)
+    .receive(
+      [&](uint64_t proposals, uint64_t positions, uint64_t passes, uint64_t declined, uint64_t drafting) {
+        d = {true, proposals, positions, passes, declined, drafting, opts.draft_max_sessions};
+      },
+      [](caf::error&) {}); // busy past 2 s or gone: the scrape goes without it
+  return d;
 }
 
 std::optional<ApiError> Server::Impl::model_with_tokenizer(ModelState& m) {

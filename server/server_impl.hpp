@@ -93,6 +93,8 @@ struct Server::Impl : RequestSink, std::enable_shared_from_this<Server::Impl> {
   /// The model's state, or why there is none or it has no tokenizer.
   std::optional<ApiError> model_with_tokenizer(ModelState& m);
   ClusterSnapshot snapshot();
+  /// The drafter's counts (serve --draft-model; /metrics only: it asks the drafter).
+  ClusterSnapshot::Draft draft_snapshot();
   TransportLimits limits() const;
 
   void accept();
