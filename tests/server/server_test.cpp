@@ -303,6 +303,41 @@ TEST_F(Server, SpeculatingServeAnswersAsThePlainOneAndCountsProposals) {
   }
 }
 
+// A draft model under its default crowd limit, 8 long streams at once, and
+// every node evicting every session while they run: each answer is the plain
+// server's answer to the same request alone, and the sessions recovered.
+TEST_F(Server, DraftingCrowdThroughAnEvictionAnswersAsAlone) {
+  Process spec({exe, "serve", "--cluster", c().cluster, "--http", "127.0.0.1:0", "--draft-model", "builtin:tiny"});
+  const auto line = spec.wait_line("ready http ");
+  ASSERT_FALSE(line.empty());
+  const std::string sbase = "http://" + line.substr(11);
+  const std::string lru = R"(strata_session_cache_misses_total{reason="evicted_lru"})";
+  std::vector<std::string> prompts;
+  std::vector<std::unique_ptr<Process>> running;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back("Once upon a time " + std::to_string(i));
+    running.push_back(std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c",
+      "curl -sN -m 120 --data-binary " + quote(completion_body(prompts.back(), 480, true)) + " " + sbase +
+        "/v1/completions"}));
+  }
+  ASSERT_FALSE(running.back()->wait_line("data: ").empty()); // the last one started: all are generating
+  for (int node = 0; node < 4; ++node) // (through the shared server: the one started with --allow-inject)
+    EXPECT_EQ(c().call("/v1/cluster/inject", R"({"kind":"evict","node":)" + std::to_string(node) + "}",
+                       "-H 'Content-Type: application/json'").status,
+              200);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const auto got = sse_text(running[i]->drain());
+    const auto alone = json::parse(c().call("/v1/completions", completion_body(prompts[i], 480, false)).body);
+    EXPECT_EQ(got, alone["choices"][0]["text"].get<std::string>()) << prompts[i];
+  }
+  auto m = scrape(sbase);
+  EXPECT_GE(m[lru], 1) << "the eviction reached sessions that were running";
+  EXPECT_GE(m["strata_reprefills_total"], 1);
+  EXPECT_GT(m["strata_draft_declined_total"], 0) << "8 at once against a limit of 1";
+  EXPECT_EQ(m["strata_draft_declined_total"], m["strata_speculative_declined_total"]);
+}
+
 TEST_F(Server, ClientThatDisconnectsCancelsAndFreesCaches) {
   auto before = scrape(c().base);
   // head closes the pipe after the first bytes; curl then drops the connection.
