@@ -35,11 +35,36 @@ float Sampler::next_uniform() {
 }
 
 int32_t Sampler::argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (std::size_t i = 1; i < logits.size(); ++i)
-    if (logits[i] > logits[static_cast<std::size_t>(best)])
-      best = static_cast<int32_t>(i);
-  return best;
+  // The first index whose value exceeds every one before it (a NaN is never
+  // chosen, nor anything after a NaN at index 0), with the largest value so
+  // far kept in a register: comparing against logits[best] reloaded it after
+  // every possible change of best, 4.5 ns a value (150 us for 32k logits, 690
+  // for Qwen's 152k, on the machine of docs/benchmarks.md). Blocks of 16 whose
+  // largest value (NaNs left out) does not exceed it are passed over at once:
+  // 0.3 ns a value, the same index.
+  const std::size_t n = logits.size();
+  if (n == 0)
+    return 0;
+  std::size_t best = 0, i = 1;
+  float m = logits[0];
+  for (; i + 16 <= n; i += 16) {
+    float bm = -std::numeric_limits<float>::infinity();
+    for (std::size_t k = 0; k < 16; ++k)
+      bm = logits[i + k] > bm ? logits[i + k] : bm;
+    if (!(bm > m))
+      continue;
+    for (std::size_t k = 0; k < 16; ++k)
+      if (logits[i + k] > m) {
+        m = logits[i + k];
+        best = i + k;
+      }
+  }
+  for (; i < n; ++i)
+    if (logits[i] > m) {
+      m = logits[i];
+      best = i;
+    }
+  return static_cast<int32_t>(best);
 }
 
 std::size_t Sampler::distribution(std::span<const float> logits, double& sum) {

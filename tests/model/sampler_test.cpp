@@ -3,7 +3,9 @@
 #include "tests/support.hpp"
 
 #include <cmath>
+#include <limits>
 #include <map>
+#include <random>
 
 namespace strata {
 namespace {
@@ -12,6 +14,42 @@ TEST(Sampler, GreedyTakesTheFirstMaximum) {
   model::Sampler s({});
   std::vector<float> l = {0.1f, 3.0f, -1.0f, 3.0f};
   EXPECT_EQ(s.sample(l), 1);
+}
+
+// argmax passes over blocks of 16 that cannot hold a new maximum: it must
+// still give the index the plain scan gives (the first one that exceeds all
+// before it; never a NaN; index 0 when it is a NaN), at every length and with
+// ties, NaNs and infinities anywhere, blocks straddled included.
+TEST(Sampler, ArgmaxIsThePlainScansIndexWithTiesNaNsAndInfinities) {
+  auto plain = [](const std::vector<float>& v) {
+    int32_t best = 0;
+    for (std::size_t i = 1; i < v.size(); ++i)
+      if (v[i] > v[static_cast<std::size_t>(best)])
+        best = static_cast<int32_t>(i);
+    return best;
+  };
+  std::mt19937 rng(7);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int trial = 0; trial < 3000; ++trial) {
+    const std::size_t n = 1 + rng() % 200;
+    std::vector<float> v(n);
+    for (auto& x : v) // few distinct values: many ties
+      x = static_cast<float>(static_cast<int>(rng() % 9) - 4);
+    const int specials = static_cast<int>(rng() % 4);
+    for (int k = 0; k < specials; ++k) {
+      const float pick[] = {nan, inf, -inf, 100.0f};
+      v[rng() % n] = pick[rng() % 4];
+    }
+    if (trial % 10 == 0)
+      v[0] = nan;
+    if (trial % 37 == 0)
+      std::fill(v.begin(), v.end(), -inf);
+    ASSERT_EQ(model::Sampler::argmax(v), plain(v)) << "trial " << trial << ", " << n << " logits";
+  }
+  EXPECT_EQ(model::Sampler::argmax(std::vector<float>(151936, 0.5f)), 0);
+  std::vector<float> big(151936, 0.0f);
+  big[151935] = 1.0f;
+  EXPECT_EQ(model::Sampler::argmax(big), 151935);
 }
 
 TEST(Sampler, MinPDropsTokensLessLikelyThanItsShareOfTheBest) {
