@@ -216,7 +216,8 @@ void prefill_flops(int threads) {
 int batch_bench_main(int argc, char** argv) {
   const std::string exe = std::getenv("STRATA_EXE") ? std::getenv("STRATA_EXE") : "build/strata";
   // STRATA_BENCH_THREADS: another thread count (e.g. 1, to tell the kernels' cost from the threads' hand-offs)
-  const int threads = std::getenv("STRATA_BENCH_THREADS") ? std::max(1, std::atoi(std::getenv("STRATA_BENCH_THREADS"))) : 2;
+  const char* threads_env = std::getenv("STRATA_BENCH_THREADS");
+  const int threads = threads_env ? std::max(1, std::atoi(threads_env)) : 2;
   const std::string part = argc > 2 ? argv[2] : "all";
   model::set_num_threads(threads);
   std::printf("# strata_bench batch (%s, %lld tokens per session, %d threads per process)\n\n", kModel.c_str(),
