@@ -4,6 +4,7 @@
 #include "model/base/error.hpp"
 #include "model/formats/source.hpp"
 
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -116,13 +117,15 @@ public:
 
   const ModelConfig& config() const override { return spec_.cfg; }
 
-  at::Tensor load(const std::string& name, const std::vector<int64_t>& shape) override {
+  std::vector<float> load(const std::string& name, const std::vector<int64_t>& shape) override {
     std::string key = name == "cls" && spec_.cfg.tied_embeddings ? "embed" : name;
     auto l = split_layer_name(key);
     const std::string part = l ? l->second : key;
-    at::Tensor t = at::empty(shape, at::kFloat);
-    float* p = t.data_ptr<float>();
-    const int64_t n = t.numel();
+    int64_t n = 1;
+    for (auto s : shape)
+      n *= s;
+    std::vector<float> t(static_cast<std::size_t>(n));
+    float* p = t.data();
     const int64_t fan_in = shape.size() == 2 ? shape[1] : 1;
     // Norm weights near 1, biases small, matrices with unit-variance outputs.
     double center = 0, scale;
@@ -143,7 +146,7 @@ public:
       p[i] = static_cast<float>(center + u * k);
     }
     if (spec_.cfg.identity == "builtin:tiny" && key == "cls")
-      favour_readable_bytes(t);
+      favour_readable_bytes(t, shape[1]);
     return t;
   }
 
@@ -151,11 +154,16 @@ private:
   // builtin:tiny's classifier is damped except for the rows of lowercase
   // letters, space and a little punctuation, so that its (random) text is mostly
   // readable pseudo-words instead of control bytes.
-  static void favour_readable_bytes(at::Tensor& cls) {
-    cls.mul_(0.25);
+  // (rows of `dim` values; f32 products, as the weights were always made)
+  static void favour_readable_bytes(std::vector<float>& cls, int64_t dim) {
+    for (float& x : cls)
+      x *= 0.25f;
     const std::string readable = "abcdefghijklmnopqrstuvwxyz ,.";
-    for (unsigned char c : readable)
-      cls[static_cast<int64_t>(c) + 3].mul_(c == ' ' ? 4.5 : 3.5);
+    for (unsigned char c : readable) {
+      float* row = cls.data() + (static_cast<int64_t>(c) + 3) * dim;
+      for (int64_t i = 0; i < dim; ++i)
+        row[i] *= c == ' ' ? 4.5f : 3.5f;
+    }
   }
 
   BuiltinSpec spec_;

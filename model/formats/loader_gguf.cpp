@@ -170,11 +170,11 @@ public:
     return out;
   }
 
-  at::Tensor load(const std::string& name, const std::vector<int64_t>& shape) override {
+  std::vector<float> load(const std::string& name, const std::vector<int64_t>& shape) override {
     const GgufTensor& t = find(name, shape);
-    at::Tensor out = at::empty(shape, at::kFloat);
+    std::vector<float> out(static_cast<std::size_t>(t.numel()));
     auto map = map_tensor(t);
-    dequantize(*t.type, map->data(), out.data_ptr<float>(), t.numel());
+    dequantize(*t.type, map->data(), out.data(), t.numel());
     return out;
   }
 

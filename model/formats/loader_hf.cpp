@@ -253,23 +253,21 @@ public:
   std::vector<WMatrix> load_experts(const std::string& name, int64_t n, int64_t rows, int64_t cols) override {
     std::vector<WMatrix> out;
     for (int64_t e = 0; e < n; ++e) {
-      const at::Tensor t = load(name + "#" + std::to_string(e), {rows, cols}).contiguous();
-      const float* p = t.data_ptr<float>();
-      out.push_back(owned_f32(std::vector<float>(p, p + rows * cols), rows, cols));
+      out.push_back(owned_f32(load(name + "#" + std::to_string(e), {rows, cols}), rows, cols));
     }
     return out;
   }
 
-  at::Tensor load(const std::string& name, const std::vector<int64_t>& shape) override {
+  std::vector<float> load(const std::string& name, const std::vector<int64_t>& shape) override {
     const std::string hf = hf_name(name);
     const SafetensorsFile& f = file_for(hf);
     const TensorView& v = f.at(hf);
     if (v.shape != shape)
       throw Error(errc::corrupt, "safetensors file '" + f.path() + "': tensor '" + hf + "' has shape " +
                                    shape_str(v.shape) + ", expected " + shape_str(shape));
-    at::Tensor out = at::empty(shape, at::kFloat);
-    float* dst = out.data_ptr<float>();
     const int64_t n = v.numel();
+    std::vector<float> out(static_cast<std::size_t>(n));
+    float* dst = out.data();
     if (v.dtype == DType::f32) {
       std::memcpy(dst, v.data, static_cast<std::size_t>(n) * 4);
     } else {

@@ -6,6 +6,7 @@
 #include "model/formats/source.hpp"
 
 #include <cstring>
+#include <map>
 #include <string>
 
 namespace strata::model::detail {
@@ -84,7 +85,7 @@ public:
 
   const ModelConfig& config() const override { return cfg_; }
 
-  at::Tensor load(const std::string& name, const std::vector<int64_t>& shape) override {
+  std::vector<float> load(const std::string& name, const std::vector<int64_t>& shape) override {
     std::string key = name;
     uint64_t layer = 0;
     if (auto l = split_layer_name(name)) {
@@ -103,7 +104,7 @@ public:
       throw Error(errc::corrupt, "llama2.c checkpoint '" + file_.path() + "': tensor '" + name + "' expected " +
                                    shape_str(shape));
     const float* p = reinterpret_cast<const float*>(file_.data() + 28) + it->second.first + layer * it->second.second;
-    return at::from_blob(const_cast<float*>(p), shape, at::kFloat).clone();
+    return std::vector<float>(p, p + numel);
   }
 
 private:

@@ -33,13 +33,7 @@ std::optional<std::pair<int64_t, std::string>> split_layer_name(const std::strin
 }
 
 WMatrix TensorSource::load_matrix(const std::string& name, int64_t rows, int64_t cols) {
-  at::Tensor t = load(name, {rows, cols}).contiguous();
-  WMatrix m;
-  m.rows = rows;
-  m.cols = cols;
-  m.data = reinterpret_cast<const uint8_t*>(t.data_ptr<float>());
-  m.keep = std::make_shared<at::Tensor>(std::move(t));
-  return m;
+  return owned_f32(load(name, {rows, cols}), rows, cols);
 }
 
 std::string resolve_dtype(const TensorSource& src, const std::string& dtype) {

@@ -1,13 +1,10 @@
 #pragma once
 // Internal to model/: where weights come from. A TensorSource reads one checkpoint
 // format (one loader file each: loader_gguf, loader_llama2c, loader_hf, loader_builtin)
-// and serves its tensors under canonical names. Includes ATen; never include it
-// outside model/.
+// and serves its tensors under canonical names. Never include it outside model/.
 
 #include "model/base/config.hpp"
 #include "model/formats/wmatrix.hpp"
-
-#include <ATen/ATen.h>
 
 #include <memory>
 #include <optional>
@@ -33,9 +30,9 @@ class TensorSource {
 public:
   virtual ~TensorSource() = default;
   virtual const ModelConfig& config() const = 0;
-  /// A float32 contiguous copy of tensor `name`, checked against `shape`.
+  /// A float32 copy of tensor `name` (row-major), checked against `shape`.
   /// Throws Error(missing_tensor / corrupt) naming the file and tensor.
-  virtual at::Tensor load(const std::string& name, const std::vector<int64_t>& shape) = 0;
+  virtual std::vector<float> load(const std::string& name, const std::vector<int64_t>& shape) = 0;
   /// Matrix `name` (rows, cols) in the type the file stores it in where that is
   /// a resident type (GGUF: in place in the mapped file); the default widens
   /// through load() to f32. Must be safe to call from several threads at once.

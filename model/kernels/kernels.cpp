@@ -6,13 +6,13 @@
 // recognise this CPU and falls back to its generic kernel (see docs/benchmarks.md).
 
 #include "model/kernels/kernels.hpp"
+#include "model/base/parallel.hpp"
 #include "model/kernels/attention.hpp"
 #include "model/formats/packed.hpp"
 #include "model/kernels/kernels_q.hpp"
 #include "model/kernels/kernels_rows_impl.hpp"
 #include "model/kernels/vec.hpp"
 
-#include <ATen/Parallel.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <atomic>
@@ -137,9 +137,9 @@ void rows_prepared(const WMatrix& W, const Prepared& p, float* Y, int64_t ldy, i
   if (p.fused) {
     const QuantActs& a = *p.q;
     const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(cols * M, 1));
-    if (rows <= grain || at::get_num_threads() == 1)
+    if (rows <= grain || detail::team_size() == 1)
       return fused_rows(W, a, Y, ldy, 0, rows, accumulate);
-    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) { fused_rows(W, a, Y, ldy, r0, r1, accumulate); });
+    detail::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) { fused_rows(W, a, Y, ldy, r0, r1, accumulate); });
     return;
   }
   const float* X = p.x;
@@ -153,11 +153,11 @@ void rows_prepared(const WMatrix& W, const Prepared& p, float* Y, int64_t ldy, i
   // worth a thread wake-up.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(cols * M, 1));
   const int64_t blocks = (rows + 3) / 4;
-  if (blocks <= grain || at::get_num_threads() == 1) {
+  if (blocks <= grain || detail::team_size() == 1) {
     run(0, rows);
     return;
   }
-  at::parallel_for(0, blocks, grain, [&](int64_t b, int64_t e) { run(b * 4, std::min(rows, e * 4)); });
+  detail::parallel_for(0, blocks, grain, [&](int64_t b, int64_t e) { run(b * 4, std::min(rows, e * 4)); });
 }
 
 // Quantized weights go through their fused kernel at every row count, not
@@ -239,7 +239,7 @@ void gemm_prepared(const WMatrix& W, const Prepared& p, float* Y, int64_t ldy, i
   float* buf = scratch(static_cast<std::size_t>(std::min(slab, W.rows) * cols));
   for (int64_t r0 = 0; r0 < W.rows; r0 += slab) {
     const int64_t n = std::min(slab, W.rows - r0);
-    at::parallel_for(0, n, 16, [&](int64_t a, int64_t b) {
+    detail::parallel_for(0, n, 16, [&](int64_t a, int64_t b) {
       dequantize_rows(W, r0 + a, b - a, buf + a * cols);
     });
     sgemm(buf, p.x, Y + r0, ldy, M, n, cols, accumulate);

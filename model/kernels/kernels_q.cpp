@@ -3,12 +3,12 @@
 // many rows share the call.
 
 #include "model/kernels/kernels_q.hpp"
+#include "model/base/parallel.hpp"
 #include "model/kernels/attention.hpp"
 
 #include "model/formats/packed.hpp"
 #include "model/formats/quant.hpp"
 
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
@@ -260,7 +260,7 @@ void expand_acts(const QuantActs& a, float* out) {
 WMatrix pack_for_kernels(const WMatrix& m) {
   const char* env = std::getenv("STRATA_PACKED_WEIGHTS"); // "0": keep the plain layout (for comparisons)
   if (packable(m) && has_vnni() && !(env && std::string(env) == "0")) // rows converted on the math pool's threads
-    return pack_rows(m, [](int64_t rows, const std::function<void(int64_t, int64_t)>& f) { at::parallel_for(0, rows, 64, f); });
+    return pack_rows(m, [](int64_t rows, const std::function<void(int64_t, int64_t)>& f) { detail::parallel_for(0, rows, 64, f); });
   return m;
 }
 

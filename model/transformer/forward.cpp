@@ -10,6 +10,7 @@
 // blocks, in parallel over (row, head).
 
 #include "model/base/error.hpp"
+#include "model/base/parallel.hpp"
 #include "model/formats/packed.hpp"
 #include "model/formats/quant.hpp"
 #include "model/kernels/activations.hpp"
@@ -18,7 +19,6 @@
 #include "model/transformer/sampler.hpp"
 #include "model/transformer/shard_impl.hpp"
 
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
@@ -225,7 +225,7 @@ struct Pass {
     if (attention_spread(l, scale, window, softcap))
       return;
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, max_ctx * hd));
-    at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t begin, int64_t end) {
+    detail::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> scores;
       const auto need = static_cast<std::size_t>(detail::attend_scores_floats(max_ctx + 1));
       if (scores.size() < need)
@@ -262,7 +262,7 @@ struct Pass {
 
   bool attention_spread(int64_t l, float scale, int64_t window, float softcap) {
     const auto& c = cfg();
-    const int64_t threads = at::get_num_threads();
+    const int64_t threads = detail::team_size();
     const auto n_items = static_cast<int64_t>(items.size());
     if (threads < 2 || n_items >= threads ||
         !std::all_of(items.begin(), items.end(), [](const Item& w) { return w.heads; }))
@@ -303,7 +303,7 @@ struct Pass {
     auto item_max = [&](int64_t i) { return maxima + i * want * detail::attend_heads_max_floats; };
     // 1. Each span's scores (span boundaries on multiples of 4 chunks: the
     // kernel scores up to 4 chunks at a time).
-    at::parallel_for(0, n_pieces, 1, [&](int64_t begin, int64_t end) {
+    detail::parallel_for(0, n_pieces, 1, [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) {
         const Piece& pc = pieces[static_cast<std::size_t>(k)];
         const Item& w = items[static_cast<std::size_t>(pc.item)];
@@ -317,7 +317,7 @@ struct Pass {
       }
     });
     // 2. Each item's weights.
-    at::parallel_for(0, n_items, 1, [&](int64_t begin, int64_t end) {
+    detail::parallel_for(0, n_items, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const Item& w = items[static_cast<std::size_t>(i)];
         const Seq& q = plan.seqs[static_cast<std::size_t>(w.seq)];
@@ -327,7 +327,7 @@ struct Pass {
     });
     // 3. Each span of output columns (multiples of 64 where the head size
     // allows, so that the value pass keeps its widest tiles; else of 16).
-    at::parallel_for(0, n_pieces, 1, [&](int64_t begin, int64_t end) {
+    detail::parallel_for(0, n_pieces, 1, [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) {
         const Piece& pc = pieces[static_cast<std::size_t>(k)];
         const Item& w = items[static_cast<std::size_t>(pc.item)];
@@ -355,17 +355,17 @@ struct Pass {
       f(0, R);
       return;
     }
-    at::parallel_for(0, R, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(per_row, 1)), f);
+    detail::parallel_for(0, R, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(per_row, 1)), f);
   }
 
   // Normalizes every row of `y` (R, D) with `w` and adds it to the residual `x`
   // (Gemma's norms after attention and after the FFN).
-  void add_post_normed(float* x, float* y, const at::Tensor& w) {
+  void add_post_normed(float* x, float* y, const std::vector<float>& w) {
     const int64_t D = cfg().dim;
     const float eps = static_cast<float>(cfg().norm_eps);
     rows_parallel(2 * D, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        rmsnorm(y + r * D, y + r * D, w.data_ptr<float>(), D, eps);
+        rmsnorm(y + r * D, y + r * D, w.data(), D, eps);
         for (int64_t i = 0; i < D; ++i)
           x[r * D + i] += y[r * D + i];
       }
@@ -493,8 +493,8 @@ struct Pass {
         ys[u].resize(static_cast<std::size_t>(n * D));
         expert(lw, e, gx.data(), n, few, gh.data(), ga.data(), ys[u].data());
       };
-      if (few && used.size() > 1 && at::get_num_threads() > 1)
-        at::parallel_for(0, static_cast<int64_t>(used.size()), 1, [&](int64_t u0, int64_t u1) {
+      if (few && used.size() > 1 && detail::team_size() > 1)
+        detail::parallel_for(0, static_cast<int64_t>(used.size()), 1, [&](int64_t u0, int64_t u1) {
           for (int64_t u = u0; u < u1; ++u)
             run(static_cast<std::size_t>(u));
         });
@@ -537,7 +537,7 @@ struct Pass {
       // Attention block.
       rows_parallel(D, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
-          rmsnorm(xb + r * D, x + r * D, lw.attn_norm.data_ptr<float>(), D, eps);
+          rmsnorm(xb + r * D, x + r * D, lw.attn_norm.data(), D, eps);
       });
       linear(qkv, xb, lw.wqkv, false);
       rows_parallel(qkv_stride, [&](int64_t r0, int64_t r1) {
@@ -545,16 +545,16 @@ struct Pass {
           const Seq& q = plan.seqs[static_cast<std::size_t>(plan.row_seq[static_cast<std::size_t>(r)])];
           const int64_t pos = q.past + (r - q.row0);
           float* row = qkv + r * qkv_stride;
-          if (lw.bqkv.defined()) {
-            const float* b = lw.bqkv.data_ptr<float>();
+          if (!lw.bqkv.empty()) {
+            const float* b = lw.bqkv.data();
             for (int64_t i = 0; i < qkv_stride; ++i)
               row[i] += b[i];
           }
           if (c.qk_norm) { // each head of q and of k on its own
             for (int64_t h = 0; h < c.n_heads; ++h)
-              rmsnorm(row + h * hd, row + h * hd, lw.q_norm.data_ptr<float>(), hd, eps);
+              rmsnorm(row + h * hd, row + h * hd, lw.q_norm.data(), hd, eps);
             for (int64_t h = 0; h < c.n_kv_heads; ++h)
-              rmsnorm(row + Q + h * hd, row + Q + h * hd, lw.k_norm.data_ptr<float>(), hd, eps);
+              rmsnorm(row + Q + h * hd, row + Q + h * hd, lw.k_norm.data(), hd, eps);
           }
           rope(row, c.n_heads, pos, local);
           rope(row + Q, c.n_kv_heads, pos, local);
@@ -574,7 +574,7 @@ struct Pass {
       // Feed-forward block: gated (SwiGLU / GeGLU), or a mixture of experts.
       rows_parallel(D, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
-          rmsnorm(xb + r * D, x + r * D, lw.ffn_norm.data_ptr<float>(), D, eps);
+          rmsnorm(xb + r * D, x + r * D, lw.ffn_norm.data(), D, eps);
       });
       if (c.moe()) {
         moe(lw, xb, tmp);
@@ -725,7 +725,7 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
         const Seq& q = *emit[e];
         const int64_t n = (e + 1 < emit.size() ? first_out[e + 1] : S) - first_out[e];
         for (int64_t k = 0; k < n; ++k)
-          rmsnorm(xn + (first_out[e] + k) * D, x + (q.row0 + q.rows - n + k) * D, w.final_norm.data_ptr<float>(), D,
+          rmsnorm(xn + (first_out[e] + k) * D, x + (q.row0 + q.rows - n + k) * D, w.final_norm.data(), D,
                   static_cast<float>(cfg.norm_eps));
       }
       detail::matmul_rows(w.classifier, xn, lg, cfg.vocab_size, S, false);
@@ -752,7 +752,7 @@ std::vector<SeqOutcome> Shard::Impl::run(std::span<const SeqStep> batch) {
       for (int64_t r0 = 0; r0 < q.rows; r0 += chunk) {
         const int64_t n = std::min(chunk, q.rows - r0);
         for (int64_t r = 0; r < n; ++r)
-          rmsnorm(xn + r * D, x + (q.row0 + r0 + r) * D, w.final_norm.data_ptr<float>(), D,
+          rmsnorm(xn + r * D, x + (q.row0 + r0 + r) * D, w.final_norm.data(), D,
                   static_cast<float>(cfg.norm_eps));
         detail::matmul_rows(w.classifier, xn, lg, cfg.vocab_size, n, false);
         softcap(lg, n * cfg.vocab_size);

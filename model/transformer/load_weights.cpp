@@ -139,7 +139,10 @@ ShardWeights load_weights(TensorSource& src, LayerRange range, const LoadOptions
         lw.wqkv.add(conv(src.load_matrix(p + "wv", KV, D)));
       }
       if (c.attention_bias)
-        lw.bqkv = at::cat({src.load(p + "bq", {Q}), src.load(p + "bk", {KV}), src.load(p + "bv", {KV})}, 0);
+        for (const auto& [part, n] : {std::pair{"bq", Q}, std::pair{"bk", KV}, std::pair{"bv", KV}}) {
+          const std::vector<float> b = src.load(p + part, {n});
+          lw.bqkv.insert(lw.bqkv.end(), b.begin(), b.end());
+        }
       if (c.qk_norm) {
         lw.q_norm = src.load(p + "q_norm", {c.head_dim});
         lw.k_norm = src.load(p + "k_norm", {c.head_dim});
@@ -152,11 +155,7 @@ ShardWeights load_weights(TensorSource& src, LayerRange range, const LoadOptions
       }
       if (c.moe()) {
         const int64_t E = c.n_experts, EH = c.expert_hidden_dim;
-        {
-          const at::Tensor r = src.load(p + "router", {E, D}).contiguous();
-          const float* rp = r.data_ptr<float>();
-          lw.router = owned_f32(std::vector<float>(rp, rp + E * D), E, D);
-        }
+        lw.router = owned_f32(src.load(p + "router", {E, D}), E, D);
         auto gate = src.load_experts(p + "experts_w1", E, EH, D);
         auto up = src.load_experts(p + "experts_w3", E, EH, D);
         auto down = src.load_experts(p + "experts_w2", E, D, EH);
@@ -188,7 +187,6 @@ ShardWeights load_weights(TensorSource& src, LayerRange range, const LoadOptions
   std::mutex failed_mutex;
   std::exception_ptr failed;
   auto worker = [&] {
-    at::InferenceMode guard;
     for (std::size_t j; (j = next++) < jobs.size();) {
       {
         std::lock_guard<std::mutex> lock(failed_mutex);

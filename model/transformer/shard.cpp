@@ -4,16 +4,14 @@
 #include "model/transformer/shard.hpp"
 
 #include "model/base/error.hpp"
+#include "model/base/parallel.hpp"
 #include "model/kernels/kernels.hpp"
 #include "model/kernels/kernels_q.hpp"
 #include "model/transformer/shard_impl.hpp"
 
-#include <ATen/Parallel.h>
-
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <dlfcn.h>
 #include <omp.h>
 #include <limits>
 
@@ -24,35 +22,21 @@ using detail::ShardWeights;
 
 // ------------------------------------------------------------------ threads
 
-namespace {
-std::atomic<int> wanted_threads{0};
-} // namespace
-
 // OpenMP keeps the thread count per calling thread: a count set on the main
 // thread does not reach the math thread (math_thread.hpp). Every forward call
-// applies the process's setting to its own thread (once per change).
+// applies the process's setting to its own thread (once per change; base/parallel.hpp).
 void detail::apply_threads() {
-  thread_local int applied = 0;
-  const int wanted = wanted_threads.load(std::memory_order_relaxed);
-  if (wanted > 0 && wanted != applied) {
-    at::set_num_threads(wanted);
-    applied = wanted;
-  }
+  (void)detail::team_size();
 }
 
 void set_num_threads(int threads) {
   if (threads <= 0)
     return;
-  wanted_threads = threads;
-  at::set_num_threads(threads);
-  // OpenBLAS keeps its own pool; ATen does not size it. Reach it if present.
-  using setter = void (*)(int);
-  if (auto fn = reinterpret_cast<setter>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-    fn(threads);
+  detail::set_team_size(threads);
 }
 
 int num_threads() {
-  return at::get_num_threads();
+  return detail::team_size();
 }
 
 void release_math_threads() {
@@ -96,7 +80,6 @@ Shard::Shard(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
 Shard::~Shard() = default;
 
 std::unique_ptr<Shard> Shard::load(const std::string& model, LayerRange range, const LoadOptions& options) {
-  at::InferenceMode guard;
   const ReleaseMathThreads release;
   auto src = detail::open_source(model);
   auto impl = std::make_unique<Impl>();
@@ -133,10 +116,7 @@ WType Shard::kv_type() const {
 
 std::size_t Shard::weight_bytes() const {
   std::size_t n = 0;
-  auto add = [&](const at::Tensor& t) {
-    if (t.defined())
-      n += static_cast<std::size_t>(t.numel()) * t.element_size();
-  };
+  auto add = [&](const std::vector<float>& t) { n += t.size() * sizeof(float); };
   n += impl_->w.embedding.bytes();
   for (auto& l : impl_->w.layers) {
     add(l.attn_norm), add(l.bqkv), add(l.ffn_norm);
@@ -167,7 +147,6 @@ KVCache Shard::new_cache() const {
 }
 
 std::vector<SeqOutcome> Shard::forward(std::span<const SeqStep> batch) {
-  at::InferenceMode guard;
   detail::apply_threads();
   return impl_->run(batch);
 }

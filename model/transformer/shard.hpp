@@ -73,7 +73,9 @@ struct SeqOutcome {
   ShardOutput out;
 };
 
-/// Sets the threads used by tensor math (intra-op and BLAS). 0 keeps the default.
+/// Sets the math threads of the process (one OpenMP team: our kernels and
+/// oneDNN's sgemm). 0 keeps the setting; the default is OMP_NUM_THREADS where set,
+/// else the physical cores the process may run on.
 void set_num_threads(int threads);
 int num_threads();
 /// Lets the calling thread's math threads go (its OpenMP team, started by the

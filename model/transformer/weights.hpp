@@ -1,28 +1,26 @@
 #pragma once
 // Internal to model/: how a shard holds its weights (ShardWeights) and how they are
-// loaded from any TensorSource. Includes ATen; never include it outside model/.
+// loaded from any TensorSource. Never include it outside model/.
 
 #include "model/base/config.hpp"
 #include "model/formats/source.hpp"
 #include "model/formats/wmatrix.hpp"
-
-#include <ATen/ATen.h>
 
 #include <vector>
 
 namespace strata::model::detail {
 
 struct LayerWeights {
-  at::Tensor attn_norm;      // (dim)
+  std::vector<float> attn_norm;      // (dim)
   Linear wqkv;               // (q_dim + 2*kv_dim, dim): q rows, then k, then v
-  at::Tensor bqkv;           // (q_dim + 2*kv_dim) or undefined when the model has no bias
-  at::Tensor q_norm, k_norm; // (head_dim) each, with cfg.qk_norm
+  std::vector<float> bqkv;           // (q_dim + 2*kv_dim), or empty when the model has no bias
+  std::vector<float> q_norm, k_norm; // (head_dim) each, with cfg.qk_norm
   Linear wo;                 // (dim, q_dim)
-  at::Tensor post_attn_norm; // (dim), with cfg.sandwich_norms
-  at::Tensor ffn_norm;       // (dim)
+  std::vector<float> post_attn_norm; // (dim), with cfg.sandwich_norms
+  std::vector<float> ffn_norm;       // (dim)
   Linear w13;                // (2*hidden, dim): gate rows, then up rows (dense FFN)
   Linear w2;                 // (dim, hidden)
-  at::Tensor post_ffn_norm;  // (dim), with cfg.sandwich_norms
+  std::vector<float> post_ffn_norm;  // (dim), with cfg.sandwich_norms
   // Mixture of experts: the router and, per expert, its gate | up and down.
   WMatrix router;            // (n_experts, dim)
   std::vector<Linear> expert_w13; // each (2*expert_hidden, dim)
@@ -32,7 +30,7 @@ struct LayerWeights {
 struct ShardWeights {
   WMatrix embedding;                // (vocab, dim), head only
   std::vector<LayerWeights> layers; // range.count() entries
-  at::Tensor final_norm;            // (dim), tail only
+  std::vector<float> final_norm;    // (dim), tail only
   WMatrix classifier;               // (vocab, dim), tail only; may share memory with embedding
 };
 
