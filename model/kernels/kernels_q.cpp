@@ -9,7 +9,6 @@
 #include "model/formats/packed.hpp"
 #include "model/formats/quant.hpp"
 
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>

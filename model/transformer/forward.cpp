@@ -19,7 +19,6 @@
 #include "model/transformer/sampler.hpp"
 #include "model/transformer/shard_impl.hpp"
 
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
