@@ -424,8 +424,9 @@ TEST(Batch, OneKvHeadDecodeSpreadOverThreadsEqualsStatelessBitForBit) {
     const uint64_t spreads_before = model::attention_spreads();
     for (int step = 0; step < 12; ++step) {
       ASSERT_EQ(cached, cached_one) << "step " << step << ": two threads and one differ";
-      if (step % 4 == 3)
+      if (step % 4 == 3) {
         ASSERT_NO_FATAL_FAILURE(expect_stateless_bits(*s, tokens, cached, step));
+      }
       tokens.push_back(argmax(cached));
       const auto at = model::consecutive_positions(static_cast<int64_t>(tokens.size()) - 1, 1);
       model::set_num_threads(2);
