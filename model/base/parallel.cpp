@@ -33,16 +33,14 @@ int physical_cores() {
     return n > 0 ? static_cast<int>(n) : 1;
   }
   std::set<std::pair<std::string, std::string>> cores;
-  int cpus = 0;
   for (int c = 0; c < CPU_SETSIZE; ++c) {
     if (!CPU_ISSET(c, &set))
       continue;
-    ++cpus;
     const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/";
     std::ifstream pkg(dir + "physical_package_id"), core(dir + "core_id");
     std::string p, k;
     if (!(pkg >> p) || !(core >> k))
-      return std::max(cpus, CPU_COUNT(&set)); // no topology: every CPU counts
+      return CPU_COUNT(&set); // no topology: every CPU counts
     cores.emplace(p, k);
   }
   return std::max<int>(1, static_cast<int>(cores.size()));
