@@ -15,6 +15,22 @@
 namespace strata::model::detail {
 
 /// Activation rows quantized for one weight type.
+/// An allocator of 64-byte aligned memory: the packed kernels' 512-bit loads
+/// of interleaved activations then never straddle two cache lines.
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, std::size_t n) noexcept { ::operator delete(p, n * sizeof(T), std::align_val_t{64}); }
+  template <class U>
+  bool operator==(const CacheLineAllocator<U>&) const noexcept { return true; }
+};
+template <class T>
+using aligned_vector = std::vector<T, CacheLineAllocator<T>>;
+
 struct QuantActs {
   WType for_type = WType::f32;
   int64_t rows = 0, cols = 0;
@@ -28,7 +44,7 @@ struct QuantActs {
   /// interleaved as the packed weights are, groups in pairs step by step (row
   /// stride 256 x the groups, a partial last group's empty lanes zero), and
   /// -128 x each block's sum (the weights' +128 taken back).
-  std::vector<int8_t> qi;
+  aligned_vector<int8_t> qi;
   std::vector<int32_t> corr;
   /// K-type activations for packed q4_K / q5_K / iq4_xs: per 32 values, the scale of their
   /// 256-value block and that scale times their sum. (qi and corr too; all
@@ -38,7 +54,7 @@ struct QuantActs {
   /// for the other K types): each 256-value block
   /// as 4 steps of 64 bytes, byte 4g + l of step k being value 16g + 4k + l,
   /// and per 16 values the block's scale times their sum.
-  std::vector<int8_t> qi16;
+  aligned_vector<int8_t> qi16;
   std::vector<float> dsum16;
 };
 

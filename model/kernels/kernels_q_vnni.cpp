@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -900,11 +901,77 @@ void run_packed(const K& k, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool 
 
 } // namespace
 
+// Lane b of the result: op over the 16 lanes of v[b] (b < 16), as reduce16
+// pairs them; exact for max and integer sums whatever the pairing.
+template <class Op>
+__attribute__((always_inline)) inline __m512 lanes16(const __m512 (&a)[16], Op op) {
+  __m512 c[8], e[4], g[2];
+  for (int k = 0; k < 8; ++k)
+    c[k] = op(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+              _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int k = 0; k < 4; ++k)
+    e[k] = op(_mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+              _mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int k = 0; k < 2; ++k)
+    g[k] = op(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(e[2 * k]), _mm512_castps_pd(e[2 * k + 1]))),
+              _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(e[2 * k]), _mm512_castps_pd(e[2 * k + 1]))));
+  const __m512 r = op(_mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+// f16 rounding (to nearest even, as f32_to_f16) and back, 16 lanes at once.
+__attribute__((always_inline)) inline __m512 through_f16(__m512 v) {
+  return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
 // The activation quantizers of kernels_q.cpp (quant_q8_0, quant_q8_K) in
 // 512-bit vectors: per value the same operations (|x| maxima, one multiply,
 // round to nearest even, integer sums), so the same bytes and scales.
+// quant_q8_0: up to 16 blocks at a time, their maxima, scales and sums as the
+// lanes of one vector each (f16 rounding by F16C: the same bits as f32_to_f16
+// for every finite value; a run with an infinite or NaN maximum goes block by
+// block through f32_to_f16, as one block did before).
 void quant_q8_0_avx512(const float* x, int64_t n, int8_t* q, float* d, float* s, int16_t* sums32) {
-  for (int64_t b = 0; b < n / 32; ++b, x += 32, q += 32) {
+  const int64_t nb = n / 32;
+  int64_t b = 0;
+  for (; b < nb; b += 16) {
+    const int cnt = static_cast<int>(std::min<int64_t>(16, nb - b));
+    const __mmask16 live = static_cast<__mmask16>((1u << cnt) - 1);
+    const float* xb = x + 32 * b;
+    __m512 m[16];
+    for (int j = 0; j < 16; ++j)
+      m[j] = j < cnt ? _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + 32 * j)), _mm512_abs_ps(_mm512_loadu_ps(xb + 32 * j + 16)))
+                     : _mm512_setzero_ps();
+    const __m512 amax = lanes16(m, [](__m512 u, __m512 v) { return _mm512_max_ps(u, v); });
+    if (_mm512_cmp_ps_mask(amax, _mm512_set1_ps(std::numeric_limits<float>::max()), _CMP_LE_OQ) != 0xFFFF)
+      break; // an infinity or a NaN: the rest block by block
+    const __m512 dun = _mm512_div_ps(amax, _mm512_set1_ps(127.f)); // unrounded d
+    const __mmask16 nz = _mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+    alignas(64) float id[16];
+    _mm512_store_ps(id, _mm512_maskz_div_ps(nz, _mm512_set1_ps(127.f), amax));
+    _mm512_mask_storeu_ps(d + b, live, through_f16(dun));
+    __m512 sm[16];
+    for (int j = 0; j < 16; ++j) {
+      if (j >= cnt) {
+        sm[j] = _mm512_setzero_ps();
+        continue;
+      }
+      const __m512 idv = _mm512_set1_ps(id[j]);
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * j), idv));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * j + 16), idv));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * (b + j)), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * (b + j) + 16), _mm512_cvtsepi32_epi8(q1));
+      sm[j] = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
+    }
+    const __m512i sum = _mm512_castps_si512(lanes16(sm, [](__m512 u, __m512 v) {
+      return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(u), _mm512_castps_si512(v)));
+    }));
+    _mm512_mask_storeu_ps(s + b, live, through_f16(_mm512_mul_ps(dun, _mm512_cvtepi32_ps(sum))));
+    _mm256_mask_storeu_epi16(sums32 + b, live, _mm512_cvtepi32_epi16(sum));
+  }
+  if (b >= nb)
+    return;
+  for (x += 32 * b, q += 32 * b; b < nb; ++b, x += 32, q += 32) {
     const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
     const float id = amax != 0.f ? 127.f / amax : 0.f;
@@ -937,12 +1004,16 @@ void quant_q8_K_avx512(const float* x, int64_t n, int8_t* q, float* d, int32_t* 
       }
     const float iscale = amax != 0.f ? -127.f / mx : 0.f;
     d[b] = amax != 0.f ? 1.f / iscale : 0.f;
+    __m512 sv[16]; // the 16 sums of 16 values as the lanes of one vector
     for (int k = 0; k < 16; ++k) {
       const __m512i v = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * k), _mm512_set1_ps(iscale))),
                                          _mm512_set1_epi32(127));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * k), _mm512_cvtsepi32_epi8(v));
-      sums[b * 16 + k] = _mm512_reduce_add_epi32(v);
+      sv[k] = _mm512_castsi512_ps(v);
     }
+    _mm512_storeu_si512(sums + b * 16, _mm512_castps_si512(lanes16(sv, [](__m512 u, __m512 v) {
+                          return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(u), _mm512_castps_si512(v)));
+                        })));
   }
 }
 

@@ -16,6 +16,7 @@
 #include "model/transformer/shard.hpp"
 #include "runtime/cluster.hpp"
 #include "tests/bench/bench_gguf.hpp"
+#include "tests/bench/http_post.hpp"
 #include "tests/bench/measure.hpp"
 #include "tests/bench/process_cluster.hpp"
 
@@ -161,16 +162,22 @@ std::string sh(const std::string& cmd) {
   return out;
 }
 
-// N concurrent non-streamed completions through `strata serve`: total tok/s.
+// N concurrent non-streamed completions through an OpenAI-compatible server:
+// total tok/s. The requests go from this process's threads (http_post.hpp);
+// STRATA_BENCH_CLIENT=curl: a curl process per request instead (how this bench
+// measured until session 15: their start-up competes with the server for
+// the cores as a crowd arrives).
 double serve_load(const std::string& base, int n) {
+  static const bool curl = std::getenv("STRATA_BENCH_CLIENT") && std::string(std::getenv("STRATA_BENCH_CLIENT")) == "curl";
   std::atomic<int64_t> tokens{0};
   const auto t0 = clk::now();
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i)
     threads.emplace_back([&, i] {
       nlohmann::json body = {{"prompt", prompt_of(i)}, {"max_tokens", kTokens}, {"temperature", 0}};
-      const auto out = sh("curl -s -m 600 -H 'Content-Type: application/json' --data-binary '" + body.dump() + "' " +
-                          base + "/v1/completions");
+      const auto out = curl ? sh("curl -s -m 600 -H 'Content-Type: application/json' --data-binary '" + body.dump() +
+                                 "' " + base + "/v1/completions")
+                            : bench::http_post(base, "/v1/completions", body.dump());
       try {
         tokens += nlohmann::json::parse(out)["usage"]["completion_tokens"].get<int64_t>();
       } catch (const std::exception&) {
