@@ -36,16 +36,6 @@ std::vector<int32_t> prompt_of(int64_t len, int salt, int32_t vocab) {
   return p;
 }
 
-const char* kind_name(Injection::Kind k) {
-  switch (k) {
-    case Injection::evict: return "Evict";
-    case Injection::kill: return "Kill";
-    case Injection::desync: return "Desync";
-    case Injection::epoch: return "EpochBump";
-    default: return "Other";
-  }
-}
-
 struct FaultCase {
   std::vector<Injection> inject;
   std::vector<int> lost; // hops whose caches are rebuilt
@@ -226,8 +216,9 @@ TEST_F(PrefixCache, SixteenSessionsShareAPrefixThroughEvictionsAndAKill) {
   const auto stats = c.stats();
   for (std::size_t h = 0; h < stats.size(); ++h) {
     evictions += stats[h].evictions;
-    if (h != 1) // the replacement started empty; the others served the prefix from their caches
+    if (h != 1) { // the replacement started empty; the others served the prefix from their caches
       EXPECT_GE(stats[h].prefix_hit_tokens, 6u * 32u) << "hop " << h;
+    }
     EXPECT_EQ(stats[h].sessions, 0u);
     EXPECT_EQ(stats[h].pool_used, 0u) << "hop " << h << ": every block is back (cached or free)";
   }

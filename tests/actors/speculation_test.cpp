@@ -304,8 +304,9 @@ TEST_P(SpeculativeGreedy, EqualsPlainDecodingUnderFaults) {
   EXPECT_EQ(out.result.ids, expected);
   EXPECT_GT(out.result.accepted, 0u) << "proposals the model took";
   EXPECT_LT(out.result.steps, static_cast<uint64_t>(n)) << "fewer trips than tokens";
-  if (proposer == Proposer::self_draft)
+  if (proposer == Proposer::self_draft) {
     EXPECT_EQ(out.result.accepted, out.result.proposed) << "the model agrees with itself";
+  }
   for (auto& s : c.stats())
     EXPECT_EQ(s.pool_used, 0u) << "every block back at the end";
 }
@@ -372,8 +373,9 @@ void crowd_equals_alone(const std::function<uint32_t(int)>& speculate, const std
     auto& o = outs[static_cast<std::size_t>(i)];
     ASSERT_TRUE(o.ok()) << "session " << i << ": " << sys.render(o.error);
     EXPECT_EQ(o.result.ids, expected[static_cast<std::size_t>(i)]) << "session " << i;
-    if (speculate(i) == 0)
+    if (speculate(i) == 0) {
       EXPECT_EQ(o.result.proposed, 0u);
+    }
     accepted += o.result.accepted;
   }
   EXPECT_GT(accepted, 0u);

@@ -9,7 +9,8 @@
 // batch; STRATA_BENCH_SESSIONS=8: 8 sessions, 8 times over). `batch serve TYPE|PATH [LLAMA_BIN]`: 1/4/8/16 concurrent requests
 // through `strata serve` over one node, next to llama-server on the same file
 // (TYPE: llama-quantize's type of the Qwen2.5-0.5B-shaped model of `types`),
-// interleaved.
+// interleaved. Requests to a server go from this process's threads
+// (http_post.hpp; STRATA_BENCH_CLIENT=curl: a curl process each).
 
 #include "actors/cluster.hpp"
 #include "messages/session_id.hpp"

@@ -239,10 +239,11 @@ TEST(Cluster, FaultsDuringConcurrentLoadChangeNoToken) {
     ASSERT_NE(at, std::string::npos) << out;
     const auto rc = out.find("route changes ");
     ASSERT_NE(rc, std::string::npos) << out;
-    if (faults[i].find("evict") != std::string::npos)
+    if (faults[i].find("evict") != std::string::npos) {
       EXPECT_GE(std::atoi(out.c_str() + at + 11), 1) << "client " << i << ":\n" << out;
-    else if (!faults[i].empty())
+    } else if (!faults[i].empty()) {
       EXPECT_GE(std::atoi(out.c_str() + rc + 14), 1) << "client " << i << ":\n" << out;
+    }
     if (!faults[i].empty()) { // rebuilt: the lost hop's layers only, never more than a full re-prefill
       const auto lt = out.find("recomputed ");
       ASSERT_NE(lt, std::string::npos) << out;
@@ -525,10 +526,12 @@ void speculative_crowd_equals_alone(const std::string& address, const std::vecto
     const auto out = clients[i]->drain();
     EXPECT_EQ(ids_line(out), alone) << "client " << i << " (" << extra[i] << "):\n" << out;
     EXPECT_EQ(clients[i]->wait_exit(), 0);
-    if (extra[i].find("--speculate") != std::string::npos || extra[i].find("--draft-model") != std::string::npos)
+    if (extra[i].find("--speculate") != std::string::npos || extra[i].find("--draft-model") != std::string::npos) {
       EXPECT_NE(out.find("[strata] speculation ("), std::string::npos) << out;
-    if (extra[i].find("--inject") != std::string::npos)
+    }
+    if (extra[i].find("--inject") != std::string::npos) {
       EXPECT_NE(out.find("1 injected failures"), std::string::npos) << out;
+    }
   }
 }
 

@@ -116,10 +116,12 @@ TEST(JsonGrammar, EveryRandomSentenceOfASchemaParsesAndValidates) {
     EXPECT_LE(v["tags"].size(), 3u);
     for (auto& t : v["tags"])
       EXPECT_TRUE(t == "a" || t == "b" || t == 3 || t.is_null()) << s;
-    if (v.contains("when"))
+    if (v.contains("when")) {
       EXPECT_EQ(v["when"].get<std::string>().size(), 10u) << s;
-    if (v.contains("score"))
+    }
+    if (v.contains("score")) {
       EXPECT_TRUE(v["score"].is_number() || v["score"].is_null()) << s;
+    }
     for (const nlohmann::json* n = v.contains("child") ? &v["child"] : nullptr; n && !n->is_null(); n = &(*n)["next"]) {
       ASSERT_TRUE(n->is_object() && n->contains("v") && n->contains("next")) << s;
       EXPECT_TRUE((*n)["v"].is_boolean());

@@ -21,8 +21,9 @@ TEST(Stories260K, GreedyIdsEqualLlama2cReference) {
     const auto expected = c["expected_generated_ids"].get<std::vector<int32_t>>();
     const auto res = runtime::generate(pipe, req);
     EXPECT_EQ(res.ids, expected) << "prompt of " << req.prompt_ids.size() << " tokens, steps " << steps;
-    if (static_cast<int64_t>(expected.size()) < req.max_tokens)
+    if (static_cast<int64_t>(expected.size()) < req.max_tokens) {
       EXPECT_EQ(res.finish, runtime::FinishReason::stop) << "the reference stopped on BOS";
+    }
   }
 }
 

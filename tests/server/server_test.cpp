@@ -245,7 +245,7 @@ TEST_F(Server, MetricsParseAndMoveWithRequestsAndAnEviction) {
 // answer exactly what the plain server answers, and /metrics counts the
 // proposals and the trips.
 TEST_F(Server, SpeculatingServeAnswersAsThePlainOneAndCountsProposals) {
-  for (const std::vector<std::string> how :
+  for (const std::vector<std::string>& how :
        {std::vector<std::string>{"--speculate", "6"},
         std::vector<std::string>{"--draft-model", "builtin:tiny", "--draft-max-sessions", "0"},
         std::vector<std::string>{"--draft-model", "builtin:tiny"}}) { // (the default: one session drafts at a time)
@@ -362,8 +362,9 @@ TEST_F(Server, ClientThatDisconnectsCancelsAndFreesCaches) {
       break;
   } while (std::chrono::steady_clock::now() < deadline);
   for (auto& [k, v] : after)
-    if (k.rfind("strata_shard_sessions{", 0) == 0)
+    if (k.rfind("strata_shard_sessions{", 0) == 0) {
       EXPECT_EQ(v, 0) << k;
+    }
 }
 
 TEST_F(Server, OfficialOpenAINpmClient) {
@@ -646,8 +647,9 @@ TEST_F(Server, StructuredOutputsAndForcedToolCallsThroughTheOfficialClientValida
   EXPECT_EQ(j["schema_valid"], 100) << j["schema_failures"].dump(1);
   EXPECT_GT(j["distinct_texts"].get<int>(), 50) << "seeded sampling, not one canned reply";
   EXPECT_EQ(j["zod_ok"], true) << j["zod_parsed"];
-  if (j["json_object_finish"] == "stop")
+  if (j["json_object_finish"] == "stop") {
     EXPECT_TRUE(json::parse(j["json_object_text"].get<std::string>(), nullptr, false).is_object()) << j["json_object_text"];
+  }
   // tool_choice required: one call (parallel_tool_calls false) of an offered tool, arguments valid.
   EXPECT_EQ(j["required_finish"], "tool_calls");
   ASSERT_EQ(j["required_calls"].size(), 1u) << j;
@@ -1093,14 +1095,6 @@ TEST_F(Server, TemplateChatsLogprobsChoicesAndPenaltiesInACrowdWithAnEvictionEqu
   std::printf("%zu requests in a crowd with an eviction equal each alone; largest logprob difference %.2e\n",
               reqs.size(), max_diff);
   std::filesystem::remove_all(dir);
-}
-
-std::string unescape_html(std::string s) {
-  for (auto [from, to] : std::vector<std::pair<std::string, std::string>>{
-         {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&#39;", "'"}, {"&amp;", "&"}})
-    for (auto at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
-      s.replace(at, from.size(), to);
-  return s;
 }
 
 TEST_F(Server, ShutdownEndsInFlightStreamsCleanly) {

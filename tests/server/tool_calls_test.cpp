@@ -92,7 +92,7 @@ TEST(ToolCalls, HermesCallsBetweenTextAndSeveralInARow) {
 }
 
 TEST(ToolCalls, WhatIsNotAWellFormedCallOfAnOfferedToolStaysText) {
-  for (const std::string reply : {
+  for (const std::string& reply : {
          std::string("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \n</tool_call> then text"),
          std::string("<tool_call>{\"name\": \"launch_rockets\", \"arguments\": {}}</tool_call>"), // not offered
          std::string("<tool_call>{\"arguments\": {}}</tool_call>"),
@@ -173,18 +173,21 @@ TEST(ToolGrammar, EverySentenceReadsBackAsValidCallsInEachSyntax) {
           const auto got = whole(syntax, reply, {"get_weather", "search", "ping"});
           EXPECT_EQ(got.content, "") << to_string(syntax) << ": " << reply;
           ASSERT_GE(got.calls.size(), 1u) << to_string(syntax) << ": " << reply;
-          if (!parallel)
+          if (!parallel) {
             EXPECT_EQ(got.calls.size(), 1u) << reply;
+          }
           for (const auto& c : got.calls) {
-            if (*only)
+            if (*only) {
               EXPECT_EQ(c.name, only);
+            }
             const auto args = nlohmann::json::parse(c.arguments, nullptr, false);
             ASSERT_TRUE(args.is_object()) << c.arguments;
             if (c.name == "get_weather") {
               ASSERT_TRUE(args.contains("city")) << c.arguments;
               EXPECT_LE(args["city"].get<std::string>().size(), 32u);
-              if (args.contains("days"))
+              if (args.contains("days")) {
                 EXPECT_TRUE(args["days"] >= 1 && args["days"] <= 7) << c.arguments;
+              }
             } else if (c.name == "search") {
               ASSERT_TRUE(args.contains("q")) << c.arguments;
               EXPECT_TRUE(std::regex_match(args["q"].get<std::string>(), std::regex("[a-z ]{1,12}"))) << c.arguments;
