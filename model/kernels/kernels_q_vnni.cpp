@@ -787,31 +787,34 @@ struct MemAcc {
   }
 };
 
-// The horizontal sums of up to 16 vectors at once (out[o] = the sum of v[o]'s
-// lanes for o < n), each added in _mm512_reduce_add_ps's tree: lane j + lane
-// j + 8, then j + 4, then j + 2, then j + 1 (float addition commutes, so the
-// same pairs give the same bits), in 15 vector additions instead of 16 scalar
-// chains.
-__attribute__((always_inline)) inline void reduce16(const float* v, int n, float* out) { // out: 16 floats
+// Lane o of the result: op over the 16 lanes of a[o] (o < 16), in
+// _mm512_reduce_add_ps's tree (lane j with lane j + 8, then j + 4, then j + 2,
+// then j + 1: for float addition, which commutes, the same pairs give the same
+// bits), in 15 vector operations instead of 16 scalar chains; exact for
+// maxima and integer sums whatever the pairing.
+template <class Op>
+__attribute__((always_inline)) inline __m512 lanes16(const __m512 (&a)[16], Op op) {
+  __m512 c[8], e[4], g[2];
+  for (int k = 0; k < 8; ++k)
+    c[k] = op(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+              _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int k = 0; k < 4; ++k)
+    e[k] = op(_mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+              _mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int k = 0; k < 2; ++k)
+    g[k] = op(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(e[2 * k]), _mm512_castps_pd(e[2 * k + 1]))),
+              _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(e[2 * k]), _mm512_castps_pd(e[2 * k + 1]))));
+  const __m512 r = op(_mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+// The horizontal sums of up to 16 vectors at once: out[o] = the sum of v[o]'s
+// lanes for o < n (16 floats written).
+__attribute__((always_inline)) inline void reduce16(const float* v, int n, float* out) {
   __m512 a[16];
   for (int o = 0; o < 16; ++o)
     a[o] = o < n ? _mm512_loadu_ps(v + 16 * o) : _mm512_setzero_ps();
-  __m512 c[8], e[4], g[2];
-  for (int k = 0; k < 8; ++k) // 256-bit halves: [v2k's 8 sums | v2k+1's]
-    c[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  for (int k = 0; k < 4; ++k) // 128-bit lanes q: v4k+q's 4 sums
-    e[k] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  for (int k = 0; k < 2; ++k) // lane q: v8k+q's 2 sums, then v8k+4+q's
-    g[k] = _mm512_add_ps(
-      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(e[2 * k]), _mm512_castps_pd(e[2 * k + 1]))),
-      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(e[2 * k]), _mm512_castps_pd(e[2 * k + 1]))));
-  // Lanes 4q .. 4q + 3: the sums of v q, q + 4, q + 8, q + 12; then in order.
-  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, r));
+  _mm512_storeu_ps(out, lanes16(a, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); }));
 }
 
 // A packed kernel K over weight rows r .. r+R-1 against every activation row,
@@ -900,24 +903,6 @@ void run_packed(const K& k, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool 
 }
 
 } // namespace
-
-// Lane b of the result: op over the 16 lanes of v[b] (b < 16), as reduce16
-// pairs them; exact for max and integer sums whatever the pairing.
-template <class Op>
-__attribute__((always_inline)) inline __m512 lanes16(const __m512 (&a)[16], Op op) {
-  __m512 c[8], e[4], g[2];
-  for (int k = 0; k < 8; ++k)
-    c[k] = op(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-              _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  for (int k = 0; k < 4; ++k)
-    e[k] = op(_mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-              _mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  for (int k = 0; k < 2; ++k)
-    g[k] = op(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(e[2 * k]), _mm512_castps_pd(e[2 * k + 1]))),
-              _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(e[2 * k]), _mm512_castps_pd(e[2 * k + 1]))));
-  const __m512 r = op(_mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
-}
 
 // f16 rounding (to nearest even, as f32_to_f16) and back, 16 lanes at once.
 __attribute__((always_inline)) inline __m512 through_f16(__m512 v) {
