@@ -14,6 +14,7 @@
 #include "tests/actors/reference.hpp"
 #include "tests/support.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -303,7 +304,16 @@ TEST_P(SpeculativeGreedy, EqualsPlainDecodingUnderFaults) {
   ASSERT_TRUE(out.ok()) << sys.render(out.error);
   EXPECT_EQ(out.result.ids, expected);
   EXPECT_GT(out.result.accepted, 0u) << "proposals the model took";
-  EXPECT_LT(out.result.steps, static_cast<uint64_t>(n)) << "fewer trips than tokens";
+  // Fewer trips than tokens, not counting the trips the faults cost: each cache
+  // miss and each retry (a timed-out step under load, a route that changed)
+  // sends at most one step more, and how many retries a kill costs depends on
+  // timing.
+  uint64_t fault_trips = out.result.retries;
+  for (auto m : out.result.misses)
+    fault_trips += m;
+  EXPECT_LT(out.result.steps - std::min(fault_trips, out.result.steps), static_cast<uint64_t>(n))
+    << "fewer trips than tokens: " << out.result.steps << " steps, " << fault_trips << " of them for faults, "
+    << out.result.accepted << " proposals taken";
   if (proposer == Proposer::self_draft) {
     EXPECT_EQ(out.result.accepted, out.result.proposed) << "the model agrees with itself";
   }
