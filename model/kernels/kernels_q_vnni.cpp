@@ -904,6 +904,11 @@ void run_packed(const K& k, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool 
 
 } // namespace
 
+// lanes16's op for int32 lanes carried in float vectors (the quantizers' sums).
+__attribute__((always_inline)) inline __m512 add_int32_lanes(__m512 u, __m512 v) {
+  return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(u), _mm512_castps_si512(v)));
+}
+
 // f16 rounding (to nearest even, as f32_to_f16) and back, 16 lanes at once.
 __attribute__((always_inline)) inline __m512 through_f16(__m512 v) {
   return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -948,9 +953,7 @@ void quant_q8_0_avx512(const float* x, int64_t n, int8_t* q, float* d, float* s,
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * (b + j) + 16), _mm512_cvtsepi32_epi8(q1));
       sm[j] = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
     }
-    const __m512i sum = _mm512_castps_si512(lanes16(sm, [](__m512 u, __m512 v) {
-      return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(u), _mm512_castps_si512(v)));
-    }));
+    const __m512i sum = _mm512_castps_si512(lanes16(sm, add_int32_lanes));
     _mm512_mask_storeu_ps(s + b, live, through_f16(_mm512_mul_ps(dun, _mm512_cvtepi32_ps(sum))));
     _mm256_mask_storeu_epi16(sums32 + b, live, _mm512_cvtepi32_epi16(sum));
   }
@@ -996,9 +999,7 @@ void quant_q8_K_avx512(const float* x, int64_t n, int8_t* q, float* d, int32_t* 
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * k), _mm512_cvtsepi32_epi8(v));
       sv[k] = _mm512_castsi512_ps(v);
     }
-    _mm512_storeu_si512(sums + b * 16, _mm512_castps_si512(lanes16(sv, [](__m512 u, __m512 v) {
-                          return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(u), _mm512_castps_si512(v)));
-                        })));
+    _mm512_storeu_si512(sums + b * 16, _mm512_castps_si512(lanes16(sv, add_int32_lanes)));
   }
 }
 
