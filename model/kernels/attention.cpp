@@ -55,6 +55,10 @@ Build best_build() {
 }
 std::atomic<int> chosen{best_build()};
 Build build() { return static_cast<Build>(chosen.load(std::memory_order_relaxed)); }
+bool q8_vnni() {
+  static const bool v = __builtin_cpu_supports("avx512vnni");
+  return v;
+}
 } // namespace
 
 void set_attention_isa(AttentionIsa isa) {
@@ -70,11 +74,17 @@ void set_attention_isa(AttentionIsa isa) {
   return build() == avx512 ? fn##_##type##_avx512(__VA_ARGS__)                                                      \
          : build() == avx2 ? fn##_##type##_avx2(__VA_ARGS__)                                                        \
                            : fn##_##type(__VA_ARGS__)
+// The q8_0 cache's AVX-512 build also needs VNNI (its integer scores): an
+// AVX-512 CPU without it runs the AVX2 build.
+#define STRATA_ATTENTION_PICK_Q8(fn, ...)                                                                           \
+  return build() == avx512 && q8_vnni() ? fn##_q8_0_avx512(__VA_ARGS__)                                             \
+         : build() != plain             ? fn##_q8_0_avx2(__VA_ARGS__)                                               \
+                                        : fn##_q8_0(__VA_ARGS__)
 #define STRATA_ATTENTION_DISPATCH(fn, ...)                                                                          \
   switch (rows.type) {                                                                                              \
     case WType::bf16: STRATA_ATTENTION_PICK(fn, bf16, __VA_ARGS__);                                                 \
     case WType::f16: STRATA_ATTENTION_PICK(fn, f16, __VA_ARGS__);                                                   \
-    case WType::q8_0: STRATA_ATTENTION_PICK(fn, q8_0, __VA_ARGS__);                                                 \
+    case WType::q8_0: STRATA_ATTENTION_PICK_Q8(fn, __VA_ARGS__);                                                    \
     default: STRATA_ATTENTION_PICK(fn, f32, __VA_ARGS__);                                                           \
   }
 

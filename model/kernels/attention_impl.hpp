@@ -348,6 +348,89 @@ struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
   }
 };
 
+// Scores over a q8_0 cache in integers, as llama.cpp computes them: each query
+// is quantized to q8_0 blocks as the cache quantizes a row (quantize(): d =
+// amax / 127 kept as f16, q = lround(x / d)), each block's 32 products of
+// int8 keys and queries are summed exactly in int32, and the score adds the
+// blocks in order: s = s + float(sum_b) * (d_key_b * d_query_b). The product of
+// two f16 scales is exact in f32, and an exact integer sum does not depend on
+// how it was added up, so every kernel and build gives the same bits however it
+// lays out keys and queries (keys in lanes at decode, query rows in lanes in
+// prefill). Where the file is built with AVX-512 VNNI (vpdpbusd: unsigned by
+// signed bytes) the keys' bytes go in offset by 128 (x ^ 0x80) and 128 times the
+// block's sum of query bytes comes off again; AVX2 multiplies |k| by q with
+// k's sign (vpsignb, vpmaddubsw: no pair exceeds 16 bits) and adds pairs
+// (vpmaddwd); the plain build multiplies lanes.
+struct QueryQ8 {
+  uint32_t q4[max_head_dim / 4]; // four int8 values a word, in order
+  float d[max_head_dim / 32];    // each block's scale (an f16 value)
+  int32_t bias[max_head_dim / 32]; // 128 x the block's sum of values (VNNI's offset)
+};
+inline __attribute__((always_inline)) void quantize_query_q8(const float* x, int64_t hd, QueryQ8& out) {
+  for (int64_t b = 0; b < hd / 32; ++b, x += 32) {
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i)
+      amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+    out.d[b] = f16_to_f32(f32_to_f16(d));
+    int32_t sum = 0;
+    uint8_t q[32];
+    for (int i = 0; i < 32; ++i) {
+      // lround: halves away from zero (x - trunc(x) is exact)
+      const float v = x[i] * id, t = std::trunc(v);
+      const float r = std::fabs(v - t) >= 0.5f ? t + std::copysign(1.f, v) : t;
+      const auto qi = static_cast<int8_t>(static_cast<int32_t>(r));
+      q[i] = static_cast<uint8_t>(qi);
+      sum += qi;
+    }
+    __builtin_memcpy(&out.q4[8 * b], q, 32);
+    out.bias[b] = 128 * sum;
+  }
+}
+#if defined(STRATA_ATTENTION_VNNI)
+constexpr bool dot_biased = true;
+// acc + sum over the 4 bytes of each lane of (a + 128) * b, b's 4 bytes in every lane
+inline __attribute__((always_inline)) vi16 dot4(vi16 acc, vu16 a_flipped, uint32_t b4) {
+  return reinterpret_cast<vi16>(_mm512_dpbusd_epi32(reinterpret_cast<__m512i>(acc), reinterpret_cast<__m512i>(a_flipped),
+                                                    _mm512_set1_epi32(static_cast<int>(b4))));
+}
+inline __attribute__((always_inline)) vu16 dot_flip(vu16 a) { return a ^ 0x80808080u; }
+inline __attribute__((always_inline)) uint32_t dot_flip(uint32_t a) { return a ^ 0x80808080u; }
+// acc + sum of a * (b + 128), b in each lane, a's 4 bytes in every lane (b's
+// offset: 128 x the sum of a's bytes comes off)
+inline __attribute__((always_inline)) vi16 dot4_lanes(vi16 acc, vu16 b, uint32_t a4_flipped) {
+  return reinterpret_cast<vi16>(_mm512_dpbusd_epi32(reinterpret_cast<__m512i>(acc),
+                                                    _mm512_set1_epi32(static_cast<int>(a4_flipped)),
+                                                    reinterpret_cast<__m512i>(b)));
+}
+#elif defined(STRATA_ATTENTION_AVX2)
+constexpr bool dot_biased = false;
+inline __attribute__((always_inline)) vi8 dot4_half(vi8 acc, vu8 a, __m256i b) {
+  const __m256i k = reinterpret_cast<__m256i>(a);
+  const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(k, k), _mm256_sign_epi8(b, k));
+  return acc + reinterpret_cast<vi8>(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+inline __attribute__((always_inline)) vi16 dot4(vi16 acc, vu16 a, uint32_t b4) {
+  const __m256i b = _mm256_set1_epi32(static_cast<int>(b4));
+  return {dot4_half(acc.lo, a.lo, b), dot4_half(acc.hi, a.hi, b)};
+}
+inline __attribute__((always_inline)) vu16 dot_flip(vu16 a) { return a; }
+inline __attribute__((always_inline)) uint32_t dot_flip(uint32_t a) { return a; }
+inline __attribute__((always_inline)) vi16 dot4_lanes(vi16 acc, vu16 b, uint32_t a4) { return dot4(acc, b, a4); }
+#else
+constexpr bool dot_biased = false;
+inline __attribute__((always_inline)) vi16 dot4(vi16 acc, vu16 a, uint32_t b4) {
+  const vi16 x = vcast<vi16>(a);
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k)
+    acc += ((x << (24 - 8 * k)) >> 24) * (static_cast<int32_t>(b4 << (24 - 8 * k)) >> 24);
+  return acc;
+}
+inline __attribute__((always_inline)) vu16 dot_flip(vu16 a) { return a; }
+inline __attribute__((always_inline)) uint32_t dot_flip(uint32_t a) { return a; }
+inline __attribute__((always_inline)) vi16 dot4_lanes(vi16 acc, vu16 b, uint32_t a4) { return dot4(acc, b, a4); }
+#endif
+
 // HD > 0: head_dim known at compile time (loops fully unrolled); HD == 0: runtime `hd`.
 
 // How many 16-lane accumulators this build keeps in registers: 16 on AVX-512
@@ -511,42 +594,97 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
   // multiply-adds per key waited on the previous one's latency: about 80 ns a
   // key at head size 64); each lane still adds its products in order i = 0 ..
   // hd-1, so every score is the same bits as one key at a time.
-  float tmp4[4][HD > 0 ? HD : max_head_dim];
-  prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.k_offset, 0, E::bytes(hd));
-  for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
-    const int64_t first = std::max<int64_t>(lo - j0, 0);
-    const uint8_t* kp = rows.blocks[b] + rows.k_offset + static_cast<std::size_t>(first) * rows.row_stride;
-    const int64_t cnt = std::min(bt, n - j0);
-    const std::size_t rs = rows.row_stride;
-    // The next block's keys of this head, ahead of use: blocks lie anywhere in
-    // the pool, so the hardware prefetcher starts over at each one.
-    prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.k_offset, 0, E::bytes(hd));
-    int64_t j = first;
-    for (; j + 4 <= cnt; j += 4, kp += 4 * rs) {
-      const float* k0 = E::row(kp, hd, tmp4[0]);
-      const float* k1 = E::row(kp + rs, hd, tmp4[1]);
-      const float* k2 = E::row(kp + 2 * rs, hd, tmp4[2]);
-      const float* k3 = E::row(kp + 3 * rs, hd, tmp4[3]);
-      v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
-#pragma GCC unroll 4
-      for (int64_t i = 0; i < hd; ++i) {
-        const v16 qi = qt[i];
-        a0 += qi * k0[i];
-        a1 += qi * k1[i];
-        a2 += qi * k2[i];
-        a3 += qi * k3[i];
+  if constexpr (std::is_same_v<E, KvQ8>) {
+    // Integer scores (QueryQ8): row t's query bytes in lane t, 4 a lane; each
+    // key's 4 bytes at a time into every lane.
+    constexpr int64_t HM = HD > 0 ? HD : max_head_dim;
+    const int64_t nb = hd / 32;
+    vu16 qu[HM / 4];
+    v16 dql[HM / 32];
+    vi16 biasl[HM / 32];
+    {
+      QueryQ8 qr;
+      for (int64_t u = 0; u < hd / 4; ++u)
+        qu[u] = vu16{};
+      for (int64_t kb = 0; kb < nb; ++kb) {
+        dql[kb] = v16{};
+        biasl[kb] = vi16{};
       }
-      const v16 a[4] = {a0, a1, a2, a3};
-#pragma GCC unroll 1
-      for (int u = 0; u < 4; ++u)
-        finish(j0 + j + u, a[u]);
+      for (int64_t t = 0; t < m; ++t) {
+        quantize_query_q8(q + t * q_stride, hd, qr);
+        for (int64_t u = 0; u < hd / 4; ++u)
+          qu[u][t] = qr.q4[u];
+        for (int64_t kb = 0; kb < nb; ++kb) {
+          dql[kb][t] = qr.d[kb];
+          biasl[kb][t] = qr.bias[kb];
+        }
+      }
     }
-    for (; j < cnt; ++j, kp += rs) {
-      const float* k = E::row(kp, hd, tmp);
-      v16 acc = v16{};
-      for (int64_t i = 0; i < hd; ++i)
-        acc += qt[i] * k[i];
-      finish(j0 + j, acc);
+    prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.k_offset, 0, E::bytes(hd));
+    for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
+      const int64_t first = std::max<int64_t>(lo - j0, 0);
+      const std::size_t rs = rows.row_stride;
+      const uint8_t* kp = rows.blocks[b] + rows.k_offset + static_cast<std::size_t>(first) * rs;
+      const int64_t cnt = std::min(bt, n - j0);
+      prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.k_offset, 0, E::bytes(hd));
+      for (int64_t j = first; j < cnt; ++j, kp += rs) {
+        v16 acc = v16{};
+#pragma GCC unroll 8
+        for (int64_t kb = 0; kb < nb; ++kb) {
+          const uint8_t* blk = kp + 34 * kb;
+          const float dk = KvQ8::scale(blk);
+          vi16 ia = vi16{};
+#pragma GCC unroll 8
+          for (int u = 0; u < 8; ++u) {
+            uint32_t k4;
+            __builtin_memcpy(&k4, blk + 2 + 4 * u, 4);
+            ia = dot4_lanes(ia, qu[8 * kb + u], dot_flip(k4));
+          }
+          if constexpr (dot_biased)
+            ia -= biasl[kb];
+          acc = acc + vconvert<v16>(ia) * (dql[kb] * dk);
+        }
+        finish(j0 + j, acc);
+      }
+    }
+  } else {
+    float tmp4[4][HD > 0 ? HD : max_head_dim];
+    prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.k_offset, 0, E::bytes(hd));
+    for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
+      const int64_t first = std::max<int64_t>(lo - j0, 0);
+      const uint8_t* kp = rows.blocks[b] + rows.k_offset + static_cast<std::size_t>(first) * rows.row_stride;
+      const int64_t cnt = std::min(bt, n - j0);
+      const std::size_t rs = rows.row_stride;
+      // The next block's keys of this head, ahead of use: blocks lie anywhere in
+      // the pool, so the hardware prefetcher starts over at each one.
+      prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.k_offset, 0, E::bytes(hd));
+      int64_t j = first;
+      for (; j + 4 <= cnt; j += 4, kp += 4 * rs) {
+        const float* k0 = E::row(kp, hd, tmp4[0]);
+        const float* k1 = E::row(kp + rs, hd, tmp4[1]);
+        const float* k2 = E::row(kp + 2 * rs, hd, tmp4[2]);
+        const float* k3 = E::row(kp + 3 * rs, hd, tmp4[3]);
+        v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
+  #pragma GCC unroll 4
+        for (int64_t i = 0; i < hd; ++i) {
+          const v16 qi = qt[i];
+          a0 += qi * k0[i];
+          a1 += qi * k1[i];
+          a2 += qi * k2[i];
+          a3 += qi * k3[i];
+        }
+        const v16 a[4] = {a0, a1, a2, a3};
+  #pragma GCC unroll 1
+        for (int u = 0; u < 4; ++u)
+          finish(j0 + j + u, a[u]);
+      }
+      for (; j < cnt; ++j, kp += rs) {
+        const float* k = E::row(kp, hd, tmp);
+        v16 acc = v16{};
+        for (int64_t i = 0; i < hd; ++i)
+          acc += qt[i] * k[i];
+        finish(j0 + j, acc);
+      }
     }
   }
   v16 part[16] = {};
@@ -698,6 +836,153 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
     vstore(mx_out + 16 * h, mx[h]);
 }
 
+// The values of blocks at byte `at` and at + 34 (if `two`; else zeros) of 16
+// q8_0 rows into R (row r's 32-bit units in R[r]), their f16 scales returned
+// (the first's in the low half of each lane, the second's in the high).
+inline __attribute__((always_inline)) vu16 load_q8_pair(const uint8_t* const* ptr, int64_t at, bool two, vu16* R) {
+  uint32_t dd[16];
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* blk = ptr[r] + at;
+    uint16_t h0, h1 = 0;
+    __builtin_memcpy(&h0, blk, 2);
+    if (two)
+      __builtin_memcpy(&h1, blk + 34, 2);
+    dd[r] = h0 | static_cast<uint32_t>(h1) << 16;
+  }
+#ifdef STRATA_ATTENTION_AVX512
+  // (whole-register loads and inserts: the halves went through the stack)
+  if (two)
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* blk = ptr[r] + at;
+      R[r] = reinterpret_cast<vu16>(_mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 36)), 1));
+    }
+  else
+    for (int r = 0; r < 16; ++r)
+      R[r] = reinterpret_cast<vu16>(
+        _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ptr[r] + at + 2))));
+#else
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* blk = ptr[r] + at;
+    R[r] = vload_halves<vu16>(blk + 2, two ? blk + 36 : nullptr);
+  }
+#endif
+  return vload<vu16>(dd);
+}
+
+// Step 1 over a q8_0 cache: integer scores (QueryQ8 above), 16 keys a lane
+// vector: two blocks of the 16 keys transposed (a lane's 4 bytes are 4 values of
+// its key), each multiplied with every head's 4 query bytes at once.
+template <int HD, int MH>
+inline __attribute__((always_inline)) void heads_scores_q8_impl(const float* q, int64_t m, const CacheRows& rows,
+                                                                int64_t n, int64_t hd_rt, float scale, float* scores,
+                                                                int64_t k0, int64_t k1, float* mx_out) {
+  const int64_t hd = HD > 0 ? HD : hd_rt, nb = hd / 32;
+  QueryQ8 qq[MH];
+  for (int h = 0; h < MH; ++h) {
+    if (h < m) {
+      quantize_query_q8(q + h * hd, hd, qq[h]);
+    } else {
+      std::fill_n(qq[h].q4, hd / 4, 0u);
+      std::fill_n(qq[h].d, nb, 0.f);
+      std::fill_n(qq[h].bias, nb, 0);
+    }
+  }
+  const HeadsKeys keys = heads_keys(rows, n);
+  const int64_t lo = keys.lo, base = keys.base;
+  const int64_t end = std::min(n, base + 16 * k1);
+  const float cap = rows.softcap, inv_cap = cap > 0 ? 1.0f / cap : 0.f;
+  v16 lanes;
+  for (int t = 0; t < 16; ++t)
+    lanes[t] = static_cast<float>(t);
+  v16 mx[MH];
+  for (int h = 0; h < MH; ++h)
+    mx[h] = v16{} - INFINITY;
+  const uint8_t* ptr[16];
+  const int64_t kbytes = KvQ8::bytes(hd);
+  constexpr int ahead_groups = 4;
+  for (int64_t cs = base + 16 * k0; cs < end; cs += 16) {
+    // The keys four groups ahead, while these are computed (blocks lie anywhere
+    // in the pool: the hardware prefetcher starts over at each one).
+    if (cs + 16 * ahead_groups < end) {
+      key_ptrs(rows, rows.k_offset, cs + 16 * ahead_groups, lo, n, ptr);
+      for (int r = 0; r < 16; ++r)
+        for (int64_t l = 0; l < kbytes; l += 64)
+          __builtin_prefetch(ptr[r] + l, 0, 3);
+    }
+    key_ptrs(rows, rows.k_offset, cs, lo, n, ptr);
+    v16 acc[MH] = {};
+#pragma GCC unroll 1
+    for (int64_t b0 = 0; b0 < nb; b0 += 2) {
+      const bool two = b0 + 1 < nb;
+      vu16 R[16];
+      const vu16 d = load_q8_pair(ptr, 34 * b0, two, R);
+      transpose16(R);
+      const v16 s0 = f16_bits_to_f32(d & 0xffffu), s1 = f16_bits_to_f32(d >> 16);
+      if constexpr (MH > 4) {
+        // (enough chains in the heads alone: one block at a time keeps the
+        // accumulators in registers)
+        for (int k = 0; k < (two ? 2 : 1); ++k) {
+          vi16 ia[MH] = {};
+#pragma GCC unroll 8
+          for (int u = 0; u < 8; ++u) {
+            const vu16 x = dot_flip(R[8 * k + u]);
+#pragma GCC unroll 16
+            for (int h = 0; h < MH; ++h)
+              ia[h] = dot4(ia[h], x, qq[h].q4[8 * (b0 + k) + u]);
+          }
+          const v16 sk = k == 0 ? s0 : s1;
+#pragma GCC unroll 16
+          for (int h = 0; h < MH; ++h) {
+            if constexpr (dot_biased)
+              ia[h] -= qq[h].bias[b0 + k];
+            acc[h] = acc[h] + vconvert<v16>(ia[h]) * (sk * qq[h].d[b0 + k]);
+          }
+        }
+        continue;
+      }
+      vi16 i0[MH] = {}, i1[MH] = {};
+#pragma GCC unroll 8
+      for (int u = 0; u < 8; ++u) {
+        const vu16 x0 = dot_flip(R[u]), x1 = dot_flip(R[8 + u]);
+#pragma GCC unroll 16
+        for (int h = 0; h < MH; ++h) {
+          i0[h] = dot4(i0[h], x0, qq[h].q4[8 * b0 + u]);
+          if (two)
+            i1[h] = dot4(i1[h], x1, qq[h].q4[8 * b0 + 8 + u]);
+        }
+      }
+#pragma GCC unroll 16
+      for (int h = 0; h < MH; ++h) {
+        if constexpr (dot_biased)
+          i0[h] -= qq[h].bias[b0];
+        acc[h] = acc[h] + vconvert<v16>(i0[h]) * (s0 * qq[h].d[b0]);
+        if (two) {
+          if constexpr (dot_biased)
+            i1[h] -= qq[h].bias[b0 + 1];
+          acc[h] = acc[h] + vconvert<v16>(i1[h]) * (s1 * qq[h].d[b0 + 1]);
+        }
+      }
+    }
+    // lane r is key cs + r: seen when lo <= cs + r < n
+    const v16 from = v16{} + static_cast<float>(lo - cs), until = v16{} + static_cast<float>(n - cs);
+    const auto seen = (lanes >= from) & (lanes < until);
+    float* S = scores + (cs - base) * MH;
+    for (int h = 0; h < MH; ++h) {
+      v16 a = acc[h] * scale;
+      if (cap > 0)
+        for (int t = 0; t < 16; ++t)
+          a[t] = cap * std::tanh(a[t] * inv_cap);
+      a = select(seen, a, v16{} - INFINITY);
+      vstore(S + 16 * h, a);
+      mx[h] = select(mx[h] > a, mx[h], a);
+    }
+  }
+  for (int h = 0; h < MH; ++h)
+    vstore(mx_out + 16 * h, mx[h]);
+}
+
 // Step 2, once every chunk has its scores: the maxima of `parts` calls of step 1
 // (part p's at mx + attend_heads_max_floats * p) merged, and each head's scores
 // made its weights, 16 keys a vector: e^(s - max), summed by j % 16.
@@ -780,6 +1065,14 @@ template <class E, int MH>
 inline __attribute__((always_inline)) void heads_scores_lanes(const float* q, int64_t m, const CacheRows& rows,
                                                               int64_t n, int64_t hd, float scale, float* scores,
                                                               int64_t k0, int64_t k1, float* mx) {
+  if constexpr (std::is_same_v<E, KvQ8>) {
+    switch (hd) {
+      case 64: return heads_scores_q8_impl<64, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+      case 128: return heads_scores_q8_impl<128, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+      case 256: return heads_scores_q8_impl<256, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+      default: return heads_scores_q8_impl<0, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+    }
+  }
   switch (hd) {
     case 64: return heads_scores_impl<E, 64, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
     case 128: return heads_scores_impl<E, 128, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);

@@ -152,7 +152,8 @@ INSTANTIATE_TEST_SUITE_P(Types, KvDtypes, ::testing::Values("f32", "bf16", "f16"
 TEST(KvDtypeLogits, WithinTheirBoundOfAnF32CacheOnTheReferences) {
   STRATA_REQUIRE_SHARED("models/gguf/qwen3-rand.gguf-ref.json");
   // Measured (largest over these files and all 64 steps, printed below): bf16
-  // 0.031, f16 0.0046, q8_0 0.115; the bounds leave about 2x.
+  // 0.031, f16 0.0046, q8_0 0.133 (0.115 before its scores took the query as
+  // q8_0 blocks, as llama.cpp's do); the bounds leave 1.5-2x.
   const std::vector<std::pair<std::string, double>> bounds = {{"bf16", 0.06}, {"f16", 0.01}, {"q8_0", 0.2}};
   for (const char* family : {"qwen3", "gemma3", "mixtral"}) {
     const std::string file = std::string(family) + "-rand-f32.gguf";

@@ -28,7 +28,9 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using namespace strata;
@@ -37,6 +39,52 @@ namespace fs = std::filesystem;
 using clk = std::chrono::steady_clock;
 
 double bench_bandwidth(int threads); // bench_model.cpp
+
+namespace {
+
+constexpr int turn_steps = 8;
+
+// Decode at 512 and at 8,192 tokens of context, strata alone, in turn: two
+// caches filled once, then turns of turn_steps steps on each (the first turn
+// a warm-up), so that the VM's slow and fast spells fall on both alike; the
+// median step of each. (The table's rows run minutes apart, with llama.cpp
+// between them.) Each step adds a token: the contexts end 8 x 16 past them.
+std::tuple<double, double, int> contexts_in_turn(model::Shard& shard, int threads) {
+  model::set_num_threads(threads);
+  const auto V = shard.config().vocab_size;
+  auto filled = [&](int64_t n) {
+    auto c = shard.new_cache();
+    std::vector<int32_t> ids(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      ids[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 104729) % V);
+    for (int64_t at = 0; at < n; at += 2048) {
+      const int64_t k = std::min<int64_t>(2048, n - at);
+      shard.forward(std::span<const int32_t>(ids.data() + at, static_cast<std::size_t>(k)),
+                    model::consecutive_positions(at, k), c);
+    }
+    return c;
+  };
+  auto short_ctx = filled(512), long_ctx = filled(8192);
+  std::vector<double> a, b;
+  int32_t next_a = 7, next_b = 7;
+  auto turn = [&](model::KVCache& c, int32_t& next, std::vector<double>* out) {
+    for (int i = 0; i < turn_steps; ++i) {
+      const auto t0 = clk::now();
+      auto o = shard.forward(std::span<const int32_t>(&next, 1), model::consecutive_positions(c.seq_len(), 1), c);
+      if (out)
+        out->push_back(1e3 * since(t0));
+      next = static_cast<int32_t>(std::max_element(o.logits.begin(), o.logits.end()) - o.logits.begin());
+    }
+  };
+  constexpr int turns = 16;
+  for (int t = 0; t < turns; ++t) {
+    turn(short_ctx, next_a, t == 0 ? nullptr : &a);
+    turn(long_ctx, next_b, t == 0 ? nullptr : &b);
+  }
+  return {median_of(a), median_of(b), turns - 1};
+}
+
+} // namespace
 
 namespace {
 
@@ -160,6 +208,10 @@ int arch_bench_main(int argc, char** argv) {
         }
       std::printf("\ndecode at 512 / at 8192 of context (2 threads): strata %s, llama.cpp %s\n",
                   ratio(at512, at8k).c_str(), ratio(l512, l8k).c_str());
+      const auto [ms512, ms8k, turns] = contexts_in_turn(*shard, 2);
+      std::printf("strata alone, steps at the two contexts in turn (%d turns of %d steps each, 2 threads): "
+                  "%.2f / %.2f ms a step, ratio %.2f\n",
+                  turns, turn_steps, ms512, ms8k, ms8k / ms512);
     }
   }
   return 0;

@@ -99,6 +99,15 @@ TEST(Kernels, GroupedAttentionEqualsOneRowAttentionForEveryKvType) {
           std::vector<float> out(static_cast<std::size_t>(m * qs)), ref(static_cast<std::size_t>(hd));
           std::vector<float> scores(static_cast<std::size_t>(attend_scores_floats(n0 + m + 1)));
           attend_rows(q.data(), qs, m, rows, n0, hd, scale, scores.data(), out.data(), qs);
+          // Over a q8_0 cache the scores take the query as q8_0 blocks too (as
+          // llama.cpp does): the reference reads it as the cache would store it.
+          std::vector<float> qref = q;
+          if (type == WType::q8_0)
+            for (int64_t t = 0; t < m; ++t) {
+              std::vector<uint8_t> qb(row_bytes(type, hd));
+              quantize(type, q.data() + t * qs, qb.data(), hd);
+              dequantize(type, qb.data(), qref.data() + t * qs, hd);
+            }
           for (int64_t t = 0; t < m; ++t) {
             attend_rows(q.data() + t * qs, qs, 1, rows, n0 + t, hd, scale, scores.data(), ref.data(), hd);
             // Plain loops in double over the stored values.
@@ -108,7 +117,7 @@ TEST(Kernels, GroupedAttentionEqualsOneRowAttentionForEveryKvType) {
             for (int64_t j = 0; j < n; ++j) {
               double d = 0;
               for (int64_t i = 0; i < hd; ++i)
-                d += static_cast<double>(q[static_cast<std::size_t>(t * qs + i)]) * key(j, i);
+                d += static_cast<double>(qref[static_cast<std::size_t>(t * qs + i)]) * key(j, i);
               p[static_cast<std::size_t>(j)] = d * scale;
               mx = std::max(mx, d * scale);
             }
