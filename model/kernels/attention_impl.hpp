@@ -360,7 +360,7 @@ struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
 // signed bytes) the keys' bytes go in offset by 128 (x ^ 0x80) and 128 times the
 // block's sum of query bytes comes off again; AVX2 multiplies |k| by q with
 // k's sign (vpsignb, vpmaddubsw: no pair exceeds 16 bits) and adds pairs
-// (vpmaddwd); the plain build multiplies lanes.
+// (vpmaddwd); the plain build multiplies in floats, exactly (below).
 struct QueryQ8 {
   uint32_t q4[max_head_dim / 4]; // four int8 values a word, in order
   float d[max_head_dim / 32];    // each block's scale (an f16 value)
@@ -387,6 +387,10 @@ inline __attribute__((always_inline)) void quantize_query_q8(const float* x, int
     out.bias[b] = 128 * sum;
   }
 }
+#if defined(STRATA_ATTENTION_VNNI) || defined(STRATA_ATTENTION_AVX2)
+using dot_acc = vi16;
+inline __attribute__((always_inline)) v16 dot_float(vi16 acc) { return vconvert<v16>(acc); }
+#endif
 #if defined(STRATA_ATTENTION_VNNI)
 constexpr bool dot_biased = true;
 // acc + sum over the 4 bytes of each lane of (a + 128) * b, b's 4 bytes in every lane
@@ -419,16 +423,22 @@ inline __attribute__((always_inline)) uint32_t dot_flip(uint32_t a) { return a; 
 inline __attribute__((always_inline)) vi16 dot4_lanes(vi16 acc, vu16 b, uint32_t a4) { return dot4(acc, b, a4); }
 #else
 constexpr bool dot_biased = false;
-inline __attribute__((always_inline)) vi16 dot4(vi16 acc, vu16 a, uint32_t b4) {
+// (integer products and sums of 32 of them stay below 2^24: in floats they are
+// exact, the same numbers as in int32, and a float multiply-add takes a
+// fraction of a 32-bit integer multiply's time)
+using dot_acc = v16;
+inline __attribute__((always_inline)) v16 dot4(v16 acc, vu16 a, uint32_t b4) {
   const vi16 x = vcast<vi16>(a);
 #pragma GCC unroll 4
   for (int k = 0; k < 4; ++k)
-    acc += ((x << (24 - 8 * k)) >> 24) * (static_cast<int32_t>(b4 << (24 - 8 * k)) >> 24);
+    acc += vconvert<v16>((x << (24 - 8 * k)) >> 24) *
+           static_cast<float>(static_cast<int32_t>(b4 << (24 - 8 * k)) >> 24);
   return acc;
 }
 inline __attribute__((always_inline)) vu16 dot_flip(vu16 a) { return a; }
 inline __attribute__((always_inline)) uint32_t dot_flip(uint32_t a) { return a; }
-inline __attribute__((always_inline)) vi16 dot4_lanes(vi16 acc, vu16 b, uint32_t a4) { return dot4(acc, b, a4); }
+inline __attribute__((always_inline)) v16 dot4_lanes(v16 acc, vu16 b, uint32_t a4) { return dot4(acc, b, a4); }
+inline __attribute__((always_inline)) v16 dot_float(v16 acc) { return acc; }
 #endif
 
 // HD > 0: head_dim known at compile time (loops fully unrolled); HD == 0: runtime `hd`.
@@ -633,7 +643,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
         for (int64_t kb = 0; kb < nb; ++kb) {
           const uint8_t* blk = kp + 34 * kb;
           const float dk = KvQ8::scale(blk);
-          vi16 ia = vi16{};
+          dot_acc ia = dot_acc{};
 #pragma GCC unroll 8
           for (int u = 0; u < 8; ++u) {
             uint32_t k4;
@@ -642,7 +652,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
           }
           if constexpr (dot_biased)
             ia -= biasl[kb];
-          acc = acc + vconvert<v16>(ia) * (dql[kb] * dk);
+          acc = acc + dot_float(ia) * (dql[kb] * dk);
         }
         finish(j0 + j, acc);
       }
@@ -924,7 +934,7 @@ inline __attribute__((always_inline)) void heads_scores_q8_impl(const float* q, 
         // (enough chains in the heads alone: one block at a time keeps the
         // accumulators in registers)
         for (int k = 0; k < (two ? 2 : 1); ++k) {
-          vi16 ia[MH] = {};
+          dot_acc ia[MH] = {};
 #pragma GCC unroll 8
           for (int u = 0; u < 8; ++u) {
             const vu16 x = dot_flip(R[8 * k + u]);
@@ -937,12 +947,12 @@ inline __attribute__((always_inline)) void heads_scores_q8_impl(const float* q, 
           for (int h = 0; h < MH; ++h) {
             if constexpr (dot_biased)
               ia[h] -= qq[h].bias[b0 + k];
-            acc[h] = acc[h] + vconvert<v16>(ia[h]) * (sk * qq[h].d[b0 + k]);
+            acc[h] = acc[h] + dot_float(ia[h]) * (sk * qq[h].d[b0 + k]);
           }
         }
         continue;
       }
-      vi16 i0[MH] = {}, i1[MH] = {};
+      dot_acc i0[MH] = {}, i1[MH] = {};
 #pragma GCC unroll 8
       for (int u = 0; u < 8; ++u) {
         const vu16 x0 = dot_flip(R[u]), x1 = dot_flip(R[8 + u]);
@@ -957,11 +967,11 @@ inline __attribute__((always_inline)) void heads_scores_q8_impl(const float* q, 
       for (int h = 0; h < MH; ++h) {
         if constexpr (dot_biased)
           i0[h] -= qq[h].bias[b0];
-        acc[h] = acc[h] + vconvert<v16>(i0[h]) * (s0 * qq[h].d[b0]);
+        acc[h] = acc[h] + dot_float(i0[h]) * (s0 * qq[h].d[b0]);
         if (two) {
           if constexpr (dot_biased)
             i1[h] -= qq[h].bias[b0 + 1];
-          acc[h] = acc[h] + vconvert<v16>(i1[h]) * (s1 * qq[h].d[b0 + 1]);
+          acc[h] = acc[h] + dot_float(i1[h]) * (s1 * qq[h].d[b0 + 1]);
         }
       }
     }

@@ -5,7 +5,9 @@
 // then llama.cpp, per file). MoE decode is also set against the roofline of the
 // bytes a token actually reads (the active experts, not all of them); Gemma 3
 // decode at 8k of context against its speed at 512 (its windows keep long
-// contexts cheap). A benchmark, not a test: it prints tables, asserts nothing.
+// contexts cheap): in the table's rows, and strata alone with steps at the two
+// contexts in turn (the VM's spells fall on both alike). A benchmark, not a
+// test: it prints tables, asserts nothing.
 //
 // Usage: strata_bench arch [DIR [LLAMA_BIN]] (STRATA_BENCH_ROUNDS: rounds of
 // strata then llama.cpp, default 3, medians; STRATA_BENCH_KV: strata's KV cache
