@@ -764,6 +764,30 @@ inline __attribute__((always_inline)) void key_ptrs(const CacheRows& rows, std::
 // [16-key chunk][head][16], so the value pass reads every head's weight of a key
 // at fixed offsets.
 
+// Step 1's end of a chunk: the 16 keys' dot products from cs of every head
+// (acc[h]) scaled, soft-capped, masked to the keys [lo, n) the step sees, stored
+// at S + 16 h, and into each head's running maximum, lane by lane.
+template <int MH>
+inline __attribute__((always_inline)) void finish_heads_chunk(const v16* acc, const CacheRows& rows, int64_t cs,
+                                                              int64_t lo, int64_t n, float scale, float* S, v16* mx) {
+  const float cap = rows.softcap, inv_cap = cap > 0 ? 1.0f / cap : 0.f;
+  v16 lanes;
+  for (int t = 0; t < 16; ++t)
+    lanes[t] = static_cast<float>(t);
+  // lane r is key cs + r: seen when lo <= cs + r < n
+  const v16 from = v16{} + static_cast<float>(lo - cs), until = v16{} + static_cast<float>(n - cs);
+  const auto seen = (lanes >= from) & (lanes < until);
+  for (int h = 0; h < MH; ++h) {
+    v16 a = acc[h] * scale;
+    if (cap > 0)
+      for (int t = 0; t < 16; ++t)
+        a[t] = cap * std::tanh(a[t] * inv_cap);
+    a = select(seen, a, v16{} - INFINITY);
+    vstore(S + 16 * h, a);
+    mx[h] = select(mx[h] > a, mx[h], a);
+  }
+}
+
 // Step 1: the scores of chunks [k0, k1) of keys [lo, n) (chunk k holds keys
 // base + 16 k .. + 15, base = lo rounded down to 16), and each head's maximum of
 // them, lane by lane, at mx + 16 h.
@@ -784,15 +808,9 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
     for (int64_t i = 0; i < hd; ++i)
       qb[h][i] = h < m ? q[h * hd + i] : 0.f;
   const HeadsKeys keys = heads_keys(rows, n);
-  const int64_t lo = keys.lo, base = keys.base;
-  const int64_t end = std::min(n, base + 16 * k1);
-  const float cap = rows.softcap, inv_cap = cap > 0 ? 1.0f / cap : 0.f;
-  v16 lanes;
-  for (int t = 0; t < 16; ++t)
-    lanes[t] = static_cast<float>(t);
+  const int64_t lo = keys.lo, base = keys.base, end = std::min(n, base + 16 * k1);
   v16 mx[MH];
-  for (int h = 0; h < MH; ++h)
-    mx[h] = v16{} - INFINITY;
+  std::fill_n(mx, MH, v16{} - INFINITY);
   v16 kt[C][HM];
   const uint8_t* ptr[16];
   const int64_t kbytes = E::bytes(hd);
@@ -827,19 +845,7 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
       const int64_t cs = c0 + 16 * c;
       if (cs >= end) // (the next call's chunk: it stores it)
         break;
-      // lane r is key cs + r: seen when lo <= cs + r < n
-      const v16 from = v16{} + static_cast<float>(lo - cs), until = v16{} + static_cast<float>(n - cs);
-      const auto seen = (lanes >= from) & (lanes < until);
-      float* S = scores + (cs - base) * MH;
-      for (int h = 0; h < MH; ++h) {
-        v16 a = acc[c][h] * scale;
-        if (cap > 0)
-          for (int t = 0; t < 16; ++t)
-            a[t] = cap * std::tanh(a[t] * inv_cap);
-        a = select(seen, a, v16{} - INFINITY);
-        vstore(S + 16 * h, a);
-        mx[h] = select(mx[h] > a, mx[h], a);
-      }
+      finish_heads_chunk<MH>(acc[c], rows, cs, lo, n, scale, scores + (cs - base) * MH, mx);
     }
   }
   for (int h = 0; h < MH; ++h)
@@ -900,15 +906,9 @@ inline __attribute__((always_inline)) void heads_scores_q8_impl(const float* q, 
     }
   }
   const HeadsKeys keys = heads_keys(rows, n);
-  const int64_t lo = keys.lo, base = keys.base;
-  const int64_t end = std::min(n, base + 16 * k1);
-  const float cap = rows.softcap, inv_cap = cap > 0 ? 1.0f / cap : 0.f;
-  v16 lanes;
-  for (int t = 0; t < 16; ++t)
-    lanes[t] = static_cast<float>(t);
+  const int64_t lo = keys.lo, base = keys.base, end = std::min(n, base + 16 * k1);
   v16 mx[MH];
-  for (int h = 0; h < MH; ++h)
-    mx[h] = v16{} - INFINITY;
+  std::fill_n(mx, MH, v16{} - INFINITY);
   const uint8_t* ptr[16];
   const int64_t kbytes = KvQ8::bytes(hd);
   constexpr int ahead_groups = 4;
@@ -975,19 +975,7 @@ inline __attribute__((always_inline)) void heads_scores_q8_impl(const float* q, 
         }
       }
     }
-    // lane r is key cs + r: seen when lo <= cs + r < n
-    const v16 from = v16{} + static_cast<float>(lo - cs), until = v16{} + static_cast<float>(n - cs);
-    const auto seen = (lanes >= from) & (lanes < until);
-    float* S = scores + (cs - base) * MH;
-    for (int h = 0; h < MH; ++h) {
-      v16 a = acc[h] * scale;
-      if (cap > 0)
-        for (int t = 0; t < 16; ++t)
-          a[t] = cap * std::tanh(a[t] * inv_cap);
-      a = select(seen, a, v16{} - INFINITY);
-      vstore(S + 16 * h, a);
-      mx[h] = select(mx[h] > a, mx[h], a);
-    }
+    finish_heads_chunk<MH>(acc, rows, cs, lo, n, scale, scores + (cs - base) * MH, mx);
   }
   for (int h = 0; h < MH; ++h)
     vstore(mx_out + 16 * h, mx[h]);
