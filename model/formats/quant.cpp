@@ -416,6 +416,23 @@ void dequantize(WType t, const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
+void quantize_q8_0_block(const float* x, uint8_t* dst) {
+  float amax = 0.f;
+  for (int i = 0; i < 32; ++i)
+    amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+  store_u16(dst, f32_to_f16(d));
+  for (int i = 0; i < 32; ++i) {
+    // lround's rounding, halves away from zero, without a library call (the
+    // attention quantizes every query this way): the conversion truncates, and
+    // the fraction v - t is exact
+    const float v = x[i] * id;
+    const auto t = static_cast<int32_t>(v);
+    const float f = v - static_cast<float>(t);
+    dst[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(t + (f >= 0.5f) - (f <= -0.5f)));
+  }
+}
+
 void quantize(WType t, const float* x, uint8_t* dst, int64_t n) {
   switch (t) {
     case WType::f32: std::memcpy(dst, x, static_cast<std::size_t>(n) * 4); return;
@@ -428,15 +445,8 @@ void quantize(WType t, const float* x, uint8_t* dst, int64_t n) {
         store_u16(dst + 2 * i, f32_to_bf16(x[i]));
       return;
     case WType::q8_0:
-      for (int64_t b = 0; b < n / 32; ++b, x += 32, dst += 34) {
-        float amax = 0.f;
-        for (int i = 0; i < 32; ++i)
-          amax = std::max(amax, std::fabs(x[i]));
-        const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-        store_u16(dst, f32_to_f16(d));
-        for (int i = 0; i < 32; ++i)
-          dst[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[i] * id)));
-      }
+      for (int64_t b = 0; b < n / 32; ++b, x += 32, dst += 34)
+        quantize_q8_0_block(x, dst);
       return;
     case WType::q4_0:
       for (int64_t b = 0; b < n / 32; ++b, x += 32, dst += 18) {

@@ -53,6 +53,10 @@ void dequantize(WType t, const uint8_t* src, float* dst, int64_t n);
 /// for f32, f16, bf16, q8_0, q4_0 and q4_K; throws Error(unsupported) for the
 /// others (they are read from GGUF files, never produced).
 void quantize(WType t, const float* src, uint8_t* dst, int64_t n);
+/// One q8_0 block of 32 values into 34 bytes, as quantize() writes it (d =
+/// amax / 127 as f16, each value x / d rounded half away from zero): the KV
+/// cache's rows, and the queries of a q8_0 cache's integer attention scores.
+void quantize_q8_0_block(const float* x, uint8_t* dst);
 
 /// The 16 6-bit scales packed in a q3_K block's 12 scale bytes, one a byte (not
 /// yet minus 32), as four little-endian words.

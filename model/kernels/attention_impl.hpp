@@ -193,8 +193,9 @@ inline __attribute__((always_inline)) void load_units(const uint8_t* const* p, i
 // Cached rows in their stored type, read as f32: E::row(p, n, tmp) gives the n
 // values at p as floats (p itself for f32, else converted into tmp); E::get16(p,
 // c) the 16 values from c (c a multiple of 16).
-// E::keys16(p, hd, kt): the hd values of 16 rows (p[r], as E::row reads them)
-// transposed: kt[i] holds value i of every row, one row a lane.
+// E::keys16(p, hd, kt) (not q8_0, whose scores are integers): the hd values of
+// 16 rows (p[r], as E::row reads them) transposed: kt[i] holds value i of every
+// row, one row a lane.
 struct KvF32 {
   static constexpr int64_t bytes(int64_t n) { return 4 * n; } // of n values (a whole number of blocks)
   static inline __attribute__((always_inline)) void keys16(const uint8_t* const* p, int64_t hd, v16* kt) {
@@ -283,36 +284,7 @@ struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
     return __builtin_bit_cast(float, __builtin_bit_cast(uint32_t, f) | ((x & 0x8000u) << 16));
 #endif
   }
-  // Two blocks a transposition: unit u < 8 holds values 4u .. 4u+3 of the
-  // first, unit 8 + u those of the second; each value d * q as row() makes it.
-  static inline __attribute__((always_inline)) void keys16(const uint8_t* const* p, int64_t hd, v16* kt) {
-    const int64_t nb = hd / 32;
-#pragma GCC unroll 1
-    for (int64_t b0 = 0; b0 < nb; b0 += 2) {
-      const bool two = b0 + 1 < nb;
-      vu16 R[16], d0, d1 = vu16{};
-      for (int r = 0; r < 16; ++r) {
-        const uint8_t* blk = p[r] + 34 * b0;
-        uint16_t h;
-        __builtin_memcpy(&h, blk, 2);
-        d0[r] = h;
-        R[r] = vload_halves<vu16>(blk + 2, two ? blk + 36 : nullptr);
-        if (two) {
-          __builtin_memcpy(&h, blk + 34, 2);
-          d1[r] = h;
-        }
-      }
-      transpose16(R);
-      const v16 s0 = f16_bits_to_f32(d0), s1 = f16_bits_to_f32(d1);
-      for (int u = 0; u < (two ? 16 : 8); ++u) {
-        const v16 d = u < 8 ? s0 : s1;
-        const vi16 x = vcast<vi16>(R[u]);
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k)
-          kt[32 * b0 + 4 * u + k] = vconvert<v16>((x << (24 - 8 * k)) >> 24) * d;
-      }
-    }
-  }
+  // (no keys16: its scores are integers, heads_scores_q8_impl)
   static const float* row(const uint8_t* p, int64_t n, float* tmp) {
     for (int64_t b = 0; b < n / 32; ++b) {
       const uint8_t* blk = p + 34 * b;
@@ -349,8 +321,8 @@ struct KvQ8 { // blocks of 32: f16 d, 32 int8; x = d q
 };
 
 // Scores over a q8_0 cache in integers, as llama.cpp computes them: each query
-// is quantized to q8_0 blocks as the cache quantizes a row (quantize(): d =
-// amax / 127 kept as f16, q = lround(x / d)), each block's 32 products of
+// is quantized to q8_0 blocks as the cache quantizes a row
+// (quantize_q8_0_block), each block's 32 products of
 // int8 keys and queries are summed exactly in int32, and the score adds the
 // blocks in order: s = s + float(sum_b) * (d_key_b * d_query_b). The product of
 // two f16 scales is exact in f32, and an exact integer sum does not depend on
@@ -367,23 +339,16 @@ struct QueryQ8 {
   int32_t bias[max_head_dim / 32]; // 128 x the block's sum of values (VNNI's offset)
 };
 inline __attribute__((always_inline)) void quantize_query_q8(const float* x, int64_t hd, QueryQ8& out) {
-  for (int64_t b = 0; b < hd / 32; ++b, x += 32) {
-    float amax = 0.f;
-    for (int i = 0; i < 32; ++i)
-      amax = std::max(amax, std::fabs(x[i]));
-    const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-    out.d[b] = f16_to_f32(f32_to_f16(d));
+  for (int64_t b = 0; b < hd / 32; ++b) {
+    uint8_t blk[34];
+    quantize_q8_0_block(x + 32 * b, blk);
+    uint16_t h;
+    __builtin_memcpy(&h, blk, 2);
+    out.d[b] = f16_to_f32(h);
+    __builtin_memcpy(&out.q4[8 * b], blk + 2, 32);
     int32_t sum = 0;
-    uint8_t q[32];
-    for (int i = 0; i < 32; ++i) {
-      // lround: halves away from zero (x - trunc(x) is exact)
-      const float v = x[i] * id, t = std::trunc(v);
-      const float r = std::fabs(v - t) >= 0.5f ? t + std::copysign(1.f, v) : t;
-      const auto qi = static_cast<int8_t>(static_cast<int32_t>(r));
-      q[i] = static_cast<uint8_t>(qi);
-      sum += qi;
-    }
-    __builtin_memcpy(&out.q4[8 * b], q, 32);
+    for (int i = 0; i < 32; ++i)
+      sum += static_cast<int8_t>(blk[2 + i]);
     out.bias[b] = 128 * sum;
   }
 }
@@ -440,6 +405,16 @@ inline __attribute__((always_inline)) uint32_t dot_flip(uint32_t a) { return a; 
 inline __attribute__((always_inline)) v16 dot4_lanes(v16 acc, vu16 b, uint32_t a4) { return dot4(acc, b, a4); }
 inline __attribute__((always_inline)) v16 dot_float(v16 acc) { return acc; }
 #endif
+
+// A score plus one block's integer sum: s + float(sum) * (d_key * d_query),
+// the one arithmetic every q8_0 score kernel and build uses (VNNI's offset
+// taken off first).
+template <class B>
+inline __attribute__((always_inline)) v16 add_q8_block(v16 s, dot_acc sum, B bias, v16 scales) {
+  if constexpr (dot_biased)
+    sum -= bias;
+  return s + dot_float(sum) * scales;
+}
 
 // HD > 0: head_dim known at compile time (loops fully unrolled); HD == 0: runtime `hd`.
 
@@ -560,14 +535,6 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
   const int64_t hd = HD > 0 ? HD : hd_rt;
   constexpr int64_t L = attend_group;
   float tmp[HD > 0 ? HD : max_head_dim];
-  // Queries transposed: qt[i] holds element i of every row's query, one row a lane.
-  v16 qt[HD > 0 ? HD : max_head_dim];
-  for (int64_t i = 0; i < hd; ++i) {
-    float lane[L] = {};
-    for (int64_t t = 0; t < m; ++t)
-      lane[t] = q[t * q_stride + i];
-    qt[i] = vload<v16>(lane);
-  }
   const int64_t n = n0 + m;
   const int64_t bt = rows.block_tokens;
   // Row t (at position n0 + t) sees keys [n0 + t + 1 - window, n0 + t]: the
@@ -650,14 +617,20 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
             __builtin_memcpy(&k4, blk + 2 + 4 * u, 4);
             ia = dot4_lanes(ia, qu[8 * kb + u], dot_flip(k4));
           }
-          if constexpr (dot_biased)
-            ia -= biasl[kb];
-          acc = acc + dot_float(ia) * (dql[kb] * dk);
+          acc = add_q8_block(acc, ia, biasl[kb], dql[kb] * dk);
         }
         finish(j0 + j, acc);
       }
     }
   } else {
+    // Queries transposed: qt[i] holds element i of every row's query, one row a lane.
+    v16 qt[HD > 0 ? HD : max_head_dim];
+    for (int64_t i = 0; i < hd; ++i) {
+      float lane[L] = {};
+      for (int64_t t = 0; t < m; ++t)
+        lane[t] = q[t * q_stride + i];
+      qt[i] = vload<v16>(lane);
+    }
     float tmp4[4][HD > 0 ? HD : max_head_dim];
     prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.k_offset, 0, E::bytes(hd));
     for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
@@ -675,7 +648,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
         const float* k2 = E::row(kp + 2 * rs, hd, tmp4[2]);
         const float* k3 = E::row(kp + 3 * rs, hd, tmp4[3]);
         v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int64_t i = 0; i < hd; ++i) {
           const v16 qi = qt[i];
           a0 += qi * k0[i];
@@ -684,7 +657,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
           a3 += qi * k3[i];
         }
         const v16 a[4] = {a0, a1, a2, a3};
-  #pragma GCC unroll 1
+#pragma GCC unroll 1
         for (int u = 0; u < 4; ++u)
           finish(j0 + j + u, a[u]);
       }
@@ -930,49 +903,34 @@ inline __attribute__((always_inline)) void heads_scores_q8_impl(const float* q, 
       const vu16 d = load_q8_pair(ptr, 34 * b0, two, R);
       transpose16(R);
       const v16 s0 = f16_bits_to_f32(d & 0xffffu), s1 = f16_bits_to_f32(d >> 16);
-      if constexpr (MH > 4) {
-        // (enough chains in the heads alone: one block at a time keeps the
-        // accumulators in registers)
-        for (int k = 0; k < (two ? 2 : 1); ++k) {
-          dot_acc ia[MH] = {};
+      // Blocks b0 + k0 .. b0 + k0 + K - 1 at once: K chains a head (two where
+      // the heads alone are too few to hide the latency; one where more would
+      // leave the registers), each head adding its blocks in order.
+      auto blocks = [&]<int K>(int k0) __attribute__((always_inline)) {
+        dot_acc ia[K][MH] = {};
 #pragma GCC unroll 8
-          for (int u = 0; u < 8; ++u) {
-            const vu16 x = dot_flip(R[8 * k + u]);
+        for (int u = 0; u < 8; ++u)
+#pragma GCC unroll 2
+          for (int k = 0; k < K; ++k) {
+            const vu16 x = dot_flip(R[8 * (k0 + k) + u]);
 #pragma GCC unroll 16
             for (int h = 0; h < MH; ++h)
-              ia[h] = dot4(ia[h], x, qq[h].q4[8 * (b0 + k) + u]);
+              ia[k][h] = dot4(ia[k][h], x, qq[h].q4[8 * (b0 + k0 + k) + u]);
           }
-          const v16 sk = k == 0 ? s0 : s1;
 #pragma GCC unroll 16
-          for (int h = 0; h < MH; ++h) {
-            if constexpr (dot_biased)
-              ia[h] -= qq[h].bias[b0 + k];
-            acc[h] = acc[h] + dot_float(ia[h]) * (sk * qq[h].d[b0 + k]);
+        for (int h = 0; h < MH; ++h)
+#pragma GCC unroll 2
+          for (int k = 0; k < K; ++k) {
+            const int64_t b = b0 + k0 + k;
+            acc[h] = add_q8_block(acc[h], ia[k][h], qq[h].bias[b], (k0 + k == 0 ? s0 : s1) * qq[h].d[b]);
           }
-        }
-        continue;
-      }
-      dot_acc i0[MH] = {}, i1[MH] = {};
-#pragma GCC unroll 8
-      for (int u = 0; u < 8; ++u) {
-        const vu16 x0 = dot_flip(R[u]), x1 = dot_flip(R[8 + u]);
-#pragma GCC unroll 16
-        for (int h = 0; h < MH; ++h) {
-          i0[h] = dot4(i0[h], x0, qq[h].q4[8 * b0 + u]);
-          if (two)
-            i1[h] = dot4(i1[h], x1, qq[h].q4[8 * b0 + 8 + u]);
-        }
-      }
-#pragma GCC unroll 16
-      for (int h = 0; h < MH; ++h) {
-        if constexpr (dot_biased)
-          i0[h] -= qq[h].bias[b0];
-        acc[h] = acc[h] + dot_float(i0[h]) * (s0 * qq[h].d[b0]);
-        if (two) {
-          if constexpr (dot_biased)
-            i1[h] -= qq[h].bias[b0 + 1];
-          acc[h] = acc[h] + dot_float(i1[h]) * (s1 * qq[h].d[b0 + 1]);
-        }
+      };
+      if (MH <= 4 && two) {
+        blocks.template operator()<2>(0);
+      } else {
+        blocks.template operator()<1>(0);
+        if (two)
+          blocks.template operator()<1>(1);
       }
     }
     finish_heads_chunk<MH>(acc, rows, cs, lo, n, scale, scores + (cs - base) * MH, mx);
@@ -1070,12 +1028,13 @@ inline __attribute__((always_inline)) void heads_scores_lanes(const float* q, in
       case 256: return heads_scores_q8_impl<256, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
       default: return heads_scores_q8_impl<0, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
     }
-  }
-  switch (hd) {
-    case 64: return heads_scores_impl<E, 64, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-    case 128: return heads_scores_impl<E, 128, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-    case 256: return heads_scores_impl<E, 256, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-    default: return heads_scores_impl<E, 0, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+  } else {
+    switch (hd) {
+      case 64: return heads_scores_impl<E, 64, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+      case 128: return heads_scores_impl<E, 128, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+      case 256: return heads_scores_impl<E, 256, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+      default: return heads_scores_impl<E, 0, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+    }
   }
 }
 

@@ -53,20 +53,7 @@ constexpr int turn_steps = 8;
 // between them.) Each step adds a token: the contexts end 8 x 16 past them.
 std::tuple<double, double, int> contexts_in_turn(model::Shard& shard, int threads) {
   model::set_num_threads(threads);
-  const auto V = shard.config().vocab_size;
-  auto filled = [&](int64_t n) {
-    auto c = shard.new_cache();
-    std::vector<int32_t> ids(static_cast<std::size_t>(n));
-    for (int64_t i = 0; i < n; ++i)
-      ids[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 104729) % V);
-    for (int64_t at = 0; at < n; at += 2048) {
-      const int64_t k = std::min<int64_t>(2048, n - at);
-      shard.forward(std::span<const int32_t>(ids.data() + at, static_cast<std::size_t>(k)),
-                    model::consecutive_positions(at, k), c);
-    }
-    return c;
-  };
-  auto short_ctx = filled(512), long_ctx = filled(8192);
+  auto short_ctx = filled_cache(shard, 512), long_ctx = filled_cache(shard, 8192);
   std::vector<double> a, b;
   int32_t next_a = 7, next_b = 7;
   auto turn = [&](model::KVCache& c, int32_t& next, std::vector<double>* out) {

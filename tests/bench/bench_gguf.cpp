@@ -226,6 +226,20 @@ bool quantize_file(const std::string& llama_bin, const fs::path& src, const fs::
   return true;
 }
 
+model::KVCache filled_cache(model::Shard& shard, int64_t n) {
+  const auto V = shard.config().vocab_size;
+  auto c = shard.new_cache();
+  std::vector<int32_t> ids(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    ids[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 104729) % V);
+  for (int64_t at = 0; at < n; at += 2048) { // in pieces, as the scheduler would
+    const int64_t k = std::min<int64_t>(2048, n - at);
+    shard.forward(std::span<const int32_t>(ids.data() + at, static_cast<std::size_t>(k)),
+                  model::consecutive_positions(at, k), c);
+  }
+  return c;
+}
+
 Speeds strata_speed(model::Shard& shard, int threads, int64_t prompt, int64_t depth) {
   model::set_num_threads(threads);
   const auto V = shard.config().vocab_size;
@@ -243,18 +257,7 @@ Speeds strata_speed(model::Shard& shard, int threads, int64_t prompt, int64_t de
     }
     sp.prefill = *std::max_element(runs.begin(), runs.end());
   }
-  auto c = shard.new_cache();
-  {
-    const int64_t first = std::max<int64_t>(depth, 1);
-    std::vector<int32_t> ids(static_cast<std::size_t>(first));
-    for (int64_t i = 0; i < first; ++i)
-      ids[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 104729) % V);
-    for (int64_t at = 0; at < first; at += 2048) { // in pieces, as the scheduler would
-      const int64_t n = std::min<int64_t>(2048, first - at);
-      shard.forward(std::span<const int32_t>(ids.data() + at, static_cast<std::size_t>(n)),
-                    model::consecutive_positions(at, n), c);
-    }
-  }
+  auto c = filled_cache(shard, std::max<int64_t>(depth, 1));
   std::vector<double> steps;
   int32_t next = 7;
   for (int i = 0; i < 26; ++i) {

@@ -39,6 +39,8 @@ struct Speeds {
   double prefill = 0, decode = 0;
 };
 
+/// A cache holding `n` tokens of seeded ids, prefilled in pieces of 2,048.
+model::KVCache filled_cache(model::Shard& shard, int64_t n);
 /// Prefill `prompt` tokens in one call (best of 2); decode 24 tokens after a
 /// context of `depth` (median step).
 Speeds strata_speed(model::Shard& shard, int threads, int64_t prompt, int64_t depth);
