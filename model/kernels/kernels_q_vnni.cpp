@@ -152,11 +152,14 @@ struct Blocks32 {
   const QuantActs& A;
   int64_t nb, ng_full, tail, qis;
   std::size_t rb;
+  int64_t ahead_rows; // prefetched that many rows on (ahead_rows(rb)), `ahead` bytes
+  std::size_t ahead;
   static constexpr std::size_t GB = 8 * BB; // bytes of a full group
 
   Blocks32(const WMatrix& w, const QuantActs& a)
       : W(w), A(a), nb(w.cols / 32), ng_full(w.cols / 32 / 8), tail(w.cols / 32 % 8),
-        qis((w.cols / 32 + 7) / 8 * 256), rb(w.row_bytes()) {}
+        qis((w.cols / 32 + 7) / 8 * 256), rb(w.row_bytes()), ahead_rows(vnni::ahead_rows(rb)),
+        ahead(static_cast<std::size_t>(ahead_rows) * rb) {}
 
   // Lanes of the upper (PAIR) or lower half that are real blocks, as a mask
   // of 16 lanes; PART: the last group of the call is the partial one.
@@ -250,7 +253,7 @@ struct Q8p : Blocks32<34> {
     chains_from_corr<R, MT>(A, live, nb, g, m0, 0, P0, P1);
     const int8_t* a0 = A.qi.data() + m0 * qis + 256 * g;
     const uint8_t* g0 = row0 + g * GB;
-    auto step = [&](__m512i(&P)[R][MT], int s, bool ahead) __attribute__((always_inline)) {
+    auto step = [&](__m512i(&P)[R][MT], int s, bool fetch_here) __attribute__((always_inline)) {
       __m512i a[MT];
       for (int t = 0; t < MT; ++t)
         a[t] = act_step<PAIR>(a0 + t * qis, s);
@@ -259,9 +262,9 @@ struct Q8p : Blocks32<34> {
         if constexpr (PAIR) {
           const int64_t L = second<PART>(), step = 32 + 4 * L;
           const uint8_t* wp = gp + 16 + 2 * L + step * s;
-          if (ahead) {
-            _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb + 64), _MM_HINT_T0);
+          if (fetch_here) {
+            _mm_prefetch(reinterpret_cast<const char*>(wp + ahead), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(wp + ahead + 64), _MM_HINT_T0);
           }
           const __m512i w = PART ? _mm512_maskz_loadu_epi8(static_cast<__mmask64>((uint64_t{1} << step) - 1), wp)
                                  : _mm512_loadu_si512(wp);
@@ -271,8 +274,8 @@ struct Q8p : Blocks32<34> {
         }
         // A group alone (the last one): 32-byte steps, or 4L for a partial one.
         const uint8_t* wp = gp + 16 + 32 * s;
-        if (ahead)
-          _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb), _MM_HINT_T0);
+        if (fetch_here)
+          _mm_prefetch(reinterpret_cast<const char*>(wp + ahead), _MM_HINT_T0);
         const __m512i w = _mm512_zextsi256_si512(PART ? _mm256_maskz_loadu_epi8(pmask, gp + pfirst + pstep * s)
                                                       : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp)));
         for (int t = 0; t < MT; ++t)
@@ -313,7 +316,7 @@ struct Q4p : Blocks32<q4p_block_bytes(T)> {
   static constexpr bool MIN = T == WType::q4_1 || T == WType::q5_1;
   static constexpr int64_t H = MIN ? 4 : 2; // header bytes a block: d (and m)
   using B = Blocks32<q4p_block_bytes(T)>;
-  using B::A, B::W, B::GB, B::nb, B::qis, B::rb, B::tail;
+  using B::A, B::W, B::GB, B::nb, B::qis, B::rb, B::tail, B::ahead;
   using B::B;
   // -128 s as is (iq4_nl), / 8 = -16 s (q5_0), / 16 = -8 s (q4_0)
   static constexpr int corr_shift = NL ? 0 : Q5 ? 3 : 4;
@@ -338,7 +341,7 @@ struct Q4p : Blocks32<q4p_block_bytes(T)> {
   template <bool PAIR, bool PART, int R>
   struct Side {
     const uint8_t* row0;
-    std::size_t rb;
+    std::size_t rb, ahead;
     int64_t g, GB, L;
     bool fetch;
     __mmask32 cmask;
@@ -346,7 +349,7 @@ struct Q4p : Blocks32<q4p_block_bytes(T)> {
     __m512i table;
 
     __attribute__((always_inline)) Side(const Q4p& k, int64_t g_, int64_t r, bool fetch_)
-        : row0(row_at(k.W, k.rb, r)), rb(k.rb), g(g_), GB(static_cast<int64_t>(k.GB)), L(k.tail), fetch(fetch_) {
+        : row0(row_at(k.W, k.rb, r)), rb(k.rb), ahead(k.ahead), g(g_), GB(static_cast<int64_t>(k.GB)), L(k.tail), fetch(fetch_) {
       cmask = static_cast<__mmask32>((uint64_t{1} << (4 * L)) - 1);
       const __mmask8 wmask = static_cast<__mmask8>((1u << L) - 1);
       // The bytes of 5th bits (packed.hpp), where the chunks' bytes are.
@@ -366,9 +369,9 @@ struct Q4p : Blocks32<q4p_block_bytes(T)> {
     __attribute__((always_inline)) __m512i chunk(int i, int k) const {
       const uint8_t* gp = row0 + i * rb + g * GB;
       if (fetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(gp + 64 * k + R * rb), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(gp + 64 * k + ahead), _MM_HINT_T0);
         if (PAIR)
-          _mm_prefetch(reinterpret_cast<const char*>(gp + GB + 64 * k + R * rb), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(gp + GB + 64 * k + ahead), _MM_HINT_T0);
       }
       __m256i c0, c1 = _mm256_setzero_si256();
       if (PAIR) {
@@ -418,15 +421,15 @@ struct Q4p : Blocks32<q4p_block_bytes(T)> {
 
 // Chunk k (32 bytes) of the nibbles of 256-value block g of a packed row
 // (blocks of BB bytes, H header bytes first: q4_K, iq4_xs), and with PAIR the
-// next block's in the upper half; `fetch` prefetches the same bytes R rows on.
-template <std::size_t BB, std::size_t H, bool PAIR, int R>
-__attribute__((always_inline)) inline __m512i k256_chunk(const uint8_t* row, std::size_t rb, int64_t g, int k,
+// next block's in the upper half; `fetch` prefetches the same bytes `ahead` bytes on.
+template <std::size_t BB, std::size_t H, bool PAIR>
+__attribute__((always_inline)) inline __m512i k256_chunk(const uint8_t* row, std::size_t ahead, int64_t g, int k,
                                                          bool fetch) {
   const uint8_t* wp = row + g * BB + H + 32 * k;
   if (fetch) {
-    _mm_prefetch(reinterpret_cast<const char*>(wp + R * rb), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wp + ahead), _MM_HINT_T0);
     if (PAIR)
-      _mm_prefetch(reinterpret_cast<const char*>(wp + BB + R * rb), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wp + BB + ahead), _MM_HINT_T0);
   }
   const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
   return PAIR ? _mm512_inserti64x4(_mm512_castsi256_si512(w0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + BB)), 1)
@@ -440,10 +443,13 @@ struct Blocks256 {
   const QuantActs& A;
   int64_t ng_full, nb32, qis;
   std::size_t rb;
+  int64_t ahead_rows; // as Blocks32's
+  std::size_t ahead;
   int64_t tail = 0;
 
   Blocks256(const WMatrix& w, const QuantActs& a)
-      : W(w), A(a), ng_full(w.cols / 256), nb32(w.cols / 32), qis(w.cols / 256 * 256), rb(w.row_bytes()) {}
+      : W(w), A(a), ng_full(w.cols / 256), nb32(w.cols / 32), qis(w.cols / 256 * 256), rb(w.row_bytes()),
+        ahead_rows(vnni::ahead_rows(rb)), ahead(static_cast<std::size_t>(ahead_rows) * rb) {}
 };
 
 // Packed q4_K (packed.hpp) against q8_K activations interleaved as q8_0's
@@ -504,7 +510,7 @@ struct Q4Kp : Blocks256 {
     __m512i P0[R][MT], P1[R][MT];
     zero_chains<R, MT>(P0, P1);
     auto chunk = [&](int i, int k) __attribute__((always_inline)) {
-      return k256_chunk<BB, QS, PAIR, R>(row0 + i * rb, rb, g, k, fetch);
+      return k256_chunk<BB, QS, PAIR>(row0 + i * rb, ahead, g, k, fetch);
     };
     __m512i qh[R]; // q5_K: the 5th bits of block g (and g + 1)
     if constexpr (Q5)
@@ -585,7 +591,7 @@ struct IQ4XSp : Blocks256 {
     __m512i P0[R][MT], P1[R][MT];
     chains_from_corr<R, MT>(A, live, nb32, g, m0, 0, P0, P1);
     auto chunk = [&](int i, int k) __attribute__((always_inline)) {
-      return k256_chunk<136, 8, PAIR, R>(row0 + i * rb, rb, g, k, fetch);
+      return k256_chunk<136, 8, PAIR>(row0 + i * rb, ahead, g, k, fetch);
     };
     const __m512i table = iq4_table_u512();
     nibble_dots<PAIR, R, MT>(A, qis, m0, g, nullptr, chunk,
@@ -631,10 +637,14 @@ struct K16p {
   const QuantActs& A;
   int64_t ng_full, nb;
   std::size_t rb;
+  int64_t ahead_rows; // as Blocks32's
+  std::size_t ahead;
   int64_t tail = 0; // rows are whole blocks: PART is never asked for
   static constexpr std::size_t BB = Q6 ? 210 : Q3 ? 110 : 84;
 
-  K16p(const WMatrix& w, const QuantActs& a) : W(w), A(a), ng_full(w.cols / 256), nb(w.cols / 256), rb(w.row_bytes()) {}
+  K16p(const WMatrix& w, const QuantActs& a)
+      : W(w), A(a), ng_full(w.cols / 256), nb(w.cols / 256), rb(w.row_bytes()), ahead_rows(vnni::ahead_rows(rb)),
+        ahead(static_cast<std::size_t>(ahead_rows) * rb) {}
 
   template <int R>
   struct Prep {
@@ -690,7 +700,7 @@ struct K16p {
         const uint8_t* blk = row0 + i * rb + blk_i * BB;
         if (fetch)
           for (std::size_t l = 0; l < (Q6 ? 256 : 128); l += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(blk + R * rb + l), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(blk + ahead + l), _MM_HINT_T0);
         if constexpr (!Q6) // (q6_K's three vectors are loaded at each step: registers)
           w[i] = _mm512_loadu_si512(blk + (Q3 ? 0 : 16));
         for (int t = 0; t < MT; ++t) {
@@ -740,7 +750,7 @@ struct K16p {
 };
 
 // A packed kernel K over weight rows [r0, r1) (run_packed): four rows side by
-// side (the next four prefetched on the first tile), activation rows in tiles
+// side (the rows ahead_rows on prefetched on the first tile), activation rows in tiles
 // of up to 4 (run_packed_rows), then one horizontal sum per (row, activation
 // row): a row's result does not depend on M.
 // over_groups calls f(PAIR, PART, g) for every pair of groups of a row, then a last group
@@ -821,7 +831,7 @@ __attribute__((always_inline)) inline void reduce16(const float* v, int n, float
 // then one horizontal sum per (row, activation row).
 template <class K, int R>
 void run_packed_rows(const K& k, float* Y, int64_t ldy, int64_t r, int64_t r_end, bool accumulate) {
-  const bool fetch = r + 2 * R <= r_end;
+  const bool fetch = r + R + k.ahead_rows <= r_end;
   const int64_t M = k.A.rows;
   auto put = [&](int64_t m, int i, __m512 acc) __attribute__((always_inline)) {
     const float s = _mm512_reduce_add_ps(acc);
@@ -1031,14 +1041,16 @@ void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy
 namespace {
 
 // bf16 x bf16 pairs into f32 lanes (vdpbf16ps), R weight rows side by side with
-// the next R prefetched (as the int8 kernels); a tail of cols % 32 in scalar.
+// the rows ahead_rows on prefetched (as the int8 kernels); a tail of cols % 32 in scalar.
 template <int R>
 void bf16_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
                 bool accumulate) {
   const int64_t cols = W.cols, main = cols / 32 * 32;
   const std::size_t rb = W.row_bytes();
   const auto* w0 = reinterpret_cast<const uint16_t*>(W.row(r));
-  const bool ahead = r + 2 * R <= r_end;
+  const int64_t rows_on = vnni::ahead_rows(rb);
+  const std::size_t far = static_cast<std::size_t>(rows_on) * rb;
+  const bool ahead = r + R + rows_on <= r_end;
   for (int64_t m = 0; m < A.rows; ++m) {
     const uint16_t* a = A.bf.data() + m * cols;
     __m512 acc[R];
@@ -1049,7 +1061,7 @@ void bf16_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int
       for (int i = 0; i < R; ++i) {
         const uint16_t* w = reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(w0) + i * rb);
         if (m == 0 && ahead)
-          _mm_prefetch(reinterpret_cast<const char*>(w + c) + R * rb, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(w + c) + far, _MM_HINT_T0);
         acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_loadu_si512(w + c), av);
       }
     }
