@@ -15,16 +15,18 @@
 namespace strata::model::detail::KQ_NS {
 
 // How far ahead of the rows being read the kernels prefetch: the rows from at
-// least prefetch_bytes on, and at least 4 rows on (one step of four rows). A
-// fixed count of R rows was too near for short rows: 4 rows of 1,024 q4_K
-// values are 2.3 KB, which one thread reads in less time than memory takes to
-// answer (docs/benchmarks.md, session 17).
-#ifndef STRATA_PREFETCH_BYTES
-#define STRATA_PREFETCH_BYTES 10240
-#endif
-constexpr std::size_t prefetch_bytes = STRATA_PREFETCH_BYTES;
-inline int64_t ahead_rows(std::size_t rb) {
-  return std::max<int64_t>(4, static_cast<int64_t>((prefetch_bytes + rb - 1) / rb));
+// least 10 KB on, and at least 4 rows on (one step of four rows). A fixed count
+// of R rows was too near for short rows: 4 rows of 1,024 q4_K values are 2.3 KB,
+// which one thread reads in less time than memory takes to answer
+// (docs/benchmarks.md, session 17).
+struct Ahead {
+  int64_t rows;      // prefetched that many rows on
+  std::size_t bytes; // rows x the row's bytes
+};
+inline Ahead ahead_of(std::size_t rb) {
+  constexpr std::size_t at_least = 10240;
+  const int64_t rows = std::max<int64_t>(4, static_cast<int64_t>((at_least + rb - 1) / rb));
+  return {rows, static_cast<std::size_t>(rows) * rb};
 }
 
 inline float half_to_float(const uint8_t* p) {
@@ -93,7 +95,7 @@ inline void store_tile(float* Y, int64_t ldy, int64_t r, int64_t m0, const __m25
 
 // R weight rows (r .. r+R-1) against a tile of MT activation rows (m0 ..
 // m0+MT-1): the R rows stream from memory side by side (R independent streams
-// keep enough loads in flight; the rows ahead_rows on are prefetched while the first
+// keep enough loads in flight; the rows ahead_of(rb) on are prefetched while the first
 // tile computes), and each weight block is loaded, its signs taken and its
 // scales converted once for all MT activation rows; each activation block is
 // loaded once for all R. Each (row, activation row) pair is reduced in the same
@@ -105,9 +107,8 @@ inline void rows_q8_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t
   const int64_t nb = W.cols / 32;
   const std::size_t rb = W.row_bytes();
   const uint8_t* row0 = W.row(r);
-  const int64_t rows_on = ahead_rows(rb);
-  const std::size_t far = static_cast<std::size_t>(rows_on) * rb;
-  const bool ahead = m0 == 0 && r + R + rows_on <= r_end;
+  const Ahead far = ahead_of(rb);
+  const bool ahead = m0 == 0 && r + R + far.rows <= r_end;
   const int8_t* a[MT];
   const float* da[MT];
   const int16_t* sa[MT];
@@ -158,7 +159,7 @@ inline void rows_q8_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t
       for (int i = 0; i < R; ++i) {
         const uint8_t* blk = row0 + i * rb + (b + k) * BB;
         if (ahead && (k & 1) == 0)
-          _mm_prefetch(reinterpret_cast<const char*>(blk + far), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(blk + far.bytes), _MM_HINT_T0);
         const __m256i w = block_weights<T>(blk);
         if constexpr (T == WType::q8_0) {
           const __m256i wabs = _mm256_sign_epi8(w, w);
@@ -179,7 +180,7 @@ inline void rows_q8_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t
     for (int i = 0; i < R; ++i) {
       const uint8_t* blk = row0 + i * rb + b * BB;
       if (ahead && (b & 1) == 0)
-        _mm_prefetch(reinterpret_cast<const char*>(blk + far), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(blk + far.bytes), _MM_HINT_T0);
       const __m256i w = block_weights<T>(blk);
       const float wd = half_to_float(blk);
       for (int t = 0; t < MT; ++t) {
@@ -242,9 +243,8 @@ inline void rows_q45_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int6
   const std::size_t rb = W.row_bytes();
   const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   const uint8_t* row0 = W.row(r);
-  const int64_t rows_on = ahead_rows(rb);
-  const std::size_t far = static_cast<std::size_t>(rows_on) * rb;
-  const bool ahead = m0 == 0 && r + R + rows_on <= r_end;
+  const Ahead far = ahead_of(rb);
+  const bool ahead = m0 == 0 && r + R + far.rows <= r_end;
   float acc[R][MT] = {};
   __m256 accv[R][MT]; // the scaled products, kept in lanes until the row ends
   for (int i = 0; i < R; ++i)
@@ -255,7 +255,7 @@ inline void rows_q45_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int6
       const uint8_t* blk = row0 + i * rb + b * BB;
       if (ahead)
         for (int l = 0; l < BB; l += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(blk + far + l), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(blk + far.bytes + l), _MM_HINT_T0);
       const __m128i sm = scales_mins_k4(blk + 4);
       // 8 scales as int16, the same in both 128-bit halves; sub-block j's scale
       // is broadcast from it with one byte shuffle.
@@ -318,9 +318,8 @@ inline void rows_q6_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int64
     pick[k] = _mm256_set_m128i(_mm_set1_epi16(static_cast<short>((4 * k + 2) | ((4 * k + 3) << 8))),
                                _mm_set1_epi16(static_cast<short>((4 * k) | ((4 * k + 1) << 8))));
   const uint8_t* row0 = W.row(r);
-  const int64_t rows_on = ahead_rows(rb);
-  const std::size_t far = static_cast<std::size_t>(rows_on) * rb;
-  const bool ahead = m0 == 0 && r + R + rows_on <= r_end;
+  const Ahead far = ahead_of(rb);
+  const bool ahead = m0 == 0 && r + R + far.rows <= r_end;
   __m256 accv[R][MT]; // the scaled products, kept in lanes until the row ends
   for (int i = 0; i < R; ++i)
     for (int t = 0; t < MT; ++t)
@@ -330,7 +329,7 @@ inline void rows_q6_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int64
       const uint8_t* blk = row0 + i * rb + b * 210;
       if (ahead)
         for (int l = 0; l < 210; l += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(blk + far + l), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(blk + far.bytes + l), _MM_HINT_T0);
       const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
       const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
       const __m256i halves[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
@@ -419,9 +418,8 @@ inline void rows_q32_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_
   const int64_t nb = W.cols / 32;
   const std::size_t rb = W.row_bytes();
   const uint8_t* row0 = W.row(r);
-  const int64_t rows_on = ahead_rows(rb);
-  const std::size_t far = static_cast<std::size_t>(rows_on) * rb;
-  const bool ahead = m0 == 0 && r + R + rows_on <= r_end;
+  const Ahead far = ahead_of(rb);
+  const bool ahead = m0 == 0 && r + R + far.rows <= r_end;
   const __m256i table = iq4_table(), bit5 = _mm256_set1_epi8(0x10);
   const __m256i table_u = _mm256_xor_si256(table, _mm256_set1_epi8(static_cast<char>(0x80))); // K + 128
   __m256 acc[R][MT];
@@ -436,7 +434,7 @@ inline void rows_q32_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_
     for (int i = 0; i < R; ++i) {
       const uint8_t* blk = row0 + i * rb + b * BB;
       if (ahead && (b & 1) == 0)
-        _mm_prefetch(reinterpret_cast<const char*>(blk + far), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(blk + far.bytes), _MM_HINT_T0);
       // The weights once for the tile: unsigned bytes (the 5th bit in place),
       // or the table's values (iq4_nl: K + 128 with VNNI, K and |K| without).
       __m256i q = nibbles32(blk + QS);
@@ -494,9 +492,8 @@ inline void rows_q23_K_block(const WMatrix& W, const QuantActs& A, float* Y, int
     pick[j] = _mm256_set_m128i(_mm_set1_epi16(static_cast<short>((4 * j + 2) | ((4 * j + 3) << 8))),
                                _mm_set1_epi16(static_cast<short>((4 * j) | ((4 * j + 1) << 8))));
   const uint8_t* row0 = W.row(r);
-  const int64_t rows_on = ahead_rows(rb);
-  const std::size_t far = static_cast<std::size_t>(rows_on) * rb;
-  const bool ahead = r + R + rows_on <= r_end;
+  const Ahead far = ahead_of(rb);
+  const bool ahead = r + R + far.rows <= r_end;
   for (int64_t m = 0; m < A.rows; ++m) {
     const int8_t* a = A.q.data() + m * A.cols;
     const float* da = A.d.data() + m * nb;
@@ -518,7 +515,7 @@ inline void rows_q23_K_block(const WMatrix& W, const QuantActs& A, float* Y, int
         const uint8_t* blk = row0 + i * rb + b * BB;
         if (m == 0 && ahead)
           for (std::size_t l = 0; l < BB; l += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(blk + far + l), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(blk + far.bytes + l), _MM_HINT_T0);
         const uint8_t* qs;
         __m256i sc16, hm = _mm256_setzero_si256();
         __m128i raw = _mm_setzero_si128();
@@ -581,9 +578,8 @@ inline void rows_iq4_xs_block(const WMatrix& W, const QuantActs& A, float* Y, in
   const std::size_t rb = W.row_bytes();
   const __m256i table = iq4_table();
   const uint8_t* row0 = W.row(r);
-  const int64_t rows_on = ahead_rows(rb);
-  const std::size_t far = static_cast<std::size_t>(rows_on) * rb;
-  const bool ahead = r + R + rows_on <= r_end;
+  const Ahead far = ahead_of(rb);
+  const bool ahead = r + R + far.rows <= r_end;
   for (int64_t m = 0; m < A.rows; ++m) {
     const int8_t* a = A.q.data() + m * A.cols;
     const float* da = A.d.data() + m * nb;
@@ -598,7 +594,7 @@ inline void rows_iq4_xs_block(const WMatrix& W, const QuantActs& A, float* Y, in
         const uint8_t* blk = row0 + i * rb + b * 136;
         if (m == 0 && ahead)
           for (int l = 0; l < 136; l += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(blk + far + l), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(blk + far.bytes + l), _MM_HINT_T0);
         uint16_t sh;
         std::memcpy(&sh, blk + 2, 2);
         const uint8_t* sl = blk + 4;

@@ -152,14 +152,12 @@ struct Blocks32 {
   const QuantActs& A;
   int64_t nb, ng_full, tail, qis;
   std::size_t rb;
-  int64_t ahead_rows; // prefetched that many rows on (ahead_rows(rb)), `ahead` bytes
-  std::size_t ahead;
+  vnni::Ahead ahead; // the rows prefetched on (ahead_of)
   static constexpr std::size_t GB = 8 * BB; // bytes of a full group
 
   Blocks32(const WMatrix& w, const QuantActs& a)
       : W(w), A(a), nb(w.cols / 32), ng_full(w.cols / 32 / 8), tail(w.cols / 32 % 8),
-        qis((w.cols / 32 + 7) / 8 * 256), rb(w.row_bytes()), ahead_rows(vnni::ahead_rows(rb)),
-        ahead(static_cast<std::size_t>(ahead_rows) * rb) {}
+        qis((w.cols / 32 + 7) / 8 * 256), rb(w.row_bytes()), ahead(vnni::ahead_of(rb)) {}
 
   // Lanes of the upper (PAIR) or lower half that are real blocks, as a mask
   // of 16 lanes; PART: the last group of the call is the partial one.
@@ -263,8 +261,8 @@ struct Q8p : Blocks32<34> {
           const int64_t L = second<PART>(), step = 32 + 4 * L;
           const uint8_t* wp = gp + 16 + 2 * L + step * s;
           if (fetch_here) {
-            _mm_prefetch(reinterpret_cast<const char*>(wp + ahead), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(wp + ahead + 64), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(wp + ahead.bytes), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(wp + ahead.bytes + 64), _MM_HINT_T0);
           }
           const __m512i w = PART ? _mm512_maskz_loadu_epi8(static_cast<__mmask64>((uint64_t{1} << step) - 1), wp)
                                  : _mm512_loadu_si512(wp);
@@ -275,7 +273,7 @@ struct Q8p : Blocks32<34> {
         // A group alone (the last one): 32-byte steps, or 4L for a partial one.
         const uint8_t* wp = gp + 16 + 32 * s;
         if (fetch_here)
-          _mm_prefetch(reinterpret_cast<const char*>(wp + ahead), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(wp + ahead.bytes), _MM_HINT_T0);
         const __m512i w = _mm512_zextsi256_si512(PART ? _mm256_maskz_loadu_epi8(pmask, gp + pfirst + pstep * s)
                                                       : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp)));
         for (int t = 0; t < MT; ++t)
@@ -349,7 +347,7 @@ struct Q4p : Blocks32<q4p_block_bytes(T)> {
     __m512i table;
 
     __attribute__((always_inline)) Side(const Q4p& k, int64_t g_, int64_t r, bool fetch_)
-        : row0(row_at(k.W, k.rb, r)), rb(k.rb), ahead(k.ahead), g(g_), GB(static_cast<int64_t>(k.GB)), L(k.tail), fetch(fetch_) {
+        : row0(row_at(k.W, k.rb, r)), rb(k.rb), ahead(k.ahead.bytes), g(g_), GB(static_cast<int64_t>(k.GB)), L(k.tail), fetch(fetch_) {
       cmask = static_cast<__mmask32>((uint64_t{1} << (4 * L)) - 1);
       const __mmask8 wmask = static_cast<__mmask8>((1u << L) - 1);
       // The bytes of 5th bits (packed.hpp), where the chunks' bytes are.
@@ -443,13 +441,12 @@ struct Blocks256 {
   const QuantActs& A;
   int64_t ng_full, nb32, qis;
   std::size_t rb;
-  int64_t ahead_rows; // as Blocks32's
-  std::size_t ahead;
+  vnni::Ahead ahead; // as Blocks32's
   int64_t tail = 0;
 
   Blocks256(const WMatrix& w, const QuantActs& a)
       : W(w), A(a), ng_full(w.cols / 256), nb32(w.cols / 32), qis(w.cols / 256 * 256), rb(w.row_bytes()),
-        ahead_rows(vnni::ahead_rows(rb)), ahead(static_cast<std::size_t>(ahead_rows) * rb) {}
+        ahead(vnni::ahead_of(rb)) {}
 };
 
 // Packed q4_K (packed.hpp) against q8_K activations interleaved as q8_0's
@@ -510,7 +507,7 @@ struct Q4Kp : Blocks256 {
     __m512i P0[R][MT], P1[R][MT];
     zero_chains<R, MT>(P0, P1);
     auto chunk = [&](int i, int k) __attribute__((always_inline)) {
-      return k256_chunk<BB, QS, PAIR>(row0 + i * rb, ahead, g, k, fetch);
+      return k256_chunk<BB, QS, PAIR>(row0 + i * rb, ahead.bytes, g, k, fetch);
     };
     __m512i qh[R]; // q5_K: the 5th bits of block g (and g + 1)
     if constexpr (Q5)
@@ -591,7 +588,7 @@ struct IQ4XSp : Blocks256 {
     __m512i P0[R][MT], P1[R][MT];
     chains_from_corr<R, MT>(A, live, nb32, g, m0, 0, P0, P1);
     auto chunk = [&](int i, int k) __attribute__((always_inline)) {
-      return k256_chunk<136, 8, PAIR>(row0 + i * rb, ahead, g, k, fetch);
+      return k256_chunk<136, 8, PAIR>(row0 + i * rb, ahead.bytes, g, k, fetch);
     };
     const __m512i table = iq4_table_u512();
     nibble_dots<PAIR, R, MT>(A, qis, m0, g, nullptr, chunk,
@@ -637,14 +634,12 @@ struct K16p {
   const QuantActs& A;
   int64_t ng_full, nb;
   std::size_t rb;
-  int64_t ahead_rows; // as Blocks32's
-  std::size_t ahead;
+  vnni::Ahead ahead; // as Blocks32's
   int64_t tail = 0; // rows are whole blocks: PART is never asked for
   static constexpr std::size_t BB = Q6 ? 210 : Q3 ? 110 : 84;
 
   K16p(const WMatrix& w, const QuantActs& a)
-      : W(w), A(a), ng_full(w.cols / 256), nb(w.cols / 256), rb(w.row_bytes()), ahead_rows(vnni::ahead_rows(rb)),
-        ahead(static_cast<std::size_t>(ahead_rows) * rb) {}
+      : W(w), A(a), ng_full(w.cols / 256), nb(w.cols / 256), rb(w.row_bytes()), ahead(vnni::ahead_of(rb)) {}
 
   template <int R>
   struct Prep {
@@ -700,7 +695,7 @@ struct K16p {
         const uint8_t* blk = row0 + i * rb + blk_i * BB;
         if (fetch)
           for (std::size_t l = 0; l < (Q6 ? 256 : 128); l += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(blk + ahead + l), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(blk + ahead.bytes + l), _MM_HINT_T0);
         if constexpr (!Q6) // (q6_K's three vectors are loaded at each step: registers)
           w[i] = _mm512_loadu_si512(blk + (Q3 ? 0 : 16));
         for (int t = 0; t < MT; ++t) {
@@ -750,7 +745,7 @@ struct K16p {
 };
 
 // A packed kernel K over weight rows [r0, r1) (run_packed): four rows side by
-// side (the rows ahead_rows on prefetched on the first tile), activation rows in tiles
+// side (the rows ahead_of(rb) on prefetched on the first tile), activation rows in tiles
 // of up to 4 (run_packed_rows), then one horizontal sum per (row, activation
 // row): a row's result does not depend on M.
 // over_groups calls f(PAIR, PART, g) for every pair of groups of a row, then a last group
@@ -831,7 +826,7 @@ __attribute__((always_inline)) inline void reduce16(const float* v, int n, float
 // then one horizontal sum per (row, activation row).
 template <class K, int R>
 void run_packed_rows(const K& k, float* Y, int64_t ldy, int64_t r, int64_t r_end, bool accumulate) {
-  const bool fetch = r + R + k.ahead_rows <= r_end;
+  const bool fetch = r + R + k.ahead.rows <= r_end;
   const int64_t M = k.A.rows;
   auto put = [&](int64_t m, int i, __m512 acc) __attribute__((always_inline)) {
     const float s = _mm512_reduce_add_ps(acc);
@@ -1041,16 +1036,15 @@ void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy
 namespace {
 
 // bf16 x bf16 pairs into f32 lanes (vdpbf16ps), R weight rows side by side with
-// the rows ahead_rows on prefetched (as the int8 kernels); a tail of cols % 32 in scalar.
+// the rows ahead_of(rb) on prefetched (as the int8 kernels); a tail of cols % 32 in scalar.
 template <int R>
 void bf16_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
                 bool accumulate) {
   const int64_t cols = W.cols, main = cols / 32 * 32;
   const std::size_t rb = W.row_bytes();
   const auto* w0 = reinterpret_cast<const uint16_t*>(W.row(r));
-  const int64_t rows_on = vnni::ahead_rows(rb);
-  const std::size_t far = static_cast<std::size_t>(rows_on) * rb;
-  const bool ahead = r + R + rows_on <= r_end;
+  const vnni::Ahead far = vnni::ahead_of(rb);
+  const bool ahead = r + R + far.rows <= r_end;
   for (int64_t m = 0; m < A.rows; ++m) {
     const uint16_t* a = A.bf.data() + m * cols;
     __m512 acc[R];
@@ -1061,7 +1055,7 @@ void bf16_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int
       for (int i = 0; i < R; ++i) {
         const uint16_t* w = reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(w0) + i * rb);
         if (m == 0 && ahead)
-          _mm_prefetch(reinterpret_cast<const char*>(w + c) + far, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(w + c) + far.bytes, _MM_HINT_T0);
         acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_loadu_si512(w + c), av);
       }
     }
