@@ -95,19 +95,18 @@ inline void store_tile(float* Y, int64_t ldy, int64_t r, int64_t m0, const __m25
 
 // R weight rows (r .. r+R-1) against a tile of MT activation rows (m0 ..
 // m0+MT-1): the R rows stream from memory side by side (R independent streams
-// keep enough loads in flight; the rows ahead_of(rb) on are prefetched while the first
+// keep enough loads in flight; the rows `far` on are prefetched while the first
 // tile computes), and each weight block is loaded, its signs taken and its
 // scales converted once for all MT activation rows; each activation block is
 // loaded once for all R. Each (row, activation row) pair is reduced in the same
 // order whatever R, MT and M are: a row's result does not depend on its batch.
 template <WType T, bool VNNI, int R, int MT>
 inline void rows_q8_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                         int64_t m0, bool accumulate) {
+                         int64_t m0, bool accumulate, const Ahead& far) {
   constexpr std::size_t BB = T == WType::q8_0 ? 34 : 18;
   const int64_t nb = W.cols / 32;
   const std::size_t rb = W.row_bytes();
   const uint8_t* row0 = W.row(r);
-  const Ahead far = ahead_of(rb);
   const bool ahead = m0 == 0 && r + R + far.rows <= r_end;
   const int8_t* a[MT];
   const float* da[MT];
@@ -237,13 +236,12 @@ inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i s, __m256i scale16) {
 // group g), spread to bit 4 of each unpacked byte.
 template <bool Q5, bool VNNI, int R, int MT>
 inline void rows_q45_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                            int64_t m0, bool accumulate) {
+                            int64_t m0, bool accumulate, const Ahead& far) {
   constexpr int BB = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
   const int64_t nb = W.cols / 256;
   const std::size_t rb = W.row_bytes();
   const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   const uint8_t* row0 = W.row(r);
-  const Ahead far = ahead_of(rb);
   const bool ahead = m0 == 0 && r + R + far.rows <= r_end;
   float acc[R][MT] = {};
   __m256 accv[R][MT]; // the scaled products, kept in lanes until the row ends
@@ -308,7 +306,7 @@ inline void rows_q45_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int6
 // the activation sums of every 16.
 template <bool VNNI, int R, int MT>
 inline void rows_q6_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                           int64_t m0, bool accumulate) {
+                           int64_t m0, bool accumulate, const Ahead& far) {
   const int64_t nb = W.cols / 256;
   const std::size_t rb = W.row_bytes();
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
@@ -318,7 +316,6 @@ inline void rows_q6_K_tile(const WMatrix& W, const QuantActs& A, float* Y, int64
     pick[k] = _mm256_set_m128i(_mm_set1_epi16(static_cast<short>((4 * k + 2) | ((4 * k + 3) << 8))),
                                _mm_set1_epi16(static_cast<short>((4 * k) | ((4 * k + 1) << 8))));
   const uint8_t* row0 = W.row(r);
-  const Ahead far = ahead_of(rb);
   const bool ahead = m0 == 0 && r + R + far.rows <= r_end;
   __m256 accv[R][MT]; // the scaled products, kept in lanes until the row ends
   for (int i = 0; i < R; ++i)
@@ -411,14 +408,13 @@ inline __m256i nibbles32(const uint8_t* p) {
 // reduces in one order whatever R, MT and M are.
 template <WType T, bool VNNI, int R, int MT>
 inline void rows_q32_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                          int64_t m0, bool accumulate) {
+                          int64_t m0, bool accumulate, const Ahead& far) {
   constexpr std::size_t BB = T == WType::q4_1 ? 20 : T == WType::q5_0 ? 22 : T == WType::q5_1 ? 24 : 18;
   constexpr bool MIN = T == WType::q4_1 || T == WType::q5_1;
   constexpr std::size_t QS = T == WType::q4_1 ? 4 : T == WType::q5_0 ? 6 : T == WType::q5_1 ? 8 : 2;
   const int64_t nb = W.cols / 32;
   const std::size_t rb = W.row_bytes();
   const uint8_t* row0 = W.row(r);
-  const Ahead far = ahead_of(rb);
   const bool ahead = m0 == 0 && r + R + far.rows <= r_end;
   const __m256i table = iq4_table(), bit5 = _mm256_set1_epi8(0x10);
   const __m256i table_u = _mm256_xor_si256(table, _mm256_set1_epi8(static_cast<char>(0x80))); // K + 128
@@ -481,7 +477,7 @@ inline void rows_q32_tile(const WMatrix& W, const QuantActs& A, float* Y, int64_
 // one byte shuffle, and the scales (mins) meet the activation sums in one madd.
 template <WType T, bool VNNI, int R>
 inline void rows_q23_K_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                             bool accumulate) {
+                             bool accumulate, const Ahead& far) {
   constexpr std::size_t BB = T == WType::q2_K ? 84 : 110;
   const int64_t nb = W.cols / 256;
   const std::size_t rb = W.row_bytes();
@@ -492,7 +488,6 @@ inline void rows_q23_K_block(const WMatrix& W, const QuantActs& A, float* Y, int
     pick[j] = _mm256_set_m128i(_mm_set1_epi16(static_cast<short>((4 * j + 2) | ((4 * j + 3) << 8))),
                                _mm_set1_epi16(static_cast<short>((4 * j) | ((4 * j + 1) << 8))));
   const uint8_t* row0 = W.row(r);
-  const Ahead far = ahead_of(rb);
   const bool ahead = r + R + far.rows <= r_end;
   for (int64_t m = 0; m < A.rows; ++m) {
     const int8_t* a = A.q.data() + m * A.cols;
@@ -573,12 +568,11 @@ inline void rows_q23_K_block(const WMatrix& W, const QuantActs& A, float* Y, int
 // then each group's int16 pair sums times its scale.
 template <bool VNNI, int R>
 inline void rows_iq4_xs_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                              bool accumulate) {
+                              bool accumulate, const Ahead& far) {
   const int64_t nb = W.cols / 256;
   const std::size_t rb = W.row_bytes();
   const __m256i table = iq4_table();
   const uint8_t* row0 = W.row(r);
-  const Ahead far = ahead_of(rb);
   const bool ahead = r + R + far.rows <= r_end;
   for (int64_t m = 0; m < A.rows; ++m) {
     const int8_t* a = A.q.data() + m * A.cols;
@@ -646,6 +640,7 @@ inline void by_fours(int64_t r0, int64_t r1, F&& f) {
 
 template <bool VNNI>
 void rows_impl(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1, bool acc) {
+  const Ahead far = ahead_of(W.row_bytes()); // (once a product: a division)
   // Weight rows four at a time, each group against the activation rows in tiles.
   auto tiled = [&](auto kernel) {
     by_fours(r0, r1, [&](auto R, int64_t r) {
@@ -654,13 +649,13 @@ void rows_impl(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int6
   };
   // The 32-value families, one template each, the type as a constant.
   auto q8 = [&](auto T) {
-    tiled([&](auto R, auto MT, int64_t r, int64_t m0) { rows_q8_tile<T(), VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc); });
+    tiled([&](auto R, auto MT, int64_t r, int64_t m0) { rows_q8_tile<T(), VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc, far); });
   };
   auto q32 = [&](auto T) {
-    tiled([&](auto R, auto MT, int64_t r, int64_t m0) { rows_q32_tile<T(), VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc); });
+    tiled([&](auto R, auto MT, int64_t r, int64_t m0) { rows_q32_tile<T(), VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc, far); });
   };
   auto k45 = [&](auto Q5) {
-    tiled([&](auto R, auto MT, int64_t r, int64_t m0) { rows_q45_K_tile<Q5(), VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc); });
+    tiled([&](auto R, auto MT, int64_t r, int64_t m0) { rows_q45_K_tile<Q5(), VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc, far); });
   };
   using T = WType;
   switch (W.type) {
@@ -673,13 +668,13 @@ void rows_impl(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int6
     case T::q4_K: return k45(std::false_type{});
     case T::q5_K: return k45(std::true_type{});
     case WType::q6_K:
-      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) { rows_q6_K_tile<VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc); });
+      return tiled([&](auto R, auto MT, int64_t r, int64_t m0) { rows_q6_K_tile<VNNI, R, MT>(W, A, Y, ldy, r, r1, m0, acc, far); });
     case WType::q2_K:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q23_K_block<WType::q2_K, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q23_K_block<WType::q2_K, VNNI, R>(W, A, Y, ldy, r, r1, acc, far); });
     case WType::q3_K:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q23_K_block<WType::q3_K, VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_q23_K_block<WType::q3_K, VNNI, R>(W, A, Y, ldy, r, r1, acc, far); });
     case WType::iq4_xs:
-      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_iq4_xs_block<VNNI, R>(W, A, Y, ldy, r, r1, acc); });
+      return by_fours(r0, r1, [&](auto R, int64_t r) { rows_iq4_xs_block<VNNI, R>(W, A, Y, ldy, r, r1, acc, far); });
     case WType::f32: case WType::f16: case WType::bf16:
       return; // fused_available() is false for these: never called
   }

@@ -1036,14 +1036,13 @@ void fused_rows_vnni(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy
 namespace {
 
 // bf16 x bf16 pairs into f32 lanes (vdpbf16ps), R weight rows side by side with
-// the rows ahead_of(rb) on prefetched (as the int8 kernels); a tail of cols % 32 in scalar.
+// the rows `far` on prefetched (as the int8 kernels); a tail of cols % 32 in scalar.
 template <int R>
 void bf16_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r, int64_t r_end,
-                bool accumulate) {
+                bool accumulate, const vnni::Ahead& far) {
   const int64_t cols = W.cols, main = cols / 32 * 32;
   const std::size_t rb = W.row_bytes();
   const auto* w0 = reinterpret_cast<const uint16_t*>(W.row(r));
-  const vnni::Ahead far = vnni::ahead_of(rb);
   const bool ahead = r + R + far.rows <= r_end;
   for (int64_t m = 0; m < A.rows; ++m) {
     const uint16_t* a = A.bf.data() + m * cols;
@@ -1079,7 +1078,8 @@ void bf16_block(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int
 
 void fused_rows_bf16(const WMatrix& W, const QuantActs& A, float* Y, int64_t ldy, int64_t r0, int64_t r1,
                      bool accumulate) {
-  vnni::by_fours(r0, r1, [&](auto R, int64_t r) { bf16_block<R>(W, A, Y, ldy, r, r1, accumulate); });
+  const vnni::Ahead far = vnni::ahead_of(W.row_bytes());
+  vnni::by_fours(r0, r1, [&](auto R, int64_t r) { bf16_block<R>(W, A, Y, ldy, r, r1, accumulate, far); });
 }
 
 } // namespace strata::model::detail
