@@ -142,6 +142,23 @@ TEST(PackedWeightsPairs, StaggeredSessionsThroughTwoShardsWithFaultsEqualStatele
   staggered_with_faults(sys, "qwen2-w896-rand-q4_k_m.gguf", "f32", true, actors::SchedulerLimits{}.prefill_chunk, crowd);
 }
 
+// The same crowd over a Qwen3-MoE Q4_K_M file: its experts' products (short
+// rows, q4_K and q6_K, prefetched rows ahead by bytes: kernels_q_impl.hpp's
+// ahead_of) run for rows that chose different experts, across two shards; the
+// tail evicts session 2, the head is killed under session 5; each equals the
+// single-process stateless run bit for bit.
+TEST(PackedWeightsMoe, StaggeredSessionsThroughTwoShardsWithFaultsEqualStateless) {
+  actors::actor_config cfg;
+  caf::actor_system sys{cfg};
+  Crowd crowd;
+  crowd.family = "qwen3moe-rand";
+  crowd.ref_file = "qwen3moe-rand-q4_k_m.gguf";
+  crowd.ranges = "0,1";
+  crowd.evict_at = 1;
+  crowd.kill_at = 0;
+  staggered_with_faults(sys, "qwen3moe-rand-q4_k_m.gguf", "f32", true, actors::SchedulerLimits{}.prefill_chunk, crowd);
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, KvDtypes, ::testing::Values("f32", "bf16", "f16", "q8_0"),
                          [](const auto& info) { return std::string(info.param); });
 
