@@ -130,16 +130,22 @@ INSTANTIATE_TEST_SUITE_P(Files, PackedWeights, ::testing::Values("q8_0", "q4_k_m
 // its q6_K and q4_K down projections as groups of 16 and pairs of blocks), over
 // its two layers as two shards: the tail evicts session 2, the head is killed
 // under session 5; each equals the single-process stateless run bit for bit.
-TEST(PackedWeightsPairs, StaggeredSessionsThroughTwoShardsWithFaultsEqualStateless) {
+// The crowd over a two-layer file `family`-`type`.gguf as two shards: the tail
+// evicts session 2, the head is killed under session 5.
+void two_shard_crowd(const std::string& family, const std::string& type) {
   actors::actor_config cfg;
   caf::actor_system sys{cfg};
   Crowd crowd;
-  crowd.family = "qwen2-w896-rand";
-  crowd.ref_file = "qwen2-w896-rand-q4_k_m.gguf";
+  crowd.family = family;
+  crowd.ref_file = family + "-" + type + ".gguf";
   crowd.ranges = "0,1";
   crowd.evict_at = 1;
   crowd.kill_at = 0;
-  staggered_with_faults(sys, "qwen2-w896-rand-q4_k_m.gguf", "f32", true, actors::SchedulerLimits{}.prefill_chunk, crowd);
+  staggered_with_faults(sys, crowd.ref_file, "f32", true, actors::SchedulerLimits{}.prefill_chunk, crowd);
+}
+
+TEST(PackedWeightsPairs, StaggeredSessionsThroughTwoShardsWithFaultsEqualStateless) {
+  two_shard_crowd("qwen2-w896-rand", "q4_k_m");
 }
 
 // The same crowd over a Qwen3-MoE Q4_K_M file: its experts' products (short
@@ -148,15 +154,7 @@ TEST(PackedWeightsPairs, StaggeredSessionsThroughTwoShardsWithFaultsEqualStatele
 // tail evicts session 2, the head is killed under session 5; each equals the
 // single-process stateless run bit for bit.
 TEST(PackedWeightsMoe, StaggeredSessionsThroughTwoShardsWithFaultsEqualStateless) {
-  actors::actor_config cfg;
-  caf::actor_system sys{cfg};
-  Crowd crowd;
-  crowd.family = "qwen3moe-rand";
-  crowd.ref_file = "qwen3moe-rand-q4_k_m.gguf";
-  crowd.ranges = "0,1";
-  crowd.evict_at = 1;
-  crowd.kill_at = 0;
-  staggered_with_faults(sys, "qwen3moe-rand-q4_k_m.gguf", "f32", true, actors::SchedulerLimits{}.prefill_chunk, crowd);
+  two_shard_crowd("qwen3moe-rand", "q4_k_m");
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, KvDtypes, ::testing::Values("f32", "bf16", "f16", "q8_0"),
