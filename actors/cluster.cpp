@@ -231,12 +231,16 @@ void LocalCluster::evict(std::size_t i, const std::string& session, msg::miss_re
   caf::anon_send(injector(i), atom::evict_atom_v, session, static_cast<uint8_t>(why));
 }
 
-void LocalCluster::desync(std::size_t i) {
-  caf::anon_send(injector(i), atom::desync_atom_v);
+void LocalCluster::desync(std::size_t i, const std::string& session) {
+  caf::scoped_actor self{sys_};
+  self->request(injector(i), std::chrono::seconds(10), atom::desync_atom_v, session)
+    .receive([] {}, [](caf::error&) {});
 }
 
-void LocalCluster::duplicate_next(std::size_t i) {
-  caf::anon_send(injector(i), atom::dup_atom_v);
+void LocalCluster::duplicate_next(std::size_t i, const std::string& session) {
+  caf::scoped_actor self{sys_};
+  self->request(injector(i), std::chrono::seconds(10), atom::dup_atom_v, session)
+    .receive([] {}, [](caf::error&) {});
 }
 
 int64_t LocalCluster::bump_epoch() {
@@ -253,8 +257,8 @@ void LocalCluster::apply(const Injection& inj, const std::string& session) {
     case Injection::evict: evict(static_cast<std::size_t>(inj.shard), session, inj.reason); break;
     case Injection::kill: kill_and_replace(static_cast<std::size_t>(inj.shard)); break;
     case Injection::epoch: bump_epoch(); break;
-    case Injection::desync: desync(static_cast<std::size_t>(inj.shard)); break;
-    case Injection::dup: duplicate_next(static_cast<std::size_t>(inj.shard)); break;
+    case Injection::desync: desync(static_cast<std::size_t>(inj.shard), session); break;
+    case Injection::dup: duplicate_next(static_cast<std::size_t>(inj.shard), session); break;
     case Injection::freeze: break; // parse_injections refuses it in process
   }
 }

@@ -99,8 +99,10 @@ public:
   // Failure injection.
   void kill_and_replace(std::size_t i);
   void evict(std::size_t i, const std::string& session, msg::miss_reason why);
-  void desync(std::size_t i);
-  void duplicate_next(std::size_t i);
+  /// The session's next request at shard i carries a wrong past_len.
+  void desync(std::size_t i, const std::string& session);
+  /// The session's next decode request at shard i is delivered twice.
+  void duplicate_next(std::size_t i, const std::string& session);
   int64_t bump_epoch();
   void apply(const Injection& inj, const std::string& session);
 

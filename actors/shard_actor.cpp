@@ -5,6 +5,7 @@
 #include "model/transformer/sampler.hpp"
 
 #include <cstring>
+#include <optional>
 
 namespace strata::actors {
 
@@ -68,6 +69,19 @@ void shard_state::adopt(self_ptr self, const caf::strong_actor_ptr& owner, const
   if (fresh)
     self->monitor(owner);
   it->second.insert(session);
+}
+
+caf::result<void> shard_state::inject_next(std::set<std::string>& set, const std::string& session,
+                                           const char* what) {
+  constexpr std::size_t max_id = 1024;
+  if (session.empty() || session.size() > max_id)
+    return caf::make_error(ec::bad_request, std::string(what) + " injection needs a session id of 1-" +
+                                              std::to_string(max_id) + " bytes, not " + std::to_string(session.size()));
+  if (set.size() >= max_injected && !set.count(session))
+    return caf::make_error(ec::overloaded, std::string(what) + " injection: " + std::to_string(max_injected) +
+                                             " sessions are already waiting for one");
+  set.insert(session);
+  return caf::unit;
 }
 
 void shard_state::disown(const std::string& session) {
@@ -190,6 +204,11 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
   q.rows = T;
   q.from = from;
   q.rebuilt = rebuilt;
+  // An injected duplicate is a copy of the request as it came (its hidden state
+  // is moved out below).
+  std::optional<msg::step_request> dup_copy;
+  if (mode == step_mode::decode && dup_next.count(req.session) != 0)
+    dup_copy = req;
   if (!head) {
     try {
       auto a = req.hidden.to_activation();
@@ -211,15 +230,14 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
   }
 
   // Failure injection hooks.
-  if (desync_next && !rebuilt) {
-    desync_next = false;
+  if (!rebuilt && desync_next.erase(req.session) > 0) {
     req.past_len += 1;
     q.from += 1;
   }
-  if (dup_next && mode == step_mode::decode) {
-    dup_next = false;
+  if (dup_copy) {
+    dup_next.erase(req.session);
     // The same step once more; its answer comes back here and is dropped.
-    self->request(caf::actor_cast<msg::shard_actor>(self), std::chrono::minutes(1), req)
+    self->request(caf::actor_cast<msg::shard_actor>(self), std::chrono::minutes(1), std::move(*dup_copy))
       .then([](const step_reply&) {}, [](caf::error&) {});
   }
 
@@ -616,6 +634,8 @@ shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::sha
     },
     [=](atom::release_atom, const std::string& session, const msg::session_key& key) {
       auto& st = self->state;
+      st.desync_next.erase(session); // (injected on a replica its route never took)
+      st.dup_next.erase(session);
       if (!st.store->release(session, key)) { // a refused one (another owner's id) is counted in conflicts
         st.disown(session);
         st.not_coming_back(self, session);
@@ -661,8 +681,12 @@ shard_impl_actor::behavior_type shard_actor(shard_state::self_ptr self, std::sha
       else
         self->state.store->evict(session, static_cast<msg::miss_reason>(reason));
     },
-    [=](atom::desync_atom) { self->state.desync_next = true; },
-    [=](atom::dup_atom) { self->state.dup_next = true; },
+    [=](atom::desync_atom, const std::string& session) -> caf::result<void> {
+      return self->state.inject_next(self->state.desync_next, session, "desync");
+    },
+    [=](atom::dup_atom, const std::string& session) -> caf::result<void> {
+      return self->state.inject_next(self->state.dup_next, session, "dup");
+    },
     [=](atom::crash_atom) -> caf::result<void> {
       if (!self->state.hooks.crash)
         return caf::make_error(ec::bad_request, "crash injection needs a node process");

@@ -78,8 +78,10 @@ struct shard_state {
   uint64_t computed = 0, recomputed = 0; ///< layer-tokens (shard_stats)
   std::unique_ptr<PrefixIds> prefix_ids; ///< the head's keyed block ids (prefix_ids.hpp)
   msg::cache_recipe recipe;
-  bool desync_next = false;
-  bool dup_next = false;
+  /// Sessions whose next request is desynchronised / duplicated (injection;
+  /// at most max_injected each, further ones are refused).
+  std::set<std::string> desync_next, dup_next;
+  static constexpr std::size_t max_injected = 1024;
   uint64_t steps = 0;
   uint64_t duplicates = 0;
   std::chrono::milliseconds lease_period{1000};
@@ -105,6 +107,9 @@ struct shard_state {
   void adopt(self_ptr self, const caf::strong_actor_ptr& owner, const std::string& session);
   /// `session` is no longer filed under any owner (released, expired, re-opened).
   void disown(const std::string& session);
+  /// Files `session` in `set` (desync_next or dup_next); an error naming `what`
+  /// when the session id is too long or the set is full.
+  caf::result<void> inject_next(std::set<std::string>& set, const std::string& session, const char* what);
   msg::shard_stats stats() const;
 };
 

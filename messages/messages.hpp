@@ -212,12 +212,13 @@ using shard_actor = caf::typed_actor<caf::replies_to<step_request>::with<step_re
 /// Failure injection on a shard: a separate interface, held only by tools and
 /// tests that inject (never by sessions or the supervisor).
 ///   (evict_atom, session, uint8 reason) -> drops one session's caches ("" = all)
-///   (desync_atom)                       -> the next request is treated as carrying a wrong past_len
-///   (dup_atom)                          -> the next decode request is applied twice
+///   (desync_atom, session)              -> the session's next request is treated as carrying a wrong past_len
+///   (dup_atom, session)                 -> the session's next decode request is applied twice
 ///   (crash_atom)                        -> the node process exits abruptly (nodes only)
 ///   (freeze_atom, ms)                   -> the node process stops answering for ms (nodes only)
 using shard_injection_actor = caf::typed_actor<caf::replies_to<atom::evict_atom, std::string, uint8_t>::with<void>,
-                                               caf::reacts_to<atom::desync_atom>, caf::reacts_to<atom::dup_atom>,
+                                               caf::replies_to<atom::desync_atom, std::string>::with<void>,
+                                               caf::replies_to<atom::dup_atom, std::string>::with<void>,
                                                caf::replies_to<atom::crash_atom>::with<void>,
                                                caf::replies_to<atom::freeze_atom, int64_t>::with<void>>;
 

@@ -40,20 +40,28 @@ void apply_remote_injection(caf::actor_system& sys, msg::supervisor_actor superv
   switch (inj.kind) {
     case actors::Injection::kill: crash_and_wait(sys, supervisor, shard); break;
     case actors::Injection::freeze: self->send(target, atom::freeze_atom_v, int64_t{3000}); break;
-    case actors::Injection::evict: {
-      // The session's cache for hop I's layers lives on whichever replica its
-      // route took, which need not be the one in the current plan: evict the
-      // session on every node serving those layers (a no-op where it has none).
+    case actors::Injection::evict:
+    case actors::Injection::desync:
+    case actors::Injection::dup: {
+      // The session's cache for hop I's layers (and its next step there) lives on
+      // whichever replica its route took, which need not be the one in the
+      // current plan: inject on every node serving those layers (a no-op where
+      // the session never comes), each answering once the fault is in place.
       const auto& hop = plan.hops[static_cast<std::size_t>(inj.shard)];
-      for (auto& h : cluster_view(sys, supervisor).hops)
-        if (h.first == hop.first && h.last == hop.last)
-          self->request(caf::actor_cast<msg::shard_injection_actor>(h.shard), 10s, atom::evict_atom_v, session,
-                        static_cast<uint8_t>(inj.reason))
-            .receive([] {}, [](caf::error&) {});
+      for (auto& h : cluster_view(sys, supervisor).hops) {
+        if (h.first != hop.first || h.last != hop.last)
+          continue;
+        auto t = caf::actor_cast<msg::shard_injection_actor>(h.shard);
+        auto ignore = [](caf::error&) {};
+        if (inj.kind == actors::Injection::evict)
+          self->request(t, 10s, atom::evict_atom_v, session, static_cast<uint8_t>(inj.reason)).receive([] {}, ignore);
+        else if (inj.kind == actors::Injection::desync)
+          self->request(t, 10s, atom::desync_atom_v, session).receive([] {}, ignore);
+        else
+          self->request(t, 10s, atom::dup_atom_v, session).receive([] {}, ignore);
+      }
       break;
     }
-    case actors::Injection::desync: self->send(target, atom::desync_atom_v); break;
-    case actors::Injection::dup: self->send(target, atom::dup_atom_v); break;
     case actors::Injection::epoch: break;
   }
 }

@@ -152,7 +152,11 @@ TEST_F(ActorRuntime, DuplicateNeverAdvancesACacheTwice) {
   EXPECT_EQ(out.result.ids, stateless_ids("builtin:tiny", {1, 40}, 30));
   auto stats = c.stats();
   ASSERT_EQ(stats.size(), 2u);
-  EXPECT_GE(stats[0].duplicates + stats[1].duplicates, 2u);
+  // Shard 0's duplicate reaches shard 1 twice as well; shard 1's own is a copy
+  // of the step with its hidden state (before, shard 1 duplicated an emptied
+  // request, refused, and counted nothing).
+  EXPECT_GE(stats[0].duplicates, 1u);
+  EXPECT_GE(stats[1].duplicates, 2u);
   EXPECT_EQ(out.result.reprefills, 0u) << "a duplicate is absorbed, not a miss";
 }
 
@@ -189,6 +193,44 @@ TEST_F(ActorRuntime, ShardActorsComputeOnTheOneMathThread) {
     rounds += st.rounds;
   EXPECT_GT(rounds, 0u);
   EXPECT_GE(ran, rounds) << "a round computed off the math thread";
+}
+
+// A fault is aimed at the session that injects it: four clients at once, one
+// desynchronising its own next step at the head shard, one duplicating its own
+// next decode step at the tail; the other clients' steps in between meet
+// nothing (before, the shard desynchronised whichever session came next).
+TEST_F(ActorRuntime, FaultsHitOnlyTheSessionThatAsksForThem) {
+  LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-1,2-4"));
+  constexpr int n = 4;
+  auto prompt = [](int i) { return std::vector<int32_t>{1, static_cast<int32_t>(30 + 5 * i), 7}; };
+  std::vector<actors::Outcome> outs(n);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n; ++i)
+    clients.emplace_back([&, i] {
+      std::vector<Injection> faults;
+      if (i == 1)
+        faults.push_back(Injection{Injection::desync, 0, 6, {}});
+      if (i == 2)
+        faults.push_back(Injection{Injection::dup, 1, 7, {}});
+      outs[static_cast<std::size_t>(i)] = c.generate(request("aim-" + std::to_string(i), prompt(i), 20, c.config()), faults);
+    });
+  for (auto& t : clients)
+    t.join();
+  for (int i = 0; i < n; ++i) {
+    const auto& o = outs[static_cast<std::size_t>(i)];
+    ASSERT_TRUE(o.ok()) << "client " << i << ": " << sys.render(o.error);
+    EXPECT_EQ(o.result.ids, stateless_ids("builtin:tiny", prompt(i), 20)) << "client " << i;
+    uint64_t misses = 0;
+    for (auto m : o.result.misses)
+      misses += m;
+    EXPECT_EQ(misses, i == 1 ? 1u : 0u) << "client " << i;
+    EXPECT_EQ(o.result.reprefills, i == 1 ? 1u : 0u) << "client " << i;
+  }
+  EXPECT_EQ(outs[1].result.misses[static_cast<std::size_t>(miss_reason::seq_mismatch)], 1u);
+  const auto stats = c.stats();
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[0].duplicates, 0u);
+  EXPECT_GE(stats[1].duplicates, 1u) << "the duplicated step came back as a duplicate";
 }
 
 TEST_F(ActorRuntime, SixteenConcurrentSessionsUnderATightBudget) {
