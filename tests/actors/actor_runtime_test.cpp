@@ -233,6 +233,41 @@ TEST_F(ActorRuntime, FaultsHitOnlyTheSessionThatAsksForThem) {
   EXPECT_GE(stats[1].duplicates, 1u) << "the duplicated step came back as a duplicate";
 }
 
+// The injection interface checks what it is told too: a desync or dup names a
+// session id of 1-1,024 bytes, and at most 1,024 sessions wait for one at a
+// shard; each refusal is a typed error naming the injection.
+TEST_F(ActorRuntime, AimedInjectionsRefuseBadSessionIdsAndAFullShard) {
+  std::shared_ptr<model::Shard> shard = model::Shard::load("builtin:tiny", {0, 4});
+  auto a = caf::actor_cast<msg::shard_injection_actor>(actors::spawn_shard(sys, shard));
+  caf::scoped_actor self{sys};
+  auto inject = [&](bool desync, const std::string& session) {
+    caf::error err;
+    auto done = [] {};
+    auto failed = [&](caf::error& e) { err = e; };
+    if (desync)
+      self->request(a, std::chrono::seconds(5), atom::desync_atom_v, session).receive(done, failed);
+    else
+      self->request(a, std::chrono::seconds(5), atom::dup_atom_v, session).receive(done, failed);
+    return err;
+  };
+  const auto empty = inject(true, "");
+  EXPECT_EQ(empty, ec::bad_request);
+  EXPECT_NE(sys.render(empty).find("desync injection needs a session id of 1-1024 bytes, not 0"), std::string::npos)
+    << sys.render(empty);
+  const auto longer = inject(false, std::string(1025, 's'));
+  EXPECT_EQ(longer, ec::bad_request);
+  EXPECT_NE(sys.render(longer).find("dup injection needs a session id of 1-1024 bytes, not 1025"), std::string::npos)
+    << sys.render(longer);
+  for (int i = 0; i < 1024; ++i)
+    ASSERT_FALSE(inject(true, "s" + std::to_string(i))) << i;
+  EXPECT_FALSE(inject(true, "s7")) << "a session already waiting takes no more room";
+  const auto full = inject(true, "s1024");
+  EXPECT_EQ(full, ec::overloaded);
+  EXPECT_NE(sys.render(full).find("1024 sessions are already waiting for one"), std::string::npos) << sys.render(full);
+  EXPECT_FALSE(inject(false, "s1024")) << "the dup injections have room of their own";
+  caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
 TEST_F(ActorRuntime, SixteenConcurrentSessionsUnderATightBudget) {
   actors::ClusterOptions opts;
   // Room for only a few sessions' caches per shard: evictions are forced.
