@@ -35,6 +35,23 @@ msg::generation_request request(const std::string& what, std::vector<int32_t> pr
   return r;
 }
 
+// n clients at once, client i generating `tokens` after prompt(i) with the
+// faults faults(i); their outcomes in client order.
+template <class Prompt, class Faults>
+std::vector<actors::Outcome> concurrent_clients(LocalCluster& c, int n, const std::string& what, Prompt prompt,
+                                                int64_t tokens, Faults faults) {
+  std::vector<actors::Outcome> outs(static_cast<std::size_t>(n));
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n; ++i)
+    clients.emplace_back([&, i] {
+      outs[static_cast<std::size_t>(i)] =
+        c.generate(request(what + "-" + std::to_string(i), prompt(i), tokens, c.config()), faults(i));
+    });
+  for (auto& t : clients)
+    t.join();
+  return outs;
+}
+
 struct ActorRuntime : ::testing::Test {
   actors::actor_config cfg;
   caf::actor_system sys{cfg};
@@ -168,18 +185,9 @@ TEST_F(ActorRuntime, ShardActorsComputeOnTheOneMathThread) {
   LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-1,2-4"));
   const uint64_t before = model::math_tasks_run();
   constexpr int n = 4;
-  std::vector<actors::Outcome> outs(n);
-  std::vector<std::thread> clients;
-  for (int i = 0; i < n; ++i)
-    clients.emplace_back([&, i] {
-      std::vector<Injection> faults;
-      if (i == 1)
-        faults.push_back(Injection{Injection::evict, 1, 5, {}});
-      outs[static_cast<std::size_t>(i)] =
-        c.generate(request("math-" + std::to_string(i), {1, static_cast<int32_t>(40 + 3 * i)}, 12, c.config()), faults);
-    });
-  for (auto& t : clients)
-    t.join();
+  const auto outs = concurrent_clients(
+    c, n, "math", [](int i) { return std::vector<int32_t>{1, static_cast<int32_t>(40 + 3 * i)}; }, 12,
+    [](int i) { return i == 1 ? std::vector<Injection>{Injection{Injection::evict, 1, 5, {}}} : std::vector<Injection>{}; });
   const uint64_t ran = model::math_tasks_run() - before;
   for (int i = 0; i < n; ++i) {
     ASSERT_TRUE(outs[static_cast<std::size_t>(i)].ok()) << "client " << i;
@@ -203,19 +211,13 @@ TEST_F(ActorRuntime, FaultsHitOnlyTheSessionThatAsksForThem) {
   LocalCluster c(sys, "builtin:tiny", model::parse_layer_ranges("0-1,2-4"));
   constexpr int n = 4;
   auto prompt = [](int i) { return std::vector<int32_t>{1, static_cast<int32_t>(30 + 5 * i), 7}; };
-  std::vector<actors::Outcome> outs(n);
-  std::vector<std::thread> clients;
-  for (int i = 0; i < n; ++i)
-    clients.emplace_back([&, i] {
-      std::vector<Injection> faults;
-      if (i == 1)
-        faults.push_back(Injection{Injection::desync, 0, 6, {}});
-      if (i == 2)
-        faults.push_back(Injection{Injection::dup, 1, 7, {}});
-      outs[static_cast<std::size_t>(i)] = c.generate(request("aim-" + std::to_string(i), prompt(i), 20, c.config()), faults);
-    });
-  for (auto& t : clients)
-    t.join();
+  const auto outs = concurrent_clients(c, n, "aim", prompt, 20, [](int i) {
+    if (i == 1)
+      return std::vector<Injection>{Injection{Injection::desync, 0, 6, {}}};
+    if (i == 2)
+      return std::vector<Injection>{Injection{Injection::dup, 1, 7, {}}};
+    return std::vector<Injection>{};
+  });
   for (int i = 0; i < n; ++i) {
     const auto& o = outs[static_cast<std::size_t>(i)];
     ASSERT_TRUE(o.ok()) << "client " << i << ": " << sys.render(o.error);
