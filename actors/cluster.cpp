@@ -231,16 +231,24 @@ void LocalCluster::evict(std::size_t i, const std::string& session, msg::miss_re
   caf::anon_send(injector(i), atom::evict_atom_v, session, static_cast<uint8_t>(why));
 }
 
+namespace {
+
+// A fault aimed at `session` (desync_atom or dup_atom), once the shard has it in place.
+template <class Atom>
+void inject_aimed(caf::actor_system& sys, const msg::shard_injection_actor& shard, Atom what,
+                  const std::string& session) {
+  caf::scoped_actor self{sys};
+  self->request(shard, std::chrono::seconds(10), what, session).receive([] {}, [](caf::error&) {});
+}
+
+} // namespace
+
 void LocalCluster::desync(std::size_t i, const std::string& session) {
-  caf::scoped_actor self{sys_};
-  self->request(injector(i), std::chrono::seconds(10), atom::desync_atom_v, session)
-    .receive([] {}, [](caf::error&) {});
+  inject_aimed(sys_, injector(i), atom::desync_atom_v, session);
 }
 
 void LocalCluster::duplicate_next(std::size_t i, const std::string& session) {
-  caf::scoped_actor self{sys_};
-  self->request(injector(i), std::chrono::seconds(10), atom::dup_atom_v, session)
-    .receive([] {}, [](caf::error&) {});
+  inject_aimed(sys_, injector(i), atom::dup_atom_v, session);
 }
 
 int64_t LocalCluster::bump_epoch() {

@@ -51,14 +51,16 @@ void apply_remote_injection(caf::actor_system& sys, msg::supervisor_actor superv
       for (auto& h : cluster_view(sys, supervisor).hops) {
         if (h.first != hop.first || h.last != hop.last)
           continue;
-        auto t = caf::actor_cast<msg::shard_injection_actor>(h.shard);
-        auto ignore = [](caf::error&) {};
+        auto ask = [&](auto... xs) {
+          self->request(caf::actor_cast<msg::shard_injection_actor>(h.shard), 10s, xs...)
+            .receive([] {}, [](caf::error&) {});
+        };
         if (inj.kind == actors::Injection::evict)
-          self->request(t, 10s, atom::evict_atom_v, session, static_cast<uint8_t>(inj.reason)).receive([] {}, ignore);
+          ask(atom::evict_atom_v, session, static_cast<uint8_t>(inj.reason));
         else if (inj.kind == actors::Injection::desync)
-          self->request(t, 10s, atom::desync_atom_v, session).receive([] {}, ignore);
+          ask(atom::desync_atom_v, session);
         else
-          self->request(t, 10s, atom::dup_atom_v, session).receive([] {}, ignore);
+          ask(atom::dup_atom_v, session);
       }
       break;
     }
