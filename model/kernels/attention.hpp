@@ -25,6 +25,10 @@ struct CacheRows {
   /// Scores become softcap * tanh(score / softcap) before the softmax (0: off).
   float softcap = 0.f;
   WType type = WType::f32;
+  /// f32 keys stored by dimension (BlockPool's keys_by_dim): value i of key j
+  /// at blocks[j / block_tokens] + k_offset + (i * block_tokens + j %
+  /// block_tokens) * 4; row_stride then applies to the values only.
+  bool keys_by_dim = false;
 };
 
 /// Attention of query rows against a sequence's cached rows: out =

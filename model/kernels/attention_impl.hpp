@@ -632,42 +632,60 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
       qt[i] = vload<v16>(lane);
     }
     float tmp4[4][HD > 0 ? HD : max_head_dim];
-    prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.k_offset, 0, E::bytes(hd));
-    for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
-      const int64_t first = std::max<int64_t>(lo - j0, 0);
-      const uint8_t* kp = rows.blocks[b] + rows.k_offset + static_cast<std::size_t>(first) * rows.row_stride;
-      const int64_t cnt = std::min(bt, n - j0);
-      const std::size_t rs = rows.row_stride;
-      // The next block's keys of this head, ahead of use: blocks lie anywhere in
-      // the pool, so the hardware prefetcher starts over at each one.
-      prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.k_offset, 0, E::bytes(hd));
-      int64_t j = first;
-      for (; j + 4 <= cnt; j += 4, kp += 4 * rs) {
-        const float* k0 = E::row(kp, hd, tmp4[0]);
-        const float* k1 = E::row(kp + rs, hd, tmp4[1]);
-        const float* k2 = E::row(kp + 2 * rs, hd, tmp4[2]);
-        const float* k3 = E::row(kp + 3 * rs, hd, tmp4[3]);
-        v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
+    // BD: f32 keys by dimension (CacheRows::keys_by_dim): a key's value i is
+    // bt floats on, the next key one float on.
+    auto key_pass = [&](auto bd) __attribute__((always_inline)) {
+      constexpr bool BD = decltype(bd)::value;
+      const int64_t ks = BD ? bt : 1;
+      const std::size_t rs = BD ? sizeof(float) : rows.row_stride;
+      auto key = [&](const uint8_t* p, float* t) __attribute__((always_inline)) {
+        return BD ? reinterpret_cast<const float*>(p) : E::row(p, hd, t);
+      };
+      prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.k_offset, 0, E::bytes(hd));
+      for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
+        const int64_t first = std::max<int64_t>(lo - j0, 0);
+        const uint8_t* kp = rows.blocks[b] + rows.k_offset + static_cast<std::size_t>(first) * rs;
+        const int64_t cnt = std::min(bt, n - j0);
+        // The next block's keys of this head, ahead of use: blocks lie anywhere in
+        // the pool, so the hardware prefetcher starts over at each one. (By
+        // dimension a whole block's keys of the head are the same bytes.)
+        prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.k_offset, 0, E::bytes(hd));
+        int64_t j = first;
+        for (; j + 4 <= cnt; j += 4, kp += 4 * rs) {
+          const float* k0 = key(kp, tmp4[0]);
+          const float* k1 = key(kp + rs, tmp4[1]);
+          const float* k2 = key(kp + 2 * rs, tmp4[2]);
+          const float* k3 = key(kp + 3 * rs, tmp4[3]);
+          v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
 #pragma GCC unroll 4
-        for (int64_t i = 0; i < hd; ++i) {
-          const v16 qi = qt[i];
-          a0 += qi * k0[i];
-          a1 += qi * k1[i];
-          a2 += qi * k2[i];
-          a3 += qi * k3[i];
-        }
-        const v16 a[4] = {a0, a1, a2, a3};
+          for (int64_t i = 0; i < hd; ++i) {
+            const v16 qi = qt[i];
+            a0 += qi * k0[i * ks];
+            a1 += qi * k1[i * ks];
+            a2 += qi * k2[i * ks];
+            a3 += qi * k3[i * ks];
+          }
+          const v16 a[4] = {a0, a1, a2, a3};
 #pragma GCC unroll 1
-        for (int u = 0; u < 4; ++u)
-          finish(j0 + j + u, a[u]);
+          for (int u = 0; u < 4; ++u)
+            finish(j0 + j + u, a[u]);
+        }
+        for (; j < cnt; ++j, kp += rs) {
+          const float* k = key(kp, tmp);
+          v16 acc = v16{};
+          for (int64_t i = 0; i < hd; ++i)
+            acc += qt[i] * k[i * ks];
+          finish(j0 + j, acc);
+        }
       }
-      for (; j < cnt; ++j, kp += rs) {
-        const float* k = E::row(kp, hd, tmp);
-        v16 acc = v16{};
-        for (int64_t i = 0; i < hd; ++i)
-          acc += qt[i] * k[i];
-        finish(j0 + j, acc);
-      }
+    };
+    if constexpr (std::is_same_v<E, KvF32>) {
+      if (rows.keys_by_dim)
+        key_pass(std::true_type{});
+      else
+        key_pass(std::false_type{});
+    } else {
+      key_pass(std::false_type{});
     }
   }
   v16 part[16] = {};
@@ -728,7 +746,8 @@ inline __attribute__((always_inline)) void key_ptrs(const CacheRows& rows, std::
 // grouped-query attention) against keys [lo, n), in three steps (the scores,
 // the softmax weights, the value pass) that one item may spread over threads:
 // each step's numbers are the same bits however the work is split. Keys are the
-// lanes: 16 keys' rows are transposed (E::keys16) so that each head's scores of
+// lanes: 16 keys' rows are transposed (E::keys16; f32 keys stored by dimension,
+// CacheRows::keys_by_dim, are loaded as they lie) so that each head's scores of
 // 16 keys are one chain of hd multiply-adds (C groups of 16 keys at once: C * MH
 // chains, enough to hide the latency), and each head's softmax runs 16 keys a
 // vector. Every number is the same bits as attend_rows gives the same query
@@ -764,7 +783,9 @@ inline __attribute__((always_inline)) void finish_heads_chunk(const v16* acc, co
 // Step 1: the scores of chunks [k0, k1) of keys [lo, n) (chunk k holds keys
 // base + 16 k .. + 15, base = lo rounded down to 16), and each head's maximum of
 // them, lane by lane, at mx + 16 h.
-template <class E, int HD, int MH>
+// BD: f32 keys stored by dimension (CacheRows::keys_by_dim): 16 keys' value i
+// is one vector load, no transposition.
+template <class E, int HD, int MH, bool BD = false>
 inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int64_t m, const CacheRows& rows,
                                                              int64_t n, int64_t hd_rt, float scale, float* scores,
                                                              int64_t k0, int64_t k1, float* mx_out) {
@@ -784,9 +805,17 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
   const int64_t lo = keys.lo, base = keys.base, end = std::min(n, base + 16 * k1);
   v16 mx[MH];
   std::fill_n(mx, MH, v16{} - INFINITY);
-  v16 kt[C][HM];
+  v16 kt[BD ? 1 : C][BD ? 1 : HM];
   const uint8_t* ptr[16];
   const int64_t kbytes = E::bytes(hd);
+  const int64_t bt = rows.block_tokens;
+  // BD: the 16 keys of a group from key j (a multiple of 16: one block holds
+  // them), value 0; value i is bt floats on.
+  auto by_dim = [&](int64_t j) __attribute__((always_inline)) {
+    return reinterpret_cast<const float*>(rows.blocks[j / bt] + rows.k_offset +
+                                          static_cast<std::size_t>(j % bt) * sizeof(float));
+  };
+  const float* kd[C];
   for (int64_t c0 = base + 16 * k0; c0 < end; c0 += 16 * C) {
     // The keys two groups ahead, while these are computed (blocks lie anywhere
     // in the pool: the hardware prefetcher starts over at each one), a chunk's
@@ -794,6 +823,16 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
     // once filled the line buffers and stalled the loads behind it.
     for (int c = 0; c < C; ++c) {
       const int64_t ahead = c0 + 16 * (2 * C + c);
+      if constexpr (BD) {
+        if (ahead < end) {
+          const float* pa = by_dim(ahead);
+          for (int64_t i = 0; i < hd; ++i)
+            __builtin_prefetch(pa + i * bt, 0, 3);
+        }
+        // (a group past the end reads the first group's keys: its scores are not stored)
+        kd[c] = by_dim(c0 + 16 * c < end ? c0 + 16 * c : c0);
+        continue;
+      }
       if (ahead < end) {
         key_ptrs(rows, rows.k_offset, ahead, lo, n, ptr);
         for (int r = 0; r < 16; ++r)
@@ -808,7 +847,7 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
     for (int64_t i = 0; i < hd; ++i) {
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) {
-        const v16 k = kt[c][i];
+        const v16 k = BD ? vload<v16>(kd[c] + i * bt) : kt[BD ? 0 : c][BD ? 0 : i];
 #pragma GCC unroll 16
         for (int h = 0; h < MH; ++h)
           acc[c][h] += qb[h][i] * k;
@@ -1029,6 +1068,14 @@ inline __attribute__((always_inline)) void heads_scores_lanes(const float* q, in
       default: return heads_scores_q8_impl<0, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
     }
   } else {
+    if constexpr (std::is_same_v<E, KvF32>)
+      if (rows.keys_by_dim)
+        switch (hd) {
+          case 64: return heads_scores_impl<E, 64, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+          case 128: return heads_scores_impl<E, 128, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+          case 256: return heads_scores_impl<E, 256, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+          default: return heads_scores_impl<E, 0, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+        }
     switch (hd) {
       case 64: return heads_scores_impl<E, 64, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
       case 128: return heads_scores_impl<E, 128, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);

@@ -208,7 +208,7 @@ struct Pass {
     const int64_t g = w.head / (c.n_heads / c.n_kv_heads);
     return detail::CacheRows{q.view.blocks_of(l).data(), BlockPool::block_tokens, pool->head_row_bytes(),
                              pool->k_offset(l, 0, g), pool->v_offset(l, 0, g), window, softcap,
-                             pool->shape().kv_type};
+                             pool->shape().kv_type, pool->key_step() > 1};
   }
 
   void attention(int64_t l) {
@@ -557,8 +557,8 @@ struct Pass {
           }
           rope(row, c.n_heads, pos, local);
           rope(row + Q, c.n_kv_heads, pos, local);
-          for (int64_t g = 0; g < c.n_kv_heads; ++g) { // f32: a copy
-            quantize(kv_type, row + Q + g * hd, q.view.k(l, pos, g), hd);
+          for (int64_t g = 0; g < c.n_kv_heads; ++g) { // f32: a copy (keys by dimension)
+            q.view.put_key(l, pos, g, row + Q + g * hd, hd);
             quantize(kv_type, row + Q + KV + g * hd, q.view.v(l, pos, g), hd);
           }
         }

@@ -32,6 +32,7 @@ BlockPool::BlockPool(CacheShape shape, int64_t capacity, uint64_t owner)
     layer_index_.push_back(shape.is_local(l) ? n_local_++ : global++);
   row_bytes_ = shape.kv_row_bytes();
   head_bytes_ = shape.head_row_bytes();
+  keys_by_dim_ = shape.keys_by_dim();
   own_block_bytes_ = static_cast<std::size_t>((shape.n_layers - n_local_) * 2 * block_tokens) * row_bytes_ +
                      static_cast<std::size_t>(block_tokens * shape.out_dim) * sizeof(float);
   if (n_local_ > 0) {

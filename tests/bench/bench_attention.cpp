@@ -72,7 +72,7 @@ void fill(Case& c, int64_t n) {
       for (auto& x : row)
         x = d(rng);
       for (int64_t g = 0; g < s.kv_heads; ++g)
-        quantize(c.type, row.data() + g * s.head_dim, v.k(l, p, g), s.head_dim);
+        v.put_key(l, p, g, row.data() + g * s.head_dim, s.head_dim);
       for (auto& x : row)
         x = d(rng);
       for (int64_t g = 0; g < s.kv_heads; ++g)
@@ -106,7 +106,8 @@ double step(const Case& c, int64_t n, int threads) {
                                      c.position_major ? pool.v_offset(l, 0, 0) + head_at : pool.v_offset(l, 0, g),
                                      0,
                                      0.f,
-                                     c.type};
+                                     c.type,
+                                     !c.position_major && pool.key_step() > 1};
         detail::attend_heads(c.q.data() + g * s.group * s.head_dim, s.group, rows, n, s.head_dim, scale,
                              scores.data(), out.data());
       }

@@ -332,7 +332,7 @@ TEST(Batch, ChunkedPrefillEqualsOnePrefill) {
       for (int64_t pos = 0; pos < 100; ++pos)
         for (int64_t g = 0; g < heads; ++g)
           for (int64_t i = 0; i < hd; ++i) {
-            d = std::max(d, std::abs(f32(a.k(l, pos, g))[i] - f32(w.k(l, pos, g))[i]));
+            d = std::max(d, std::abs(a.key_value(l, pos, g, i) - w.key_value(l, pos, g, i)));
             d = std::max(d, std::abs(f32(a.v(l, pos, g))[i] - f32(w.v(l, pos, g))[i]));
           }
     EXPECT_LE(d, 1e-4f) << "cache after chunks of " << chunk;
