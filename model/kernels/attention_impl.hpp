@@ -597,31 +597,44 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
         }
       }
     }
-    prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.k_offset, 0, E::bytes(hd));
-    for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
-      const int64_t first = std::max<int64_t>(lo - j0, 0);
-      const std::size_t rs = rows.row_stride;
-      const uint8_t* kp = rows.blocks[b] + rows.k_offset + static_cast<std::size_t>(first) * rs;
-      const int64_t cnt = std::min(bt, n - j0);
-      prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.k_offset, 0, E::bytes(hd));
-      for (int64_t j = first; j < cnt; ++j, kp += rs) {
-        v16 acc = v16{};
+    // BD: keys by dimension (CacheRows::keys_by_dim): key j's block kb is
+    // spread over the head's run of the block (its scale, then each unit of 4
+    // values bt units apart); else a row of 34-byte blocks.
+    auto key_pass = [&](auto bd) __attribute__((always_inline)) {
+      constexpr bool BD = decltype(bd)::value;
+      const std::size_t rs = BD ? 2 : rows.row_stride, kbs = BD ? 34 * bt : 34;
+      const std::size_t first_unit = BD ? 2 * bt : 2, unit_step = BD ? 4 * bt : 4, unit_of_key = BD ? 4 : 0;
+      prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.k_offset, 0, E::bytes(hd));
+      for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
+        const int64_t first = std::max<int64_t>(lo - j0, 0);
+        const uint8_t* kp = rows.blocks[b] + rows.k_offset + static_cast<std::size_t>(first) * rs;
+        const int64_t cnt = std::min(bt, n - j0);
+        prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.k_offset, 0, E::bytes(hd));
+        for (int64_t j = first; j < cnt; ++j, kp += rs) {
+          // (BD: kp is the key's scale of block 0; its units lie from the run's start)
+          const uint8_t* units = BD ? kp - 2 * static_cast<std::size_t>(j) + unit_of_key * static_cast<std::size_t>(j) : kp;
+          v16 acc = v16{};
 #pragma GCC unroll 8
-        for (int64_t kb = 0; kb < nb; ++kb) {
-          const uint8_t* blk = kp + 34 * kb;
-          const float dk = KvQ8::scale(blk);
-          dot_acc ia = dot_acc{};
+          for (int64_t kb = 0; kb < nb; ++kb) {
+            const float dk = KvQ8::scale(kp + kbs * kb);
+            const uint8_t* ub = units + kbs * kb + first_unit;
+            dot_acc ia = dot_acc{};
 #pragma GCC unroll 8
-          for (int u = 0; u < 8; ++u) {
-            uint32_t k4;
-            __builtin_memcpy(&k4, blk + 2 + 4 * u, 4);
-            ia = dot4_lanes(ia, qu[8 * kb + u], dot_flip(k4));
+            for (int u = 0; u < 8; ++u) {
+              uint32_t k4;
+              __builtin_memcpy(&k4, ub + unit_step * u, 4);
+              ia = dot4_lanes(ia, qu[8 * kb + u], dot_flip(k4));
+            }
+            acc = add_q8_block(acc, ia, biasl[kb], dql[kb] * dk);
           }
-          acc = add_q8_block(acc, ia, biasl[kb], dql[kb] * dk);
+          finish(j0 + j, acc);
         }
-        finish(j0 + j, acc);
       }
-    }
+    };
+    if (rows.keys_by_dim)
+      key_pass(std::true_type{});
+    else
+      key_pass(std::false_type{});
   } else {
     // Queries transposed: qt[i] holds element i of every row's query, one row a lane.
     v16 qt[HD > 0 ? HD : max_head_dim];
@@ -902,7 +915,10 @@ inline __attribute__((always_inline)) vu16 load_q8_pair(const uint8_t* const* pt
 // Step 1 over a q8_0 cache: integer scores (QueryQ8 above), 16 keys a lane
 // vector: two blocks of the 16 keys transposed (a lane's 4 bytes are 4 values of
 // its key), each multiplied with every head's 4 query bytes at once.
-template <int HD, int MH>
+// BD: keys by dimension (CacheRows::keys_by_dim): 16 keys' unit u of a block
+// (4 values each) is one 64-byte load and their scales one 32-byte load; no
+// transposition.
+template <int HD, int MH, bool BD = false>
 inline __attribute__((always_inline)) void heads_scores_q8_impl(const float* q, int64_t m, const CacheRows& rows,
                                                                 int64_t n, int64_t hd_rt, float scale, float* scores,
                                                                 int64_t k0, int64_t k1, float* mx_out) {
@@ -923,25 +939,60 @@ inline __attribute__((always_inline)) void heads_scores_q8_impl(const float* q, 
   std::fill_n(mx, MH, v16{} - INFINITY);
   const uint8_t* ptr[16];
   const int64_t kbytes = KvQ8::bytes(hd);
+  const int64_t bt = rows.block_tokens;
   constexpr int ahead_groups = 4;
+  // BD: the head's run of keys in the block of key j (a multiple of 16), from
+  // j's scale of block 0; block b's scales at + 34 bt b, its unit u at + 34 bt b
+  // + 2 bt + 4 (u bt) + 2 j' (j' = j % bt, the 16 keys' units side by side).
+  auto run_of = [&](int64_t j) __attribute__((always_inline)) {
+    return rows.blocks[j / bt] + rows.k_offset + static_cast<std::size_t>(j % bt) * 2;
+  };
   for (int64_t cs = base + 16 * k0; cs < end; cs += 16) {
     // The keys four groups ahead, while these are computed (blocks lie anywhere
     // in the pool: the hardware prefetcher starts over at each one).
     if (cs + 16 * ahead_groups < end) {
-      key_ptrs(rows, rows.k_offset, cs + 16 * ahead_groups, lo, n, ptr);
-      for (int r = 0; r < 16; ++r)
-        for (int64_t l = 0; l < kbytes; l += 64)
-          __builtin_prefetch(ptr[r] + l, 0, 3);
+      if constexpr (BD) {
+        const int64_t a = cs + 16 * ahead_groups;
+        const uint8_t* pa = run_of(a);
+        const uint8_t* ua = pa + 2 * (a % bt) + 2 * bt; // unit 0 of block 0 of key a
+        for (int64_t b = 0; b < nb; ++b) {
+          __builtin_prefetch(pa + 34 * bt * b, 0, 3);
+          for (int u = 0; u < 8; ++u)
+            __builtin_prefetch(ua + 34 * bt * b + 4 * bt * u, 0, 3);
+        }
+      } else {
+        key_ptrs(rows, rows.k_offset, cs + 16 * ahead_groups, lo, n, ptr);
+        for (int r = 0; r < 16; ++r)
+          for (int64_t l = 0; l < kbytes; l += 64)
+            __builtin_prefetch(ptr[r] + l, 0, 3);
+      }
     }
-    key_ptrs(rows, rows.k_offset, cs, lo, n, ptr);
+    const uint8_t* sc = nullptr; // BD: the 16 keys' scales of block 0
+    const uint8_t* un = nullptr; // BD: their unit 0 of block 0
+    if constexpr (BD) {
+      sc = run_of(cs);
+      un = sc + 2 * (cs % bt) + 2 * bt;
+    } else {
+      key_ptrs(rows, rows.k_offset, cs, lo, n, ptr);
+    }
     v16 acc[MH] = {};
 #pragma GCC unroll 1
     for (int64_t b0 = 0; b0 < nb; b0 += 2) {
       const bool two = b0 + 1 < nb;
       vu16 R[16];
-      const vu16 d = load_q8_pair(ptr, 34 * b0, two, R);
-      transpose16(R);
-      const v16 s0 = f16_bits_to_f32(d & 0xffffu), s1 = f16_bits_to_f32(d >> 16);
+      v16 s0, s1;
+      if constexpr (BD) {
+        for (int k = 0; k < 2; ++k)
+          for (int u = 0; u < 8; ++u)
+            R[8 * k + u] = k == 0 || two ? vload<vu16>(un + 34 * bt * (b0 + k) + 4 * bt * u) : vu16{};
+        s0 = f16_bits_to_f32(widen_u16(sc + 34 * bt * b0));
+        s1 = two ? f16_bits_to_f32(widen_u16(sc + 34 * bt * (b0 + 1))) : v16{};
+      } else {
+        const vu16 d = load_q8_pair(ptr, 34 * b0, two, R);
+        transpose16(R);
+        s0 = f16_bits_to_f32(d & 0xffffu);
+        s1 = f16_bits_to_f32(d >> 16);
+      }
       // Blocks b0 + k0 .. b0 + k0 + K - 1 at once: K chains a head (two where
       // the heads alone are too few to hide the latency; one where more would
       // leave the registers), each head adding its blocks in order.
@@ -1061,6 +1112,13 @@ inline __attribute__((always_inline)) void heads_scores_lanes(const float* q, in
                                                               int64_t n, int64_t hd, float scale, float* scores,
                                                               int64_t k0, int64_t k1, float* mx) {
   if constexpr (std::is_same_v<E, KvQ8>) {
+    if (rows.keys_by_dim)
+      switch (hd) {
+        case 64: return heads_scores_q8_impl<64, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+        case 128: return heads_scores_q8_impl<128, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+        case 256: return heads_scores_q8_impl<256, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+        default: return heads_scores_q8_impl<0, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+      }
     switch (hd) {
       case 64: return heads_scores_q8_impl<64, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
       case 128: return heads_scores_q8_impl<128, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);

@@ -208,7 +208,7 @@ struct Pass {
     const int64_t g = w.head / (c.n_heads / c.n_kv_heads);
     return detail::CacheRows{q.view.blocks_of(l).data(), BlockPool::block_tokens, pool->head_row_bytes(),
                              pool->k_offset(l, 0, g), pool->v_offset(l, 0, g), window, softcap,
-                             pool->shape().kv_type, pool->key_step() > 1};
+                             pool->shape().kv_type, pool->keys_by_dim()};
   }
 
   void attention(int64_t l) {

@@ -3,6 +3,7 @@
 #include "model/base/error.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <string>
@@ -323,6 +324,52 @@ KVView KVCache::view() const {
       v.local_blocks.push_back(b >= 0 ? pool_->local()->data(b) : nullptr);
   }
   return v;
+}
+
+
+void KVView::put_key(int64_t layer, int64_t pos, int64_t head, const float* x, int64_t n) const {
+  const WType t = pool->shape().kv_type;
+  if (!pool->keys_by_dim())
+    return quantize(t, x, k(layer, pos, head), n);
+  constexpr int64_t bt = BlockPool::block_tokens;
+  const int64_t slot = pos % bt;
+  uint8_t* run = k(layer, pos, head) - static_cast<std::size_t>(slot) * pool->key_unit();
+  if (t == WType::f32) {
+    float* p = reinterpret_cast<float*>(run) + slot;
+    for (int64_t i = 0; i < n; ++i)
+      p[i * bt] = x[i];
+    return;
+  }
+  for (int64_t b = 0; b < n / 32; ++b) { // q8_0: the row's blocks as they would be stored, then spread
+    uint8_t blk[34];
+    quantize_q8_0_block(x + 32 * b, blk);
+    uint8_t* at = run + static_cast<std::size_t>(b * bt * 34);
+    std::memcpy(at + 2 * slot, blk, 2);
+    for (int64_t u = 0; u < 8; ++u)
+      std::memcpy(at + 2 * bt + 4 * (u * bt + slot), blk + 2 + 4 * u, 4);
+  }
+}
+
+float KVView::key_value(int64_t layer, int64_t pos, int64_t head, int64_t i) const {
+  const WType t = pool->shape().kv_type;
+  const uint8_t* p = k(layer, pos, head);
+  if (!pool->keys_by_dim()) {
+    const int64_t b = block_values(t);
+    float x[32];
+    dequantize(t, p + row_bytes(t, i / b * b), x, b);
+    return x[i % b];
+  }
+  constexpr int64_t bt = BlockPool::block_tokens;
+  const int64_t slot = pos % bt;
+  const uint8_t* run = p - static_cast<std::size_t>(slot) * pool->key_unit();
+  if (t == WType::f32)
+    return reinterpret_cast<const float*>(run)[i * bt + slot];
+  const uint8_t* at = run + static_cast<std::size_t>(i / 32 * bt * 34);
+  uint16_t d;
+  std::memcpy(&d, at + 2 * slot, 2);
+  const int64_t u = i % 32 / 4;
+  const auto q = static_cast<int8_t>(at[2 * bt + 4 * (u * bt + slot) + i % 4]);
+  return f16_to_f32(d) * static_cast<float>(q);
 }
 
 } // namespace strata::model

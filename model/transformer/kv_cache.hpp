@@ -68,12 +68,16 @@ struct CacheShape {
   std::size_t kv_row_bytes() const { return row_bytes(kv_type, kv_dim); }
   /// Bytes of one kv head's key (or value) at one position.
   std::size_t head_row_bytes() const { return row_bytes(kv_type, head_values()); }
-  /// f32 keys are stored by dimension inside a block: value i of a head's key
-  /// at slot s lies at i * block_tokens + s of the head's run of keys, so the
-  /// decode score pass loads 16 keys' value i as one vector instead of
-  /// transposing 16 rows (docs/architecture.md). Values, and keys of the other
-  /// types, are stored by position.
-  bool keys_by_dim() const { return kv_type == WType::f32; }
+  /// f32 and q8_0 keys are stored by dimension inside a block, so the decode
+  /// score pass loads 16 keys' value i (q8_0: 4 values, or a block's scale) as
+  /// one vector instead of transposing 16 rows (docs/architecture.md). In a
+  /// head's run of keys of a block (bt = block_tokens):
+  /// - f32: value i of slot s at float i x bt + s;
+  /// - q8_0: per block b of 32 values, bt x 34 bytes: the bt f16 scales (slot
+  ///   s at byte 2s), then 8 units of 4 values (unit u of slot s at byte
+  ///   2 bt + 4 (u bt + s)).
+  /// Values, and keys of bf16 and f16, are stored by position.
+  bool keys_by_dim() const { return kv_type == WType::f32 || kv_type == WType::q8_0; }
   bool is_local(int64_t layer) const {
     return window > 0 && static_cast<std::size_t>(layer) < local.size() && local[static_cast<std::size_t>(layer)] != 0;
   }
@@ -173,11 +177,13 @@ public:
   std::size_t k_offset(int64_t layer, int64_t slot, int64_t head) const {
     return static_cast<std::size_t>(index_of(layer) * 2) * block_tokens * row_bytes_ +
            static_cast<std::size_t>(head * block_tokens) * head_bytes_ +
-           static_cast<std::size_t>(slot) * (keys_by_dim_ ? sizeof(float) : head_bytes_);
+           static_cast<std::size_t>(slot) * (keys_by_dim_ ? key_unit() : head_bytes_);
   }
-  /// Values from one value of a key to the next: block_tokens for keys by
-  /// dimension (CacheShape::keys_by_dim), else 1.
-  int64_t key_step() const { return keys_by_dim_ ? block_tokens : 1; }
+  /// Whether keys lie by dimension (CacheShape::keys_by_dim).
+  bool keys_by_dim() const { return keys_by_dim_; }
+  /// Keys by dimension: the bytes from one slot's part to the next (f32: a
+  /// value; q8_0: a scale, k_offset giving the slot's scale of block 0).
+  std::size_t key_unit() const { return shape_.kv_type == WType::f32 ? sizeof(float) : 2; }
   std::size_t v_offset(int64_t layer, int64_t slot, int64_t head) const {
     return static_cast<std::size_t>(index_of(layer) * 2 + 1) * block_tokens * row_bytes_ +
            static_cast<std::size_t>(head * block_tokens + slot) * head_bytes_;
@@ -244,33 +250,17 @@ struct KVView {
   const std::vector<uint8_t*>& blocks_of(int64_t layer) const { return pool->is_local(layer) ? local_blocks : blocks; }
   /// Where kv head `head`'s key (value) of `layer` at `pos` starts, in the
   /// pool's kv_type (head_values() of them). The head is always named: the
-  /// heads of a position are not contiguous (head_row_bytes()). A key's values
-  /// are pool->key_step() values apart (f32 keys are stored by dimension):
-  /// write keys with put_key, read them with key_value.
+  /// heads of a position are not contiguous (head_row_bytes()). Keys stored
+  /// by dimension (pool->keys_by_dim()) are not contiguous either: write keys
+  /// with put_key, read them with key_value.
   uint8_t* k(int64_t layer, int64_t pos, int64_t head) const {
     return blocks_of(layer)[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
            pool->k_offset(layer, pos % BlockPool::block_tokens, head);
   }
   /// Stores n values (a head's key) as kv head `head`'s key of `layer` at `pos`.
-  void put_key(int64_t layer, int64_t pos, int64_t head, const float* x, int64_t n) const {
-    if (pool->key_step() == 1)
-      return quantize(pool->shape().kv_type, x, k(layer, pos, head), n);
-    float* p = reinterpret_cast<float*>(k(layer, pos, head));
-    const int64_t step = pool->key_step();
-    for (int64_t i = 0; i < n; ++i)
-      p[i * step] = x[i];
-  }
+  void put_key(int64_t layer, int64_t pos, int64_t head, const float* x, int64_t n) const;
   /// Value i of that key, as a float.
-  float key_value(int64_t layer, int64_t pos, int64_t head, int64_t i) const {
-    const uint8_t* p = k(layer, pos, head);
-    if (pool->key_step() > 1)
-      return reinterpret_cast<const float*>(p)[i * pool->key_step()];
-    const WType t = pool->shape().kv_type;
-    const int64_t b = block_values(t);
-    float x[32];
-    dequantize(t, p + row_bytes(t, i / b * b), x, b);
-    return x[i % b];
-  }
+  float key_value(int64_t layer, int64_t pos, int64_t head, int64_t i) const;
   uint8_t* v(int64_t layer, int64_t pos, int64_t head) const {
     return blocks_of(layer)[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
            pool->v_offset(layer, pos % BlockPool::block_tokens, head);

@@ -107,7 +107,7 @@ double step(const Case& c, int64_t n, int threads) {
                                      0,
                                      0.f,
                                      c.type,
-                                     !c.position_major && pool.key_step() > 1};
+                                     !c.position_major && pool.keys_by_dim()};
         detail::attend_heads(c.q.data() + g * s.group * s.head_dim, s.group, rows, n, s.head_dim, scale,
                              scores.data(), out.data());
       }

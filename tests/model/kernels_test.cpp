@@ -15,6 +15,7 @@
 #include <bit>
 #include <limits>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <random>
 #include <thread>
@@ -402,12 +403,14 @@ TEST(Kernels, EveryBuildOfTheCacheKernelsGivesTheSameBits) {
     }
 }
 
-// f32 keys stored by dimension inside a block (the block pool's layout for an
-// f32 cache: value i of slot s at i x bt + s) give every kernel the same bits
-// as the same keys stored by position: a decode step's heads whole and spread
-// over threads, prefill rows alone and as pieces, with windows and
-// soft-capping, in every build.
-TEST(Kernels, F32KeysByDimensionGiveTheBitsOfKeysByPosition) {
+// f32 and q8_0 keys stored by dimension inside a block (the block pool's
+// layout for those types, kv_cache.hpp: f32 value i of slot s at i x bt + s;
+// q8_0 per block of 32 values the bt scales, then unit u of 4 values of slot s
+// at 2 bt + 4 (u bt + s)) give every kernel the same bits as the same keys
+// stored by position: a decode step's heads whole and spread over threads,
+// prefill rows alone and as pieces, with windows and soft-capping, in every
+// build.
+TEST(Kernels, KeysByDimensionGiveTheBitsOfKeysByPosition) {
   struct Restore {
     ~Restore() { set_attention_isa(AttentionIsa::best); }
   } restore;
@@ -415,59 +418,74 @@ TEST(Kernels, F32KeysByDimensionGiveTheBitsOfKeysByPosition) {
   std::vector<AttentionIsa> isas{AttentionIsa::best, AttentionIsa::portable};
   if (attention_avx2_available())
     isas.push_back(AttentionIsa::avx2);
-  for (int64_t hd : {32, 48, 64, 128, 256}) {
-    const std::size_t stride = row_bytes(WType::f32, hd);
-    const StoredBlocks cache = stored_blocks(WType::f32, hd, bt, blocks, 80);
-    // The same blocks with each block's keys by dimension.
-    std::vector<std::vector<uint8_t>> by_dim_store;
-    std::vector<const uint8_t*> by_dim;
-    for (const auto& blk : cache.store) {
-      by_dim_store.push_back(blk);
-      const auto* src = reinterpret_cast<const float*>(blk.data());
-      auto* dst = reinterpret_cast<float*>(by_dim_store.back().data());
-      for (int64_t slot = 0; slot < bt; ++slot)
-        for (int64_t i = 0; i < hd; ++i)
-          dst[i * bt + slot] = src[slot * hd + i];
-      by_dim.push_back(by_dim_store.back().data());
-    }
-    for (int64_t window : {0, 300})
-      for (float cap : {0.f, 3.f}) {
-        SCOPED_TRACE("hd " + std::to_string(hd) + " window " + std::to_string(window) + " cap " + std::to_string(cap));
-        const CacheRows rows{cache.ptrs.data(), bt, stride, 0, bt * stride, window, cap, WType::f32};
-        CacheRows dims = rows;
-        dims.blocks = by_dim.data();
-        dims.keys_by_dim = true;
-        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-        for (AttentionIsa isa : isas) {
-          set_attention_isa(isa);
-          for (int64_t m : {1, 2, 7, 8, 16})
-            for (int64_t n : {1, 15, 17, 70, 333, 1280}) {
-              const auto q = random(static_cast<std::size_t>(16 * hd), static_cast<uint32_t>(5 * m + n));
-              std::vector<float> scores(static_cast<std::size_t>(attend_scores_floats(n + 1)));
-              auto run = [&](const CacheRows& r) {
-                std::vector<float> all(static_cast<std::size_t>(3 * 16 * hd));
-                attend_heads(q.data(), m, r, n, hd, scale, scores.data(), all.data());
-                const int64_t rows_in = std::min<int64_t>(m, n);
-                attend_rows(q.data(), hd, rows_in, r, n - rows_in, hd, scale, scores.data(), all.data() + 16 * hd, hd);
-                // Spread: scores in three spans of chunks, then the weights and values.
-                const int64_t chunks = heads_keys(r, n).chunks;
-                std::vector<float> mx(static_cast<std::size_t>(3 * attend_heads_max_floats));
-                for (int64_t p = 0; p < 3; ++p)
-                  attend_heads_scores(q.data(), m, r, n, hd, scale, scores.data(), chunks * p / 3, chunks * (p + 1) / 3,
-                                      mx.data() + p * attend_heads_max_floats);
-                attend_heads_weights(m, r, n, scores.data(), mx.data(), 3);
-                attend_heads_values(m, r, n, hd, scores.data(), 0, hd, all.data() + 2 * 16 * hd);
-                return all;
-              };
-              const auto a = run(rows), b = run(dims);
-              for (std::size_t i = 0; i < a.size(); ++i)
-                ASSERT_EQ(__builtin_bit_cast(uint32_t, a[i]), __builtin_bit_cast(uint32_t, b[i]))
-                  << "build " << static_cast<int>(isa) << " m " << m << " n " << n << " output " << i / (16 * hd)
-                  << " value " << i % (16 * hd);
-            }
+  for (WType type : {WType::f32, WType::q8_0})
+    for (int64_t hd : {32, 48, 64, 128, 256}) {
+      if (type == WType::q8_0 && hd % 32 != 0)
+        continue;
+      const std::size_t stride = row_bytes(type, hd);
+      const StoredBlocks cache = stored_blocks(type, hd, bt, blocks, 80, 3);
+      // The same blocks with each block's keys by dimension.
+      std::vector<std::vector<uint8_t>> by_dim_store;
+      std::vector<const uint8_t*> by_dim;
+      for (const auto& blk : cache.store) {
+        by_dim_store.push_back(blk);
+        uint8_t* dst = by_dim_store.back().data();
+        for (int64_t slot = 0; slot < bt; ++slot) {
+          const uint8_t* row = blk.data() + slot * stride;
+          if (type == WType::f32) {
+            for (int64_t i = 0; i < hd; ++i)
+              std::memcpy(dst + 4 * (i * bt + slot), row + 4 * i, 4);
+            continue;
+          }
+          for (int64_t b = 0; b < hd / 32; ++b) {
+            uint8_t* at = dst + 34 * bt * b;
+            std::memcpy(at + 2 * slot, row + 34 * b, 2);
+            for (int64_t u = 0; u < 8; ++u)
+              std::memcpy(at + 2 * bt + 4 * (u * bt + slot), row + 34 * b + 2 + 4 * u, 4);
+          }
         }
+        by_dim.push_back(by_dim_store.back().data());
       }
-  }
+      for (int64_t window : {0, 300})
+        for (float cap : {0.f, 3.f}) {
+          SCOPED_TRACE(std::string(to_string(type)) + " hd " + std::to_string(hd) + " window " +
+                       std::to_string(window) + " cap " + std::to_string(cap));
+          const CacheRows rows{cache.ptrs.data(), bt, stride, 0, bt * stride, window, cap, type};
+          CacheRows dims = rows;
+          dims.blocks = by_dim.data();
+          dims.keys_by_dim = true;
+          const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+          for (AttentionIsa isa : isas) {
+            set_attention_isa(isa);
+            for (int64_t m : {1, 2, 7, 8, 16})
+              for (int64_t n : {1, 15, 17, 70, 333, 1280}) {
+                const auto q = random(static_cast<std::size_t>(16 * hd), static_cast<uint32_t>(5 * m + n));
+                std::vector<float> scores(static_cast<std::size_t>(attend_scores_floats(n + 1)));
+                auto run = [&](const CacheRows& r) {
+                  std::vector<float> all(static_cast<std::size_t>(3 * 16 * hd));
+                  attend_heads(q.data(), m, r, n, hd, scale, scores.data(), all.data());
+                  const int64_t rows_in = std::min<int64_t>(m, n);
+                  attend_rows(q.data(), hd, rows_in, r, n - rows_in, hd, scale, scores.data(), all.data() + 16 * hd,
+                              hd);
+                  // Spread: scores in three spans of chunks, then the weights and values.
+                  const int64_t chunks = heads_keys(r, n).chunks;
+                  std::vector<float> mx(static_cast<std::size_t>(3 * attend_heads_max_floats));
+                  for (int64_t p = 0; p < 3; ++p)
+                    attend_heads_scores(q.data(), m, r, n, hd, scale, scores.data(), chunks * p / 3,
+                                        chunks * (p + 1) / 3, mx.data() + p * attend_heads_max_floats);
+                  attend_heads_weights(m, r, n, scores.data(), mx.data(), 3);
+                  attend_heads_values(m, r, n, hd, scores.data(), 0, hd, all.data() + 2 * 16 * hd);
+                  return all;
+                };
+                const auto a = run(rows), b = run(dims);
+                for (std::size_t i = 0; i < a.size(); ++i)
+                  ASSERT_EQ(__builtin_bit_cast(uint32_t, a[i]), __builtin_bit_cast(uint32_t, b[i]))
+                    << "build " << static_cast<int>(isa) << " m " << m << " n " << n << " output " << i / (16 * hd)
+                    << " value " << i % (16 * hd);
+              }
+          }
+        }
+    }
 }
 
 // The vectorized SiLU x up: within a few ulp of the scalar formula over the
