@@ -172,8 +172,9 @@ public:
   /// The byte offset where kv head `head`'s key (value) of position `slot` (0 ..
   /// block_tokens-1) of shard layer `layer` starts inside its block: a block of
   /// local() for a local layer, of this pool otherwise. A head's positions are
-  /// head_row_bytes() apart; its keys by dimension (key_step() > 1) are one
-  /// value apart, each key's values key_step() values apart.
+  /// head_row_bytes() apart. Keys by dimension (keys_by_dim()) start
+  /// key_unit() bytes apart (f32: value 0; q8_0: the scale of block 0), their
+  /// other values spread over the head's run (CacheShape::keys_by_dim).
   std::size_t k_offset(int64_t layer, int64_t slot, int64_t head) const {
     return static_cast<std::size_t>(index_of(layer) * 2) * block_tokens * row_bytes_ +
            static_cast<std::size_t>(head * block_tokens) * head_bytes_ +
