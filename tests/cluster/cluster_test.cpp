@@ -392,8 +392,9 @@ std::unique_ptr<Cluster> gguf_clients_with_faults_equal_one_process(const std::s
     const auto rc = out.find("route changes ");
     const bool rerouted = rc != std::string::npos && std::atoi(out.c_str() + rc + 14) >= 1;
     EXPECT_TRUE(out.find(runs[i].second) != std::string::npos || (!runs[i].second.empty() && rerouted)) << out;
-    if (runs[i].second.empty())
+    if (runs[i].second.empty()) {
       EXPECT_EQ(out.find("cache misses 0"), out.find("cache misses")) << "another client's fault hit this one: " << out;
+    }
   }
   return c;
 }
