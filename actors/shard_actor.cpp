@@ -207,7 +207,7 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
   // An injected duplicate is a copy of the request as it came (its hidden state
   // is moved out below).
   std::optional<msg::step_request> dup_copy;
-  if (mode == step_mode::decode && !dup_next.empty() && dup_next.count(req.session) != 0)
+  if (mode == step_mode::decode && dup_next.count(req.session) != 0)
     dup_copy = req;
   if (!head) {
     try {
@@ -230,7 +230,7 @@ caf::result<step_reply> shard_state::handle(self_ptr self, msg::step_request& re
   }
 
   // Failure injection hooks.
-  if (!rebuilt && !desync_next.empty() && desync_next.erase(req.session) > 0) {
+  if (!rebuilt && desync_next.erase(req.session) > 0) {
     req.past_len += 1;
     q.from += 1;
   }

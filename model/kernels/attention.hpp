@@ -25,11 +25,26 @@ struct CacheRows {
   /// Scores become softcap * tanh(score / softcap) before the softmax (0: off).
   float softcap = 0.f;
   WType type = WType::f32;
-  /// f32 keys stored by dimension (BlockPool's keys_by_dim): value i of key j
-  /// at blocks[j / block_tokens] + k_offset + (i * block_tokens + j %
-  /// block_tokens) * 4; row_stride then applies to the values only.
+  /// f32 or q8_0 keys stored by dimension (BlockPool's keys_by_dim): key j's
+  /// parts lie in the run from blocks[j / block_tokens] + k_offset as the
+  /// by_dim_* offsets below give them for slot j % block_tokens; row_stride
+  /// then applies to the values only.
   bool keys_by_dim = false;
 };
+
+/// Keys by dimension inside a kv head's run of bt keys (one block), slot s:
+/// f32 value i at float by_dim_f32(bt, i, s); q8_0 block b (values 32 b ..
+/// 32 b + 31) has its f16 scale at byte by_dim_q8_scale(bt, b, s) and its
+/// unit u (values 32 b + 4 u .. + 3) at byte by_dim_q8_unit(bt, b, u, s): the
+/// run holds, per block, the bt scales, then each unit of the bt slots side by
+/// side. So 16 consecutive slots' value i (q8_0: unit u, or scale) are one load.
+constexpr std::size_t by_dim_f32(int64_t bt, int64_t i, int64_t s) { return static_cast<std::size_t>(i * bt + s); }
+constexpr std::size_t by_dim_q8_scale(int64_t bt, int64_t b, int64_t s) {
+  return static_cast<std::size_t>(34 * bt * b + 2 * s);
+}
+constexpr std::size_t by_dim_q8_unit(int64_t bt, int64_t b, int64_t u, int64_t s) {
+  return static_cast<std::size_t>(34 * bt * b + 2 * bt + 4 * (u * bt + s));
+}
 
 /// Attention of query rows against a sequence's cached rows: out =
 /// softmax(q.K^T * scale) V over the keys a row sees (with a window only the

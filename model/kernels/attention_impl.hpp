@@ -527,6 +527,25 @@ inline __attribute__((always_inline)) v16 sum_parts(const v16* part) {
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
+// The prefill kernels' pass over the key blocks of [lo, n) from block b0:
+// f(j0, first, cnt, run) for each block (its keys first .. cnt-1 of the
+// block from key j0, run the kv head's keys in it: key j's row at run + j x
+// row_stride, or its parts at the by_dim_* offsets), the block two ahead
+// prefetched while this one is read (blocks lie anywhere in the pool, so the
+// hardware prefetcher starts over at each one; by dimension a whole block's
+// keys of the head are the same bytes). f is inlined: the attention builds
+// compile their arithmetic for their own targets.
+template <class F>
+inline __attribute__((always_inline)) void over_key_blocks(const CacheRows& rows, int64_t b0, int64_t lo, int64_t n,
+                                                           int64_t key_bytes, F&& f) {
+  const int64_t bt = rows.block_tokens;
+  prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.k_offset, 0, key_bytes);
+  for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
+    prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.k_offset, 0, key_bytes);
+    f(j0, std::max<int64_t>(lo - j0, 0), std::min(bt, n - j0), rows.blocks[b] + rows.k_offset);
+  }
+}
+
 template <class E, int HD>
 inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int64_t q_stride, int64_t m,
                                                             const CacheRows& rows, int64_t n0, int64_t hd_rt,
@@ -598,38 +617,31 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
       }
     }
     // BD: keys by dimension (CacheRows::keys_by_dim): key j's block kb is
-    // spread over the head's run of the block (its scale, then each unit of 4
-    // values bt units apart); else a row of 34-byte blocks.
+    // spread over the run (its scale, then each unit of 4 values; by_dim_q8_*);
+    // else a row of 34-byte blocks.
     auto key_pass = [&](auto bd) __attribute__((always_inline)) {
       constexpr bool BD = decltype(bd)::value;
-      const std::size_t rs = BD ? 2 : rows.row_stride, kbs = BD ? 34 * bt : 34;
-      const std::size_t first_unit = BD ? 2 * bt : 2, unit_step = BD ? 4 * bt : 4, unit_of_key = BD ? 4 : 0;
-      prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.k_offset, 0, E::bytes(hd));
-      for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
-        const int64_t first = std::max<int64_t>(lo - j0, 0);
-        const uint8_t* kp = rows.blocks[b] + rows.k_offset + static_cast<std::size_t>(first) * rs;
-        const int64_t cnt = std::min(bt, n - j0);
-        prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.k_offset, 0, E::bytes(hd));
-        for (int64_t j = first; j < cnt; ++j, kp += rs) {
-          // (BD: kp is the key's scale of block 0; its units lie from the run's start)
-          const uint8_t* units = BD ? kp - 2 * static_cast<std::size_t>(j) + unit_of_key * static_cast<std::size_t>(j) : kp;
-          v16 acc = v16{};
+      over_key_blocks(rows, b0, lo, n, E::bytes(hd),
+                      [&](int64_t j0, int64_t first, int64_t cnt, const uint8_t* run) __attribute__((always_inline)) {
+                        for (int64_t j = first; j < cnt; ++j) {
+                          const uint8_t* row = run + static_cast<std::size_t>(j) * rows.row_stride; // (by position)
+                          v16 acc = v16{};
 #pragma GCC unroll 8
-          for (int64_t kb = 0; kb < nb; ++kb) {
-            const float dk = KvQ8::scale(kp + kbs * kb);
-            const uint8_t* ub = units + kbs * kb + first_unit;
-            dot_acc ia = dot_acc{};
+                          for (int64_t kb = 0; kb < nb; ++kb) {
+                            const float dk = KvQ8::scale(BD ? run + by_dim_q8_scale(bt, kb, j) : row + 34 * kb);
+                            dot_acc ia = dot_acc{};
 #pragma GCC unroll 8
-            for (int u = 0; u < 8; ++u) {
-              uint32_t k4;
-              __builtin_memcpy(&k4, ub + unit_step * u, 4);
-              ia = dot4_lanes(ia, qu[8 * kb + u], dot_flip(k4));
-            }
-            acc = add_q8_block(acc, ia, biasl[kb], dql[kb] * dk);
-          }
-          finish(j0 + j, acc);
-        }
-      }
+                            for (int u = 0; u < 8; ++u) {
+                              uint32_t k4;
+                              __builtin_memcpy(&k4, BD ? run + by_dim_q8_unit(bt, kb, u, j) : row + 34 * kb + 2 + 4 * u,
+                                               4);
+                              ia = dot4_lanes(ia, qu[8 * kb + u], dot_flip(k4));
+                            }
+                            acc = add_q8_block(acc, ia, biasl[kb], dql[kb] * dk);
+                          }
+                          finish(j0 + j, acc);
+                        }
+                      });
     };
     if (rows.keys_by_dim)
       key_pass(std::true_type{});
@@ -646,7 +658,7 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
     }
     float tmp4[4][HD > 0 ? HD : max_head_dim];
     // BD: f32 keys by dimension (CacheRows::keys_by_dim): a key's value i is
-    // bt floats on, the next key one float on.
+    // bt floats on, the next key one float on (by_dim_f32).
     auto key_pass = [&](auto bd) __attribute__((always_inline)) {
       constexpr bool BD = decltype(bd)::value;
       const int64_t ks = BD ? bt : 1;
@@ -654,43 +666,38 @@ inline __attribute__((always_inline)) void attend_rows_impl(const float* q, int6
       auto key = [&](const uint8_t* p, float* t) __attribute__((always_inline)) {
         return BD ? reinterpret_cast<const float*>(p) : E::row(p, hd, t);
       };
-      prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.k_offset, 0, E::bytes(hd));
-      for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
-        const int64_t first = std::max<int64_t>(lo - j0, 0);
-        const uint8_t* kp = rows.blocks[b] + rows.k_offset + static_cast<std::size_t>(first) * rs;
-        const int64_t cnt = std::min(bt, n - j0);
-        // The next block's keys of this head, ahead of use: blocks lie anywhere in
-        // the pool, so the hardware prefetcher starts over at each one. (By
-        // dimension a whole block's keys of the head are the same bytes.)
-        prefetch_block(rows, b + 2, std::min(bt, n - j0 - 2 * bt), rows.k_offset, 0, E::bytes(hd));
-        int64_t j = first;
-        for (; j + 4 <= cnt; j += 4, kp += 4 * rs) {
-          const float* k0 = key(kp, tmp4[0]);
-          const float* k1 = key(kp + rs, tmp4[1]);
-          const float* k2 = key(kp + 2 * rs, tmp4[2]);
-          const float* k3 = key(kp + 3 * rs, tmp4[3]);
-          v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
+      over_key_blocks(
+        rows, b0, lo, n, E::bytes(hd),
+        [&](int64_t j0, int64_t first, int64_t cnt, const uint8_t* run) __attribute__((always_inline)) {
+          const uint8_t* kp = run + static_cast<std::size_t>(first) * rs;
+          int64_t j = first;
+          for (; j + 4 <= cnt; j += 4, kp += 4 * rs) {
+            const float* k0 = key(kp, tmp4[0]);
+            const float* k1 = key(kp + rs, tmp4[1]);
+            const float* k2 = key(kp + 2 * rs, tmp4[2]);
+            const float* k3 = key(kp + 3 * rs, tmp4[3]);
+            v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
 #pragma GCC unroll 4
-          for (int64_t i = 0; i < hd; ++i) {
-            const v16 qi = qt[i];
-            a0 += qi * k0[i * ks];
-            a1 += qi * k1[i * ks];
-            a2 += qi * k2[i * ks];
-            a3 += qi * k3[i * ks];
-          }
-          const v16 a[4] = {a0, a1, a2, a3};
+            for (int64_t i = 0; i < hd; ++i) {
+              const v16 qi = qt[i];
+              a0 += qi * k0[i * ks];
+              a1 += qi * k1[i * ks];
+              a2 += qi * k2[i * ks];
+              a3 += qi * k3[i * ks];
+            }
+            const v16 a[4] = {a0, a1, a2, a3};
 #pragma GCC unroll 1
-          for (int u = 0; u < 4; ++u)
-            finish(j0 + j + u, a[u]);
-        }
-        for (; j < cnt; ++j, kp += rs) {
-          const float* k = key(kp, tmp);
-          v16 acc = v16{};
-          for (int64_t i = 0; i < hd; ++i)
-            acc += qt[i] * k[i * ks];
-          finish(j0 + j, acc);
-        }
-      }
+            for (int u = 0; u < 4; ++u)
+              finish(j0 + j + u, a[u]);
+          }
+          for (; j < cnt; ++j, kp += rs) {
+            const float* k = key(kp, tmp);
+            v16 acc = v16{};
+            for (int64_t i = 0; i < hd; ++i)
+              acc += qt[i] * k[i * ks];
+            finish(j0 + j, acc);
+          }
+        });
     };
     if constexpr (std::is_same_v<E, KvF32>) {
       if (rows.keys_by_dim)
@@ -822,11 +829,10 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
   const uint8_t* ptr[16];
   const int64_t kbytes = E::bytes(hd);
   const int64_t bt = rows.block_tokens;
-  // BD: the 16 keys of a group from key j (a multiple of 16: one block holds
-  // them), value 0; value i is bt floats on.
+  // BD: value 0 of the 16 keys of a group from key j (a multiple of 16: one
+  // block holds them); value i is by_dim_f32(bt, i, 0) = i bt floats on.
   auto by_dim = [&](int64_t j) __attribute__((always_inline)) {
-    return reinterpret_cast<const float*>(rows.blocks[j / bt] + rows.k_offset +
-                                          static_cast<std::size_t>(j % bt) * sizeof(float));
+    return reinterpret_cast<const float*>(rows.blocks[j / bt] + rows.k_offset) + by_dim_f32(bt, 0, j % bt);
   };
   const float* kd[C];
   for (int64_t c0 = base + 16 * k0; c0 < end; c0 += 16 * C) {
@@ -840,7 +846,7 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
         if (ahead < end) {
           const float* pa = by_dim(ahead);
           for (int64_t i = 0; i < hd; ++i)
-            __builtin_prefetch(pa + i * bt, 0, 3);
+            __builtin_prefetch(pa + by_dim_f32(bt, i, 0), 0, 3);
         }
         // (a group past the end reads the first group's keys: its scores are not stored)
         kd[c] = by_dim(c0 + 16 * c < end ? c0 + 16 * c : c0);
@@ -860,7 +866,7 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
     for (int64_t i = 0; i < hd; ++i) {
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) {
-        const v16 k = BD ? vload<v16>(kd[c] + i * bt) : kt[BD ? 0 : c][BD ? 0 : i];
+        const v16 k = BD ? vload<v16>(kd[c] + by_dim_f32(bt, i, 0)) : kt[BD ? 0 : c][BD ? 0 : i];
 #pragma GCC unroll 16
         for (int h = 0; h < MH; ++h)
           acc[c][h] += qb[h][i] * k;
@@ -941,12 +947,10 @@ inline __attribute__((always_inline)) void heads_scores_q8_impl(const float* q, 
   const int64_t kbytes = KvQ8::bytes(hd);
   const int64_t bt = rows.block_tokens;
   constexpr int ahead_groups = 4;
-  // BD: the head's run of keys in the block of key j (a multiple of 16), from
-  // j's scale of block 0; block b's scales at + 34 bt b, its unit u at + 34 bt b
-  // + 2 bt + 4 (u bt) + 2 j' (j' = j % bt, the 16 keys' units side by side).
-  auto run_of = [&](int64_t j) __attribute__((always_inline)) {
-    return rows.blocks[j / bt] + rows.k_offset + static_cast<std::size_t>(j % bt) * 2;
-  };
+  // BD: the head's run of keys in the block of key j (by_dim_q8_*: the 16
+  // keys from j, a multiple of 16, lie side by side in each block's scales and
+  // units).
+  auto run_of = [&](int64_t j) __attribute__((always_inline)) { return rows.blocks[j / bt] + rows.k_offset; };
   for (int64_t cs = base + 16 * k0; cs < end; cs += 16) {
     // The keys four groups ahead, while these are computed (blocks lie anywhere
     // in the pool: the hardware prefetcher starts over at each one).
@@ -954,11 +958,10 @@ inline __attribute__((always_inline)) void heads_scores_q8_impl(const float* q, 
       if constexpr (BD) {
         const int64_t a = cs + 16 * ahead_groups;
         const uint8_t* pa = run_of(a);
-        const uint8_t* ua = pa + 2 * (a % bt) + 2 * bt; // unit 0 of block 0 of key a
         for (int64_t b = 0; b < nb; ++b) {
-          __builtin_prefetch(pa + 34 * bt * b, 0, 3);
+          __builtin_prefetch(pa + by_dim_q8_scale(bt, b, a % bt), 0, 3);
           for (int u = 0; u < 8; ++u)
-            __builtin_prefetch(ua + 34 * bt * b + 4 * bt * u, 0, 3);
+            __builtin_prefetch(pa + by_dim_q8_unit(bt, b, u, a % bt), 0, 3);
         }
       } else {
         key_ptrs(rows, rows.k_offset, cs + 16 * ahead_groups, lo, n, ptr);
@@ -967,14 +970,11 @@ inline __attribute__((always_inline)) void heads_scores_q8_impl(const float* q, 
             __builtin_prefetch(ptr[r] + l, 0, 3);
       }
     }
-    const uint8_t* sc = nullptr; // BD: the 16 keys' scales of block 0
-    const uint8_t* un = nullptr; // BD: their unit 0 of block 0
-    if constexpr (BD) {
-      sc = run_of(cs);
-      un = sc + 2 * (cs % bt) + 2 * bt;
-    } else {
+    const uint8_t* run = nullptr; // BD: the 16 keys' run, from slot cs % bt
+    if constexpr (BD)
+      run = run_of(cs);
+    else
       key_ptrs(rows, rows.k_offset, cs, lo, n, ptr);
-    }
     v16 acc[MH] = {};
 #pragma GCC unroll 1
     for (int64_t b0 = 0; b0 < nb; b0 += 2) {
@@ -982,11 +982,12 @@ inline __attribute__((always_inline)) void heads_scores_q8_impl(const float* q, 
       vu16 R[16];
       v16 s0, s1;
       if constexpr (BD) {
+        const int64_t slot = cs % bt;
         for (int k = 0; k < 2; ++k)
           for (int u = 0; u < 8; ++u)
-            R[8 * k + u] = k == 0 || two ? vload<vu16>(un + 34 * bt * (b0 + k) + 4 * bt * u) : vu16{};
-        s0 = f16_bits_to_f32(widen_u16(sc + 34 * bt * b0));
-        s1 = two ? f16_bits_to_f32(widen_u16(sc + 34 * bt * (b0 + 1))) : v16{};
+            R[8 * k + u] = k == 0 || two ? vload<vu16>(run + by_dim_q8_unit(bt, b0 + k, u, slot)) : vu16{};
+        s0 = f16_bits_to_f32(widen_u16(run + by_dim_q8_scale(bt, b0, slot)));
+        s1 = two ? f16_bits_to_f32(widen_u16(run + by_dim_q8_scale(bt, b0 + 1, slot))) : v16{};
       } else {
         const vu16 d = load_q8_pair(ptr, 34 * b0, two, R);
         transpose16(R);

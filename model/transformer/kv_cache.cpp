@@ -1,6 +1,7 @@
 #include "model/transformer/kv_cache.hpp"
 
 #include "model/base/error.hpp"
+#include "model/kernels/attention.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -327,48 +328,50 @@ KVView KVCache::view() const {
 }
 
 
+// Keys by dimension: kv head `head`'s run of keys of `layer` in pos's block.
+static uint8_t* key_run(const KVView& v, int64_t layer, int64_t pos, int64_t head) {
+  return v.blocks_of(layer)[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
+         v.pool->k_offset(layer, 0, head);
+}
+
 void KVView::put_key(int64_t layer, int64_t pos, int64_t head, const float* x, int64_t n) const {
   const WType t = pool->shape().kv_type;
   if (!pool->keys_by_dim())
     return quantize(t, x, k(layer, pos, head), n);
   constexpr int64_t bt = BlockPool::block_tokens;
   const int64_t slot = pos % bt;
-  uint8_t* run = k(layer, pos, head) - static_cast<std::size_t>(slot) * pool->key_unit();
+  uint8_t* run = key_run(*this, layer, pos, head);
   if (t == WType::f32) {
-    float* p = reinterpret_cast<float*>(run) + slot;
+    auto* p = reinterpret_cast<float*>(run);
     for (int64_t i = 0; i < n; ++i)
-      p[i * bt] = x[i];
+      p[detail::by_dim_f32(bt, i, slot)] = x[i];
     return;
   }
-  for (int64_t b = 0; b < n / 32; ++b) { // q8_0: the row's blocks as they would be stored, then spread
+  for (int64_t b = 0; b < n / 32; ++b) { // q8_0: each block as a row stores it, then spread
     uint8_t blk[34];
     quantize_q8_0_block(x + 32 * b, blk);
-    uint8_t* at = run + static_cast<std::size_t>(b * bt * 34);
-    std::memcpy(at + 2 * slot, blk, 2);
+    std::memcpy(run + detail::by_dim_q8_scale(bt, b, slot), blk, 2);
     for (int64_t u = 0; u < 8; ++u)
-      std::memcpy(at + 2 * bt + 4 * (u * bt + slot), blk + 2 + 4 * u, 4);
+      std::memcpy(run + detail::by_dim_q8_unit(bt, b, u, slot), blk + 2 + 4 * u, 4);
   }
 }
 
 float KVView::key_value(int64_t layer, int64_t pos, int64_t head, int64_t i) const {
   const WType t = pool->shape().kv_type;
-  const uint8_t* p = k(layer, pos, head);
   if (!pool->keys_by_dim()) {
     const int64_t b = block_values(t);
     float x[32];
-    dequantize(t, p + row_bytes(t, i / b * b), x, b);
+    dequantize(t, k(layer, pos, head) + row_bytes(t, i / b * b), x, b);
     return x[i % b];
   }
   constexpr int64_t bt = BlockPool::block_tokens;
   const int64_t slot = pos % bt;
-  const uint8_t* run = p - static_cast<std::size_t>(slot) * pool->key_unit();
+  const uint8_t* run = key_run(*this, layer, pos, head);
   if (t == WType::f32)
-    return reinterpret_cast<const float*>(run)[i * bt + slot];
-  const uint8_t* at = run + static_cast<std::size_t>(i / 32 * bt * 34);
+    return reinterpret_cast<const float*>(run)[detail::by_dim_f32(bt, i, slot)];
   uint16_t d;
-  std::memcpy(&d, at + 2 * slot, 2);
-  const int64_t u = i % 32 / 4;
-  const auto q = static_cast<int8_t>(at[2 * bt + 4 * (u * bt + slot) + i % 4]);
+  std::memcpy(&d, run + detail::by_dim_q8_scale(bt, i / 32, slot), 2);
+  const auto q = static_cast<int8_t>(run[detail::by_dim_q8_unit(bt, i / 32, i % 32 / 4, slot) + i % 4]);
   return f16_to_f32(d) * static_cast<float>(q);
 }
 
