@@ -533,8 +533,9 @@ inline __attribute__((always_inline)) v16 sum_parts(const v16* part) {
 // row_stride, or its parts at the by_dim_* offsets), the block two ahead
 // prefetched while this one is read (blocks lie anywhere in the pool, so the
 // hardware prefetcher starts over at each one; by dimension a whole block's
-// keys of the head are the same bytes). f is inlined: the attention builds
-// compile their arithmetic for their own targets.
+// keys of the head are the same bytes). f must be always_inline: left to the
+// compiler, Kernels.EveryBuildOfTheCacheKernelsGivesTheSameBits found the
+// builds' results differing.
 template <class F>
 inline __attribute__((always_inline)) void over_key_blocks(const CacheRows& rows, int64_t b0, int64_t lo, int64_t n,
                                                            int64_t key_bytes, F&& f) {
