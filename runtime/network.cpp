@@ -102,21 +102,39 @@ msg::supervisor_actor reconnect_coordinator(caf::actor_system& sys, const Endpoi
 }
 
 msg::supervisor_actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep) {
-  // A handshake that stalls (the coordinator accepted but never answered) is
-  // tried again on a fresh connection, three times in all; a refusal is final.
+  // A handshake that stalls is tried again on fresh connections for up to 15 s:
+  // the coordinator accepted but did not answer within 5 s, or not before the
+  // next heartbeat tick (CAF closes a connection whose handshake has not
+  // answered by then with connection_timeout: 0-200 ms by default, which a
+  // coordinator starved of CPU on a loaded machine can miss). A refusal is final.
+  const auto stalled = [](const caf::error& e) {
+    return e == caf::sec::request_timeout || e == caf::sec::connection_timeout;
+  };
+  constexpr auto window = 15s;
+  const auto deadline = std::chrono::steady_clock::now() + window;
   auto sup = try_connect(sys, ep, 5s);
-  for (int attempt = 1; attempt < 3 && !sup && sup.error() == caf::sec::request_timeout; ++attempt) {
-    log::warn("the coordinator at " + ep.host + ":" + std::to_string(ep.port) +
-              " accepted the connection but did not complete the handshake within 5 s; trying again");
-    sup = try_connect(sys, ep, 5s);
+  int attempts = 1;
+  while (!sup && stalled(sup.error())) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left < 200ms)
+      break;
+    (attempts == 1 ? log::warn : log::debug)(
+      "the coordinator at " + ep.host + ":" + std::to_string(ep.port) + " accepted the connection but did not " +
+      "complete the handshake (" + sys.render(sup.error()) + "); trying again on a fresh connection");
+    caf::scoped_actor pause{sys}; // a short back-off: a quick failure must not spin
+    pause->receive(caf::after(100ms) >> [] {});
+    sup = try_connect(sys, ep, std::min<std::chrono::milliseconds>(5s, left - 100ms));
+    ++attempts;
   }
   if (!sup) {
-    const bool timeout = sup.error() == caf::sec::request_timeout;
     throw model::Error(model::errc::io, "cannot reach the coordinator at " + ep.host + ":" + std::to_string(ep.port) +
                                           ": " +
-                                          (timeout ? std::string("it accepted the connection but did not complete the "
-                                                                 "handshake within 5 s, three times")
-                                                   : sys.render(sup.error())));
+                                          (stalled(sup.error())
+                                             ? "it accepted the connection but did not complete the handshake (" +
+                                                 std::to_string(attempts) + " attempts in " +
+                                                 std::to_string(window.count()) + " s; the last: " +
+                                                 sys.render(sup.error()) + ")"
+                                             : sys.render(sup.error())));
   }
   spawn_peer_connector(sys, *sup); // direct connections to the shard nodes
   return *sup;

@@ -2,6 +2,7 @@
 // with garbage or say nothing at all: a client ends with a typed error in time
 // whatever phase it was in, and legitimate generations stay exact.
 
+#include "runtime/delay_proxy.hpp"
 #include "tests/cluster/cluster_support.hpp"
 
 #include <chrono>
@@ -206,6 +207,28 @@ TEST(HostilePeers, GarbageAndSilentConnectionsOnEveryPortNeverDisturbLegitimateG
   // Every node is still the incarnation it was (none was declared dead).
   for (auto& n : t.nodes)
     EXPECT_TRUE(n->last_line("ready node ").empty()) << "a node registered again";
+}
+
+TEST(HostilePeers, AClientWhoseHandshakeStallsTriesAgainOnAFreshConnection) {
+  // The coordinator's side of the first handshake is held 3 s (a proxy in front
+  // of it, what a coordinator starved of CPU looks like): CAF closes the
+  // connection at its next heartbeat tick (connection_timeout). The client says
+  // so and tries again on a fresh connection, which the proxy now passes on at
+  // once, and generates the ids of the same request alone.
+  Cluster c;
+  ASSERT_TRUE(c.add_ready("0-4"));
+  runtime::DelayProxyOptions o;
+  o.target_port = port_of(c.address);
+  o.delay = std::chrono::seconds(3);
+  runtime::DelayProxy proxy(o);
+  Client client("generate --cluster 127.0.0.1:" + std::to_string(proxy.port()) + " " + prompt);
+  const auto warned = client.p->wait_containing("trying again on a fresh connection");
+  proxy.set_delay(std::chrono::microseconds(0));
+  ASSERT_FALSE(warned.empty()) << "the first handshake did not stall:\n" << client.p->drain();
+  EXPECT_EQ(client.p->wait_exit(std::chrono::seconds(60)), 0);
+  const auto out = client.p->drain();
+  EXPECT_EQ(ids_line(out), local_ids()) << out;
+  EXPECT_GE(proxy.connections(), 2u);
 }
 
 } // namespace
