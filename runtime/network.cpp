@@ -87,18 +87,39 @@ caf::expected<msg::supervisor_actor> try_connect(caf::actor_system& sys, const E
   return caf::actor_cast<msg::supervisor_actor>(std::move(ptr));
 }
 
-msg::supervisor_actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep, std::chrono::milliseconds within) {
+namespace {
+
+// try_connect on fresh connections until `within` has passed: each attempt
+// bounded by what is left (at least 100 ms, at most `cap`), `pause` after each
+// failed one; ends at the first error that again(error, attempts so far)
+// declines, or with the last error once less than 100 ms is left.
+template <class Again>
+caf::expected<msg::supervisor_actor> connect_within(caf::actor_system& sys, const Endpoint& ep,
+                                                    std::chrono::milliseconds within, std::chrono::milliseconds cap,
+                                                    std::chrono::milliseconds pause, Again&& again) {
   const auto deadline = std::chrono::steady_clock::now() + within;
-  for (auto now = std::chrono::steady_clock::now(); now < deadline; now = std::chrono::steady_clock::now()) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
-    if (auto sup = try_connect(sys, ep, std::max(left, std::chrono::milliseconds(100)))) {
-      spawn_peer_connector(sys, *sup);
-      return *sup;
-    }
-    caf::scoped_actor pause{sys}; // back off before the next attempt
-    pause->receive(caf::after(200ms) >> [] {});
+  caf::expected<msg::supervisor_actor> sup = caf::sec::request_timeout;
+  for (int attempts = 0;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (attempts > 0 && left < 100ms)
+      return sup;
+    sup = try_connect(sys, ep, std::clamp(left, 100ms, std::max(cap, 100ms)));
+    ++attempts;
+    if (sup || !again(sup.error(), attempts))
+      return sup;
+    caf::scoped_actor wait{sys}; // a short back-off: a quick failure must not spin
+    wait->receive(caf::after(pause) >> [] {});
   }
-  return msg::supervisor_actor{};
+}
+
+} // namespace
+
+msg::supervisor_actor reconnect_coordinator(caf::actor_system& sys, const Endpoint& ep, std::chrono::milliseconds within) {
+  auto sup = connect_within(sys, ep, within, within, 200ms, [](const caf::error&, int) { return true; });
+  if (!sup)
+    return msg::supervisor_actor{};
+  spawn_peer_connector(sys, *sup);
+  return *sup;
 }
 
 msg::supervisor_actor connect_coordinator(caf::actor_system& sys, const Endpoint& ep) {
@@ -111,21 +132,16 @@ msg::supervisor_actor connect_coordinator(caf::actor_system& sys, const Endpoint
     return e == caf::sec::request_timeout || e == caf::sec::connection_timeout;
   };
   constexpr auto window = 15s;
-  const auto deadline = std::chrono::steady_clock::now() + window;
-  auto sup = try_connect(sys, ep, 5s);
-  int attempts = 1;
-  while (!sup && stalled(sup.error())) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left < 200ms)
-      break;
-    (attempts == 1 ? log::warn : log::debug)(
-      "the coordinator at " + ep.host + ":" + std::to_string(ep.port) + " accepted the connection but did not " +
-      "complete the handshake (" + sys.render(sup.error()) + "); trying again on a fresh connection");
-    caf::scoped_actor pause{sys}; // a short back-off: a quick failure must not spin
-    pause->receive(caf::after(100ms) >> [] {});
-    sup = try_connect(sys, ep, std::min<std::chrono::milliseconds>(5s, left - 100ms));
-    ++attempts;
-  }
+  int attempts = 0;
+  auto sup = connect_within(sys, ep, window, 5s, 100ms, [&](const caf::error& e, int n) {
+    attempts = n;
+    if (!stalled(e))
+      return false;
+    (n == 1 ? log::warn : log::debug)("the coordinator at " + ep.host + ":" + std::to_string(ep.port) +
+                                      " accepted the connection but did not complete the handshake (" +
+                                      sys.render(e) + "); trying again on a fresh connection");
+    return true;
+  });
   if (!sup) {
     throw model::Error(model::errc::io, "cannot reach the coordinator at " + ep.host + ":" + std::to_string(ep.port) +
                                           ": " +

@@ -1109,40 +1109,36 @@ inline __attribute__((always_inline)) void attend_rows_typed(const float* q, int
   }
 }
 
+// One specialisation of step 1: a q8_0 cache's integer scores, the others' float ones.
+template <class E, int HD, int MH, bool BD>
+inline __attribute__((always_inline)) void heads_scores_one(const float* q, int64_t m, const CacheRows& rows, int64_t n,
+                                                            int64_t hd, float scale, float* scores, int64_t k0,
+                                                            int64_t k1, float* mx) {
+  if constexpr (std::is_same_v<E, KvQ8>)
+    heads_scores_q8_impl<HD, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+  else
+    heads_scores_impl<E, HD, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+}
+
 template <class E, int MH>
 inline __attribute__((always_inline)) void heads_scores_lanes(const float* q, int64_t m, const CacheRows& rows,
                                                               int64_t n, int64_t hd, float scale, float* scores,
                                                               int64_t k0, int64_t k1, float* mx) {
-  if constexpr (std::is_same_v<E, KvQ8>) {
+  // The head sizes specialised, for the keys' layout BD (keys by dimension:
+  // f32 and q8_0 caches only).
+  auto by_size = [&](auto bd) __attribute__((always_inline)) {
+    constexpr bool BD = decltype(bd)::value;
+    switch (hd) {
+      case 64: return heads_scores_one<E, 64, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+      case 128: return heads_scores_one<E, 128, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+      case 256: return heads_scores_one<E, 256, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+      default: return heads_scores_one<E, 0, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+    }
+  };
+  if constexpr (std::is_same_v<E, KvF32> || std::is_same_v<E, KvQ8>)
     if (rows.keys_by_dim)
-      switch (hd) {
-        case 64: return heads_scores_q8_impl<64, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-        case 128: return heads_scores_q8_impl<128, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-        case 256: return heads_scores_q8_impl<256, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-        default: return heads_scores_q8_impl<0, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-      }
-    switch (hd) {
-      case 64: return heads_scores_q8_impl<64, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-      case 128: return heads_scores_q8_impl<128, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-      case 256: return heads_scores_q8_impl<256, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-      default: return heads_scores_q8_impl<0, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-    }
-  } else {
-    if constexpr (std::is_same_v<E, KvF32>)
-      if (rows.keys_by_dim)
-        switch (hd) {
-          case 64: return heads_scores_impl<E, 64, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-          case 128: return heads_scores_impl<E, 128, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-          case 256: return heads_scores_impl<E, 256, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-          default: return heads_scores_impl<E, 0, MH, true>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-        }
-    switch (hd) {
-      case 64: return heads_scores_impl<E, 64, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-      case 128: return heads_scores_impl<E, 128, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-      case 256: return heads_scores_impl<E, 256, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-      default: return heads_scores_impl<E, 0, MH>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-    }
-  }
+      return by_size(std::true_type{});
+  by_size(std::false_type{});
 }
 
 // As few head lanes as hold the heads (1-2, 3-4, 5-8, 9-16): every step picks the same.

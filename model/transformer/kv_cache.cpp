@@ -327,20 +327,13 @@ KVView KVCache::view() const {
   return v;
 }
 
-
-// Keys by dimension: kv head `head`'s run of keys of `layer` in pos's block.
-static uint8_t* key_run(const KVView& v, int64_t layer, int64_t pos, int64_t head) {
-  return v.blocks_of(layer)[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
-         v.pool->k_offset(layer, 0, head);
-}
-
 void KVView::put_key(int64_t layer, int64_t pos, int64_t head, const float* x, int64_t n) const {
   const WType t = pool->shape().kv_type;
   if (!pool->keys_by_dim())
     return quantize(t, x, k(layer, pos, head), n);
   constexpr int64_t bt = BlockPool::block_tokens;
   const int64_t slot = pos % bt;
-  uint8_t* run = key_run(*this, layer, pos, head);
+  uint8_t* run = k(layer, pos - slot, head); // the head's run of keys in pos's block
   if (t == WType::f32) {
     auto* p = reinterpret_cast<float*>(run);
     for (int64_t i = 0; i < n; ++i)
@@ -366,7 +359,7 @@ float KVView::key_value(int64_t layer, int64_t pos, int64_t head, int64_t i) con
   }
   constexpr int64_t bt = BlockPool::block_tokens;
   const int64_t slot = pos % bt;
-  const uint8_t* run = key_run(*this, layer, pos, head);
+  const uint8_t* run = k(layer, pos - slot, head);
   if (t == WType::f32)
     return reinterpret_cast<const float*>(run)[detail::by_dim_f32(bt, i, slot)];
   uint16_t d;

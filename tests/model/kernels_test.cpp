@@ -424,7 +424,9 @@ TEST(Kernels, KeysByDimensionGiveTheBitsOfKeysByPosition) {
         continue;
       const std::size_t stride = row_bytes(type, hd);
       const StoredBlocks cache = stored_blocks(type, hd, bt, blocks, 80, 3);
-      // The same blocks with each block's keys by dimension.
+      // The same blocks with each block's keys by dimension, the layout spelled out
+      // here rather than through attention.hpp's by_dim_* (which the kernels and
+      // the cache use): this checks those offsets too.
       std::vector<std::vector<uint8_t>> by_dim_store;
       std::vector<const uint8_t*> by_dim;
       for (const auto& blk : cache.store) {
