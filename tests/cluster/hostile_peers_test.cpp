@@ -210,25 +210,34 @@ TEST(HostilePeers, GarbageAndSilentConnectionsOnEveryPortNeverDisturbLegitimateG
 }
 
 TEST(HostilePeers, AClientWhoseHandshakeStallsTriesAgainOnAFreshConnection) {
-  // The coordinator's side of the first handshake is held 3 s (a proxy in front
-  // of it, what a coordinator starved of CPU looks like): CAF closes the
-  // connection at its next heartbeat tick (connection_timeout). The client says
-  // so and tries again on a fresh connection, which the proxy now passes on at
-  // once, and generates the ids of the same request alone.
+  // The coordinator's side of the first handshakes is held 3 s (a proxy in
+  // front of it, what a coordinator starved of CPU looks like): CAF closes each
+  // connection at its next heartbeat tick (connection_timeout). Three clients at
+  // once: each says so and tries again on a fresh connection, which the proxy
+  // now passes on at once, and each generates the ids of the same request alone.
   Cluster c;
   ASSERT_TRUE(c.add_ready("0-4"));
   runtime::DelayProxyOptions o;
   o.target_port = port_of(c.address);
   o.delay = std::chrono::seconds(3);
   runtime::DelayProxy proxy(o);
-  Client client("generate --cluster 127.0.0.1:" + std::to_string(proxy.port()) + " " + prompt);
-  const auto warned = client.p->wait_containing("trying again on a fresh connection");
+  constexpr int n = 3;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < n; ++i)
+    clients.push_back(std::make_unique<Client>("generate --cluster 127.0.0.1:" + std::to_string(proxy.port()) + " " + prompt));
+  std::vector<bool> warned;
+  for (auto& cl : clients) // every first handshake stalled before any is let through
+    warned.push_back(!cl->p->wait_containing("trying again on a fresh connection").empty());
   proxy.set_delay(std::chrono::microseconds(0));
-  ASSERT_FALSE(warned.empty()) << "the first handshake did not stall:\n" << client.p->drain();
-  EXPECT_EQ(client.p->wait_exit(std::chrono::seconds(60)), 0);
-  const auto out = client.p->drain();
-  EXPECT_EQ(ids_line(out), local_ids()) << out;
-  EXPECT_GE(proxy.connections(), 2u);
+  const auto expected = local_ids();
+  for (int i = 0; i < n; ++i) {
+    auto& cl = *clients[static_cast<std::size_t>(i)];
+    EXPECT_TRUE(warned[static_cast<std::size_t>(i)]) << "client " << i << "'s first handshake did not stall";
+    EXPECT_EQ(cl.p->wait_exit(std::chrono::seconds(60)), 0) << "client " << i;
+    const auto out = cl.p->drain();
+    EXPECT_EQ(ids_line(out), expected) << "client " << i << ":\n" << out;
+  }
+  EXPECT_GE(proxy.connections(), static_cast<uint64_t>(2 * n));
 }
 
 } // namespace
