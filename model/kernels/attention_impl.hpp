@@ -1098,15 +1098,26 @@ inline __attribute__((always_inline)) void heads_values_impl(int64_t m, const Ca
 
 // The head sizes with a kernel of their own (loops unrolled at compile time):
 // every other size goes through the run-time loop, with the same arithmetic.
+// The portable build (CPUs without AVX2, and the tests' reference for the
+// others' bits) runs every size through that loop: specialised, its baseline
+// clone took four minutes to compile for a path no AVX2 CPU takes.
+#if defined(STRATA_ATTENTION_AVX512) || defined(STRATA_ATTENTION_AVX2)
+constexpr bool head_size_kernels = true;
+#else
+constexpr bool head_size_kernels = false;
+#endif
 template <class E>
 inline __attribute__((always_inline)) void attend_rows_typed(const float* q, int64_t q_stride, int64_t m,
                                                              const CacheRows& rows, int64_t n0, int64_t hd, float scale,
                                                              float* scores, float* out, int64_t out_stride) {
-  switch (hd) {
-    case 64: return attend_rows_impl<E, 64>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
-    case 128: return attend_rows_impl<E, 128>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
-    default: return attend_rows_impl<E, 0>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+  if constexpr (head_size_kernels) {
+    switch (hd) {
+      case 64: return attend_rows_impl<E, 64>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+      case 128: return attend_rows_impl<E, 128>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
+      default: break;
+    }
   }
+  attend_rows_impl<E, 0>(q, q_stride, m, rows, n0, hd, scale, scores, out, out_stride);
 }
 
 // One specialisation of step 1: a q8_0 cache's integer scores, the others' float ones.
@@ -1124,16 +1135,19 @@ template <class E, int MH>
 inline __attribute__((always_inline)) void heads_scores_lanes(const float* q, int64_t m, const CacheRows& rows,
                                                               int64_t n, int64_t hd, float scale, float* scores,
                                                               int64_t k0, int64_t k1, float* mx) {
-  // The head sizes specialised, for the keys' layout BD (keys by dimension:
+  // The head sizes specialised (head_size_kernels), for the keys' layout BD (keys by dimension:
   // f32 and q8_0 caches only).
   auto by_size = [&](auto bd) __attribute__((always_inline)) {
     constexpr bool BD = decltype(bd)::value;
-    switch (hd) {
-      case 64: return heads_scores_one<E, 64, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-      case 128: return heads_scores_one<E, 128, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-      case 256: return heads_scores_one<E, 256, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
-      default: return heads_scores_one<E, 0, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+    if constexpr (head_size_kernels) {
+      switch (hd) {
+        case 64: return heads_scores_one<E, 64, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+        case 128: return heads_scores_one<E, 128, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+        case 256: return heads_scores_one<E, 256, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
+        default: break;
+      }
     }
+    heads_scores_one<E, 0, MH, BD>(q, m, rows, n, hd, scale, scores, k0, k1, mx);
   };
   if constexpr (std::is_same_v<E, KvF32> || std::is_same_v<E, KvQ8>)
     if (rows.keys_by_dim)
