@@ -35,11 +35,21 @@ BlockPool::BlockPool(CacheShape shape, int64_t capacity, uint64_t owner)
   row_bytes_ = shape.kv_row_bytes();
   head_bytes_ = shape.head_row_bytes();
   keys_by_dim_ = shape.keys_by_dim();
-  own_block_bytes_ = static_cast<std::size_t>((shape.n_layers - n_local_) * 2 * block_tokens) * row_bytes_ +
-                     static_cast<std::size_t>(block_tokens * shape.out_dim) * sizeof(float);
+  layer_bytes_ = static_cast<std::size_t>(2 * block_tokens) * row_bytes_;
+  out_block_bytes_ = static_cast<std::size_t>(block_tokens * shape.out_dim) * sizeof(float);
+  own_block_bytes_ = static_cast<std::size_t>(shape.n_layers - n_local_) * layer_bytes_ + out_block_bytes_;
+  // Slabs of about 32 MB (at least one block; no more than the pool holds),
+  // counted by the larger of this pool's blocks and its local pool's (which
+  // takes the same slab size: every layer may be local).
+  const std::size_t local_block = static_cast<std::size_t>(n_local_) * layer_bytes_;
+  slab_blocks_ = std::clamp<std::size_t>((std::size_t{32} << 20) / std::max<std::size_t>({own_block_bytes_, local_block, 1}),
+                                         1, static_cast<std::size_t>(capacity_));
   if (n_local_ > 0) {
     CacheShape ls{n_local_, shape.kv_dim, 0, {}, 0, shape.kv_type, shape.head_dim};
     local_ = std::make_unique<BlockPool>(std::move(ls), capacity_, owner);
+    // As many blocks a slab as this pool: k_offset / v_offset of a local layer
+    // (asked of this pool) step from layer to layer by the same stride.
+    local_->slab_blocks_ = slab_blocks_;
   }
 }
 
@@ -48,7 +58,7 @@ std::size_t BlockPool::bytes_in_use() const {
 }
 
 void BlockPool::FreeBytes::operator()(uint8_t* p) const {
-  ::operator delete[](p, std::align_val_t{64});
+  ::operator delete[](p, std::align_val_t{4096});
 }
 
 int64_t BlockPool::blocks_for_budget(CacheShape shape, std::size_t bytes) {
@@ -59,8 +69,7 @@ int64_t BlockPool::blocks_for_budget(CacheShape shape, std::size_t bytes) {
 }
 
 std::size_t BlockPool::allocated_bytes() const {
-  return static_cast<std::size_t>(std::count_if(storage_.begin(), storage_.end(), [](auto& p) { return p != nullptr; })) *
-           block_bytes() +
+  return static_cast<std::size_t>(allocated_) * block_bytes() +
          (local_ ? local_->allocated_bytes() : 0);
 }
 
@@ -71,10 +80,15 @@ int32_t BlockPool::allocate() {
   if (!free_.empty()) {
     id = free_.back();
     free_.pop_back();
-  } else if (static_cast<int64_t>(storage_.size()) < capacity_) {
-    id = static_cast<int32_t>(storage_.size());
-    storage_.emplace_back(static_cast<uint8_t*>(::operator new[](std::max<std::size_t>(64, own_block_bytes_),
-                                                                 std::align_val_t{64})));
+  } else if (allocated_ < capacity_) {
+    // The first block of a new slab allocates it (before the count moves: a
+    // failed allocation leaves the pool as it was).
+    if (static_cast<std::size_t>(allocated_) / slab_blocks_ == slabs_.size()) {
+      std::unique_ptr<uint8_t, FreeBytes> slab(static_cast<uint8_t*>(
+        ::operator new[](std::max<std::size_t>(64, slab_blocks_ * own_block_bytes_), std::align_val_t{4096})));
+      slabs_.push_back(std::move(slab));
+    }
+    id = static_cast<int32_t>(allocated_++);
     refs_.push_back(0);
     ids_.emplace_back();
     has_id_.push_back(0);
@@ -317,8 +331,12 @@ KVView KVCache::view() const {
   v.pool = pool_.get();
   v.seq_len = seq_len_;
   v.blocks.reserve(table_.size());
-  for (auto b : table_)
+  const bool out = pool_->shape().out_dim > 0;
+  for (auto b : table_) {
     v.blocks.push_back(pool_->data(b));
+    if (out)
+      v.out_blocks.push_back(pool_->out_data(b));
+  }
   if (!local_.empty()) {
     v.local_blocks.reserve(local_.size());
     for (auto b : local_)

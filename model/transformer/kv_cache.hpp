@@ -14,7 +14,11 @@
 //   what it sent the next shard, kept so that a next shard that lost its cache
 //   can be rebuilt without recomputing anything upstream.
 //   Blocks carry reference counts. Storage is allocated on a block's first use and
-//   reused after it is freed.
+//   reused after it is freed. Blocks are cut from slabs of about 32 MB laid out
+//   layer by layer (a slab's blocks' layer 0 side by side, then their layer 1,
+//   ..., then their output rows; BlockPool::slab_blocks()): a decode step reads
+//   one layer of a sequence's blocks at a time, and blocks taken one after
+//   another then lie side by side in each layer.
 // * Sliding windows: a shard's local (windowed) layers keep their keys and
 //   values in a second pool of their own (BlockPool::local(), same capacity, one
 //   local block beside each block of the main pool). A sequence gives back its
@@ -166,17 +170,37 @@ public:
   /// Cached blocks reclaimed for new contents so far.
   uint64_t reclaimed() const { return reclaimed_; }
 
-  uint8_t* data(int32_t block) { return storage_[static_cast<std::size_t>(block)].get(); }
-  const uint8_t* data(int32_t block) const { return storage_[static_cast<std::size_t>(block)].get(); }
+  /// Where block `block`'s layers are found: a layer's keys and values at
+  /// data(block) + k_offset / v_offset (the layers of a block are not
+  /// contiguous: see slab_blocks()).
+  uint8_t* data(int32_t block) const {
+    const auto b = static_cast<std::size_t>(block);
+    return slabs_[b / slab_blocks_].get() + (b % slab_blocks_) * layer_bytes_;
+  }
+  /// Where block `block`'s output rows are found (out_offset from here).
+  uint8_t* out_data(int32_t block) const {
+    const auto b = static_cast<std::size_t>(block);
+    return slabs_[b / slab_blocks_].get() + layers_bytes() + (b % slab_blocks_) * out_block_bytes_;
+  }
+  /// Blocks are cut from slabs of slab_blocks() blocks each, laid out layer by
+  /// layer: a slab holds layer 0 of each of its blocks side by side, then layer
+  /// 1 of each, and so on, then the blocks' output rows. A decode step reads
+  /// one layer of every block of its sequence at a time, and blocks taken one
+  /// after another lie side by side: the reads are runs of consecutive blocks'
+  /// keys (values), not a few kilobytes from each of blocks a megabyte apart.
+  std::size_t slab_blocks() const { return slab_blocks_; }
+  /// Bytes from a block's part of one layer to its part of the next.
+  std::size_t layer_stride() const { return slab_blocks_ * layer_bytes_; }
 
-  /// The byte offset where kv head `head`'s key (value) of position `slot` (0 ..
-  /// block_tokens-1) of shard layer `layer` starts inside its block: a block of
-  /// local() for a local layer, of this pool otherwise. A head's positions are
+  /// The byte offset from data() where kv head `head`'s key (value) of position
+  /// `slot` (0 .. block_tokens-1) of shard layer `layer` starts: from a block of
+  /// local() for a local layer (which has this pool's slab_blocks()), of this
+  /// pool otherwise. A head's positions are
   /// head_row_bytes() apart. Keys by dimension (keys_by_dim()) start
   /// key_unit() bytes apart (f32: value 0; q8_0: the scale of block 0), their
   /// other values spread over the head's run (CacheShape::keys_by_dim).
   std::size_t k_offset(int64_t layer, int64_t slot, int64_t head) const {
-    return static_cast<std::size_t>(index_of(layer) * 2) * block_tokens * row_bytes_ +
+    return static_cast<std::size_t>(index_of(layer)) * layer_stride() +
            static_cast<std::size_t>(head * block_tokens) * head_bytes_ +
            static_cast<std::size_t>(slot) * (keys_by_dim_ ? key_unit() : head_bytes_);
   }
@@ -186,16 +210,14 @@ public:
   /// value; q8_0: a scale, k_offset giving the slot's scale of block 0).
   std::size_t key_unit() const { return shape_.kv_type == WType::f32 ? sizeof(float) : 2; }
   std::size_t v_offset(int64_t layer, int64_t slot, int64_t head) const {
-    return static_cast<std::size_t>(index_of(layer) * 2 + 1) * block_tokens * row_bytes_ +
+    return static_cast<std::size_t>(index_of(layer)) * layer_stride() + block_tokens * row_bytes_ +
            static_cast<std::size_t>(head * block_tokens + slot) * head_bytes_;
   }
   /// Bytes from one position of a kv head to the next inside a block.
   std::size_t head_row_bytes() const { return head_bytes_; }
-  /// The byte offset of the (f32) output row of position `slot` (shape().out_dim > 0).
-  std::size_t out_offset(int64_t slot) const {
-    return static_cast<std::size_t>((shape_.n_layers - n_local_) * 2 * block_tokens) * row_bytes_ +
-           static_cast<std::size_t>(slot * shape_.out_dim) * sizeof(float);
-  }
+  /// The byte offset from out_data() of the (f32) output row of position
+  /// `slot` (shape().out_dim > 0).
+  std::size_t out_offset(int64_t slot) const { return static_cast<std::size_t>(slot * shape_.out_dim) * sizeof(float); }
   /// Bytes of one block of the main pool and of its local block together.
   static std::size_t block_bytes(const CacheShape& s) {
     return static_cast<std::size_t>(s.n_layers * 2 * block_tokens) * s.kv_row_bytes() +
@@ -218,6 +240,12 @@ private:
   std::size_t head_bytes_ = 0;      // one kv head's key (or value) at one position
   bool keys_by_dim_ = false;        // shape_.keys_by_dim()
   std::size_t own_block_bytes_ = 0; // one block of this pool
+  std::size_t layer_bytes_ = 0;     // one layer of one block: keys, then values
+  std::size_t out_block_bytes_ = 0; // one block's output rows
+  std::size_t slab_blocks_ = 1;     // blocks a slab holds
+  std::size_t layers_bytes() const {  // a slab's layers, before its output rows
+    return static_cast<std::size_t>(shape_.n_layers - n_local_) * layer_stride();
+  }
   int64_t index_of(int64_t layer) const { return layer_index_[static_cast<std::size_t>(layer)]; }
   int64_t n_local_ = 0;
   std::vector<int64_t> layer_index_;  // shard layer -> its place in its pool's blocks
@@ -227,7 +255,10 @@ private:
   int64_t capacity_;
   uint64_t owner_;
   int64_t in_use_ = 0;
-  std::vector<std::unique_ptr<uint8_t, FreeBytes>> storage_; // by block id (64-byte aligned); null until first use
+  // The slabs (4,096-byte aligned), allocated as blocks are first used:
+  // block b lies in slabs_[b / slab_blocks_].
+  std::vector<std::unique_ptr<uint8_t, FreeBytes>> slabs_;
+  int64_t allocated_ = 0; // blocks that have had storage (ids 0 .. allocated_ - 1)
   std::vector<int32_t> refs_;
   std::vector<int32_t> free_; // ids with storage, no references, not published
   // Prefix cache: published blocks by id; per block its id (if any) and, when
@@ -246,6 +277,7 @@ struct KVView {
   const BlockPool* pool = nullptr;
   std::vector<uint8_t*> blocks;       ///< data of table[i]
   std::vector<uint8_t*> local_blocks; ///< data of the local table (null: before the window, given back)
+  std::vector<uint8_t*> out_blocks;   ///< out_data of table[i] (pools with an out_dim only)
   int64_t seq_len = 0;
   /// The blocks that hold `layer`'s keys and values.
   const std::vector<uint8_t*>& blocks_of(int64_t layer) const { return pool->is_local(layer) ? local_blocks : blocks; }
@@ -268,7 +300,7 @@ struct KVView {
   }
   /// The shard's output row of `pos` (pools with an out_dim only).
   float* out(int64_t pos) const {
-    return reinterpret_cast<float*>(blocks[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
+    return reinterpret_cast<float*>(out_blocks[static_cast<std::size_t>(pos / BlockPool::block_tokens)] +
                                     pool->out_offset(pos % BlockPool::block_tokens));
   }
 };

@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
+#include <vector>
 
 namespace strata::model {
 namespace {
@@ -48,7 +50,10 @@ TEST(BlockPool, EachKvHeadsRowsOfABlockLieTogether) {
     for (int64_t g = 0; g < 3; ++g)
       for (int64_t slot = 0; slot < bt; ++slot) {
         const std::size_t k = pool->k_offset(l, slot, g), v = pool->v_offset(l, slot, g);
-        EXPECT_EQ(k, ((static_cast<std::size_t>(l) * 2 * 3 + static_cast<std::size_t>(g)) * bt + static_cast<std::size_t>(slot)) * hb);
+        // (layer by layer: the pool's 4 blocks fit one slab, so a layer's part
+        // of a block is 4 blocks' keys and values from the next layer's)
+        EXPECT_EQ(k, static_cast<std::size_t>(l) * 4 * (2 * 3 * bt * hb) +
+                       (static_cast<std::size_t>(g) * bt + static_cast<std::size_t>(slot)) * hb);
         EXPECT_EQ(v, k + 3 * bt * hb);
       }
   // Every (layer, k|v, head, position) of a sequence has bytes of its own.
@@ -66,6 +71,52 @@ TEST(BlockPool, EachKvHeadsRowsOfABlockLieTogether) {
   EXPECT_THROW(BlockPool(CacheShape{1, 96, 0, {}, 0, WType::f32, 64}, 1), Error);
   EXPECT_THROW(BlockPool(CacheShape{1, 96, 0, {}, 0, WType::q8_0, 48}, 1), Error);
   EXPECT_NO_THROW(BlockPool(CacheShape{1, 96, 0, {}, 0, WType::q8_0, 32}, 1));
+}
+
+TEST(BlockPool, BlocksOfSeveralSlabsLieLayerByLayerAndNeverOverlap) {
+  // 2 layers, 8 kv heads of 512 f16 values and 1,024-wide output rows: a block
+  // is 2 x 512 KB of keys and values and 128 KB of output rows, so a slab of
+  // about 32 MB holds 28 blocks, and 60 blocks take three slabs.
+  CacheShape shape{2, 4096, 1024, {}, 0, WType::f16, 512};
+  auto pool = std::make_shared<BlockPool>(shape, 60);
+  const std::size_t layer = 2 * bt * 4096 * 2, out = bt * 1024 * sizeof(float);
+  ASSERT_EQ(pool->block_bytes(), 2 * layer + out);
+  ASSERT_EQ(pool->slab_blocks(), (std::size_t{32} << 20) / (2 * layer + out));
+  ASSERT_LT(pool->slab_blocks(), 30u);
+  KVCache c(pool);
+  ASSERT_TRUE(c.reserve(60 * bt));
+  const KVView view = c.view();
+  // Blocks taken one after another lie side by side in each layer, within a slab.
+  for (std::size_t b = 1; b < 60; ++b)
+    if (b % pool->slab_blocks() != 0) {
+      EXPECT_EQ(view.blocks[b] - view.blocks[b - 1], static_cast<std::ptrdiff_t>(layer));
+      EXPECT_EQ(view.out_blocks[b] - view.out_blocks[b - 1], static_cast<std::ptrdiff_t>(out));
+    }
+  // Each block's keys, values (every head, one layer) and output rows: a tag of
+  // their own in every byte, written all first and read back after, so that
+  // any two regions that shared a byte would show it.
+  struct Region {
+    uint8_t* at;
+    std::size_t bytes;
+  };
+  std::vector<Region> regions;
+  for (int64_t b = 0; b < 60; ++b) {
+    for (int64_t l = 0; l < 2; ++l) {
+      regions.push_back({view.k(l, b * bt, 0), layer / 2});
+      regions.push_back({view.v(l, b * bt, 0), layer / 2});
+    }
+    regions.push_back({reinterpret_cast<uint8_t*>(view.out(b * bt)), out});
+  }
+  for (std::size_t r = 0; r < regions.size(); ++r) {
+    auto* p = reinterpret_cast<uint16_t*>(regions[r].at);
+    std::fill(p, p + regions[r].bytes / 2, static_cast<uint16_t>(r));
+  }
+  for (std::size_t r = 0; r < regions.size(); ++r) {
+    const auto* p = reinterpret_cast<const uint16_t*>(regions[r].at);
+    EXPECT_TRUE(std::all_of(p, p + regions[r].bytes / 2, [&](uint16_t x) { return x == r; })) << "region " << r;
+  }
+  // The last head's last position ends where the region of the layer's keys does.
+  EXPECT_EQ(view.k(1, 59 * bt + bt - 1, 7) + 512 * 2, view.k(1, 59 * bt, 0) + layer / 2);
 }
 
 TEST(BlockPool, SharedBlocksAreCountedOnceAndNeverWritten) {
