@@ -69,7 +69,7 @@ int64_t BlockPool::blocks_for_budget(CacheShape shape, std::size_t bytes) {
 }
 
 std::size_t BlockPool::allocated_bytes() const {
-  return static_cast<std::size_t>(allocated_) * block_bytes() +
+  return refs_.size() * block_bytes() +
          (local_ ? local_->allocated_bytes() : 0);
 }
 
@@ -80,15 +80,15 @@ int32_t BlockPool::allocate() {
   if (!free_.empty()) {
     id = free_.back();
     free_.pop_back();
-  } else if (allocated_ < capacity_) {
+  } else if (static_cast<int64_t>(refs_.size()) < capacity_) {
     // The first block of a new slab allocates it (before the count moves: a
     // failed allocation leaves the pool as it was).
-    if (static_cast<std::size_t>(allocated_) / slab_blocks_ == slabs_.size()) {
+    if (refs_.size() / slab_blocks_ == slabs_.size()) {
       std::unique_ptr<uint8_t, FreeBytes> slab(static_cast<uint8_t*>(
         ::operator new[](std::max<std::size_t>(64, slab_blocks_ * own_block_bytes_), std::align_val_t{4096})));
       slabs_.push_back(std::move(slab));
     }
-    id = static_cast<int32_t>(allocated_++);
+    id = static_cast<int32_t>(refs_.size());
     refs_.push_back(0);
     ids_.emplace_back();
     has_id_.push_back(0);

@@ -258,8 +258,7 @@ private:
   // The slabs (4,096-byte aligned), allocated as blocks are first used:
   // block b lies in slabs_[b / slab_blocks_].
   std::vector<std::unique_ptr<uint8_t, FreeBytes>> slabs_;
-  int64_t allocated_ = 0; // blocks that have had storage (ids 0 .. allocated_ - 1)
-  std::vector<int32_t> refs_;
+  std::vector<int32_t> refs_; // by block id, for every block that has had storage (ids 0 .. size - 1)
   std::vector<int32_t> free_; // ids with storage, no references, not published
   // Prefix cache: published blocks by id; per block its id (if any) and, when
   // unreferenced, its place in the LRU list (front = most recently released).

@@ -46,16 +46,6 @@ msg::generation_request request(const Case& c) {
   return r;
 }
 
-// What a session met on the way, for a failed expectation.
-std::string describe(const msg::generation_result& r) {
-  std::string s = "reprefills=" + std::to_string(r.reprefills) + " retries=" + std::to_string(r.retries) +
-                  " route_changes=" + std::to_string(r.route_changes) + " misses=";
-  for (std::size_t i = 0; i < r.misses.size(); ++i)
-    if (r.misses[i])
-      s += std::string(msg::to_string(static_cast<msg::miss_reason>(i))) + ":" + std::to_string(r.misses[i]) + " ";
-  return s;
-}
-
 struct Architectures : ::testing::TestWithParam<const char*> {
   actors::actor_config cfg;
   caf::actor_system sys{cfg};
@@ -85,7 +75,7 @@ TEST_P(Architectures, ShardedWithFaultsDuringConcurrentSessionsEqualLlamaCpp) {
     // A route change (the kill's, the epoch's) that reaches session 0 between
     // its eviction and its next step makes it rebuild every hop, rightly
     // without asking the evicted cache: the eviction would go unseen (under
-    // load, 1 run in ~16). So the other faults wait until session 0 has taken
+    // two busy loops, 2 of 20 repeats). So the other faults wait until session 0 has taken
     // the step after its eviction; the sessions run side by side throughout.
     std::promise<void> evicted;
     const auto evicted_seen = evicted.get_future().share();
@@ -119,7 +109,7 @@ TEST_P(Architectures, ShardedWithFaultsDuringConcurrentSessionsEqualLlamaCpp) {
       EXPECT_EQ(outs[i].result.ids, cases[i].ids) << "case " << i << " differs from llama.cpp";
     }
     EXPECT_GE(outs[0].result.misses[static_cast<std::size_t>(msg::miss_reason::evicted_lru)], 1u)
-      << "the eviction reached its session; it saw " << describe(outs[0].result);
+      << "the eviction reached its session; it saw " << caf::deep_to_string(outs[0].result);
     EXPECT_GE(outs[1].result.reprefills + outs[1].result.retries + outs[1].result.route_changes, 1u)
       << "the kill reached its session";
   }
