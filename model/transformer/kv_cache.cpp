@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <new>
 #include <string>
@@ -34,6 +35,8 @@ BlockPool::BlockPool(CacheShape shape, int64_t capacity, uint64_t owner)
     layer_index_.push_back(shape.is_local(l) ? n_local_++ : global++);
   row_bytes_ = shape.kv_row_bytes();
   head_bytes_ = shape.head_row_bytes();
+  run_bytes_ = static_cast<std::size_t>(block_tokens) * head_bytes_;
+  kv_heads_ = static_cast<int64_t>(row_bytes_ / head_bytes_);
   keys_by_dim_ = shape.keys_by_dim();
   layer_bytes_ = static_cast<std::size_t>(2 * block_tokens) * row_bytes_;
   out_block_bytes_ = static_cast<std::size_t>(block_tokens * shape.out_dim) * sizeof(float);
@@ -78,6 +81,7 @@ int32_t BlockPool::allocate() {
     return -1;
   int32_t id;
   if (!free_.empty()) {
+    std::pop_heap(free_.begin(), free_.end(), std::greater<>{});
     id = free_.back();
     free_.pop_back();
   } else if (static_cast<int64_t>(refs_.size()) < capacity_) {
@@ -128,6 +132,7 @@ void BlockPool::release(int32_t block) {
       lru_pos_[b] = lru_.begin();
     } else {
       free_.push_back(block);
+      std::push_heap(free_.begin(), free_.end(), std::greater<>{});
     }
   }
 }
@@ -154,6 +159,7 @@ void BlockPool::set_prefix_cache(bool on) {
     const auto b = lru_.back();
     unpublish(b);
     free_.push_back(b);
+    std::push_heap(free_.begin(), free_.end(), std::greater<>{});
   }
   for (std::size_t b = 0; b < has_id_.size(); ++b)
     if (has_id_[b] != 0)

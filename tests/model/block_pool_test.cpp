@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -40,7 +41,8 @@ KVCache filled(const std::shared_ptr<BlockPool>& pool, int64_t blocks, uint64_t 
 
 TEST(BlockPool, EachKvHeadsRowsOfABlockLieTogether) {
   // 2 layers, 3 kv heads of 32 values, f16: a head's 32 positions of a block are
-  // one run of 32 x 64 bytes, heads one after another, keys then values per layer.
+  // one run of 32 x 64 bytes; per layer the slab's blocks' runs of head 0's
+  // keys side by side, then head 1's, head 2's, then the values alike.
   CacheShape shape{2, 96, 0, {}, 0, WType::f16, 32};
   auto pool = std::make_shared<BlockPool>(shape, 4);
   const std::size_t hb = 32 * 2;
@@ -50,11 +52,12 @@ TEST(BlockPool, EachKvHeadsRowsOfABlockLieTogether) {
     for (int64_t g = 0; g < 3; ++g)
       for (int64_t slot = 0; slot < bt; ++slot) {
         const std::size_t k = pool->k_offset(l, slot, g), v = pool->v_offset(l, slot, g);
-        // (layer by layer: the pool's 4 blocks fit one slab, so a layer's part
-        // of a block is 4 blocks' keys and values from the next layer's)
-        EXPECT_EQ(k, static_cast<std::size_t>(l) * 4 * (2 * 3 * bt * hb) +
-                       (static_cast<std::size_t>(g) * bt + static_cast<std::size_t>(slot)) * hb);
-        EXPECT_EQ(v, k + 3 * bt * hb);
+        // (the pool's 4 blocks fit one slab: a layer's part of a block is 4
+        // blocks' keys and values from the next layer's, a head's run 4 runs
+        // from the next head's)
+        EXPECT_EQ(k, static_cast<std::size_t>(l) * 4 * (2 * 3 * bt * hb) + static_cast<std::size_t>(g) * 4 * bt * hb +
+                       static_cast<std::size_t>(slot) * hb);
+        EXPECT_EQ(v, k + 3 * 4 * bt * hb);
       }
   // Every (layer, k|v, head, position) of a sequence has bytes of its own.
   KVCache c(pool);
@@ -73,38 +76,54 @@ TEST(BlockPool, EachKvHeadsRowsOfABlockLieTogether) {
   EXPECT_NO_THROW(BlockPool(CacheShape{1, 96, 0, {}, 0, WType::q8_0, 32}, 1));
 }
 
-TEST(BlockPool, BlocksOfSeveralSlabsLieLayerByLayerAndNeverOverlap) {
+TEST(BlockPool, BlocksOfSeveralSlabsLieLayerByLayerHeadByHeadAndNeverOverlap) {
   // 2 layers, 8 kv heads of 512 f16 values and 1,024-wide output rows: a block
   // is 2 x 512 KB of keys and values and 128 KB of output rows, so a slab of
   // about 32 MB holds 28 blocks, and 60 blocks take three slabs.
   CacheShape shape{2, 4096, 1024, {}, 0, WType::f16, 512};
   auto pool = std::make_shared<BlockPool>(shape, 60);
   const std::size_t layer = 2 * bt * 4096 * 2, out = bt * 1024 * sizeof(float);
+  const std::size_t run = bt * 512 * 2; // one kv head's keys (values) of one block
   ASSERT_EQ(pool->block_bytes(), 2 * layer + out);
   ASSERT_EQ(pool->slab_blocks(), (std::size_t{32} << 20) / (2 * layer + out));
   ASSERT_LT(pool->slab_blocks(), 30u);
   KVCache c(pool);
   ASSERT_TRUE(c.reserve(60 * bt));
   const KVView view = c.view();
-  // Blocks taken one after another lie side by side in each layer, within a slab.
+  // Blocks taken one after another lie side by side in each layer and kv head,
+  // within a slab: a head's keys (values) of a sequence's blocks are one run
+  // of memory, which a decode step reads from start to end.
   for (std::size_t b = 1; b < 60; ++b)
     if (b % pool->slab_blocks() != 0) {
-      EXPECT_EQ(view.blocks[b] - view.blocks[b - 1], static_cast<std::ptrdiff_t>(layer));
+      EXPECT_EQ(view.blocks[b] - view.blocks[b - 1], static_cast<std::ptrdiff_t>(run));
       EXPECT_EQ(view.out_blocks[b] - view.out_blocks[b - 1], static_cast<std::ptrdiff_t>(out));
+      const auto pos = static_cast<int64_t>(b) * bt;
+      for (int64_t l = 0; l < 2; ++l)
+        for (int64_t g = 0; g < 8; g += 7) {
+          EXPECT_EQ(view.k(l, pos, g) - view.k(l, pos - bt, g), static_cast<std::ptrdiff_t>(run));
+          EXPECT_EQ(view.v(l, pos, g) - view.v(l, pos - bt, g), static_cast<std::ptrdiff_t>(run));
+        }
     }
-  // Each block's keys, values (every head, one layer) and output rows: a tag of
-  // their own in every byte, written all first and read back after, so that
-  // any two regions that shared a byte would show it.
+  // A slab's keys of head g + 1 follow its blocks' keys of head g, its values
+  // follow the keys of the last head.
+  const auto S = static_cast<std::ptrdiff_t>(pool->slab_blocks() * run);
+  EXPECT_EQ(view.k(0, 0, 1) - view.k(0, 0, 0), S);
+  EXPECT_EQ(view.v(0, 0, 0) - view.k(0, 0, 7), S);
+  EXPECT_EQ(view.k(1, 0, 0) - view.k(0, 0, 0), 16 * S);
+  // Each block's keys and values of every head and layer, and its output rows:
+  // a tag of their own in every byte, written all first and read back after,
+  // so that any two regions that shared a byte would show it.
   struct Region {
     uint8_t* at;
     std::size_t bytes;
   };
   std::vector<Region> regions;
   for (int64_t b = 0; b < 60; ++b) {
-    for (int64_t l = 0; l < 2; ++l) {
-      regions.push_back({view.k(l, b * bt, 0), layer / 2});
-      regions.push_back({view.v(l, b * bt, 0), layer / 2});
-    }
+    for (int64_t l = 0; l < 2; ++l)
+      for (int64_t g = 0; g < 8; ++g) {
+        regions.push_back({view.k(l, b * bt, g), run});
+        regions.push_back({view.v(l, b * bt, g), run});
+      }
     regions.push_back({reinterpret_cast<uint8_t*>(view.out(b * bt)), out});
   }
   for (std::size_t r = 0; r < regions.size(); ++r) {
@@ -115,8 +134,34 @@ TEST(BlockPool, BlocksOfSeveralSlabsLieLayerByLayerAndNeverOverlap) {
     const auto* p = reinterpret_cast<const uint16_t*>(regions[r].at);
     EXPECT_TRUE(std::all_of(p, p + regions[r].bytes / 2, [&](uint16_t x) { return x == r; })) << "region " << r;
   }
-  // The last head's last position ends where the region of the layer's keys does.
-  EXPECT_EQ(view.k(1, 59 * bt + bt - 1, 7) + 512 * 2, view.k(1, 59 * bt, 0) + layer / 2);
+  // A head's last position ends where its run of the block does.
+  EXPECT_EQ(view.k(1, 59 * bt + bt - 1, 7) + 512 * 2, view.k(1, 59 * bt, 7) + run);
+}
+
+TEST(BlockPool, FreedBlocksAreTakenLowestFirstSoASequencesRunsAscend) {
+  // Sequences that grow side by side interleave their blocks; once they are
+  // gone, a new sequence takes the freed blocks lowest first: its blocks lie
+  // one after another, so each kv head's keys and values of it are one run.
+  CacheShape shape{1, 128, 0, {}, 0, WType::f32, 64};
+  auto pool = std::make_shared<BlockPool>(shape, 8);
+  const std::size_t run = bt * 64 * sizeof(float);
+  {
+    KVCache a(pool);
+    std::optional<KVCache> b(std::in_place, pool);
+    for (int64_t n = 1; n <= 4; ++n) {
+      ASSERT_TRUE(a.reserve(n * bt));
+      ASSERT_TRUE(b->reserve(n * bt));
+    }
+    const KVView va = a.view();
+    EXPECT_EQ(va.blocks[1] - va.blocks[0], static_cast<std::ptrdiff_t>(2 * run)) << "interleaved";
+    b.reset(); // b's blocks (1, 3, 5, 7) freed first, then a's
+  }
+  KVCache c(pool);
+  ASSERT_TRUE(c.reserve(8 * bt));
+  const KVView v = c.view();
+  for (std::size_t i = 1; i < 8; ++i)
+    EXPECT_EQ(v.blocks[i] - v.blocks[i - 1], static_cast<std::ptrdiff_t>(run)) << "block " << i;
+  EXPECT_EQ(v.k(0, 7 * bt, 1) - v.k(0, 0, 1), static_cast<std::ptrdiff_t>(7 * run));
 }
 
 TEST(BlockPool, SharedBlocksAreCountedOnceAndNeverWritten) {
