@@ -256,7 +256,12 @@ void Generation::prepare_and_generate() {
       gi.session = i == 0 ? g.session : msg::mint_session_id("http");
       model::SamplingParams spi = sp;
       spi.seed = seed + i;
-      gi.sampling = {sp.temperature, sp.top_k, sp.top_p, model::Sampler(spi).state(), sp.min_p};
+      gi.sampling = msg::sampling_state{};
+      gi.sampling.temperature = sp.temperature;
+      gi.sampling.top_k = sp.top_k;
+      gi.sampling.top_p = sp.top_p;
+      gi.sampling.rng_state = model::Sampler(spi).state();
+      gi.sampling.min_p = sp.min_p;
       gi.sampling.presence_penalty = req_.presence_penalty;
       gi.sampling.frequency_penalty = req_.frequency_penalty;
       gi.sampling.repetition_penalty = req_.repetition_penalty;
