@@ -131,10 +131,14 @@ void BlockPool::release(int32_t block) {
       lru_.push_front(block);
       lru_pos_[b] = lru_.begin();
     } else {
-      free_.push_back(block);
-      std::push_heap(free_.begin(), free_.end(), std::greater<>{});
+      put_free(block);
     }
   }
+}
+
+void BlockPool::put_free(int32_t block) {
+  free_.push_back(block);
+  std::push_heap(free_.begin(), free_.end(), std::greater<>{});
 }
 
 void BlockPool::unpublish(int32_t block) {
@@ -158,8 +162,7 @@ void BlockPool::set_prefix_cache(bool on) {
   while (!lru_.empty()) { // cached blocks become plain free ones
     const auto b = lru_.back();
     unpublish(b);
-    free_.push_back(b);
-    std::push_heap(free_.begin(), free_.end(), std::greater<>{});
+    put_free(b);
   }
   for (std::size_t b = 0; b < has_id_.size(); ++b)
     if (has_id_[b] != 0)

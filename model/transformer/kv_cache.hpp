@@ -247,7 +247,7 @@ private:
   std::size_t row_bytes_ = 0;       // one position's keys (or values), every head
   std::size_t head_bytes_ = 0;      // one kv head's key (or value) at one position
   std::size_t run_bytes_ = 0;       // one kv head's keys (or values) of one block
-  int64_t kv_heads_ = 0;
+  int64_t kv_heads_ = 0;            // row_bytes_ / head_bytes_
   bool keys_by_dim_ = false;        // shape_.keys_by_dim()
   std::size_t own_block_bytes_ = 0; // one block of this pool
   std::size_t layer_bytes_ = 0;     // one layer of one block: keys, then values
@@ -261,6 +261,7 @@ private:
   std::vector<int64_t> layer_index_;  // shard layer -> its place in its pool's blocks
   std::unique_ptr<BlockPool> local_;
   void unpublish(int32_t block);
+  void put_free(int32_t block); // onto free_, keeping it a heap
   CacheShape shape_;
   int64_t capacity_;
   uint64_t owner_;
