@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 namespace strata {
 namespace {
@@ -170,6 +171,77 @@ void batched_equals_alone(const std::string& model, const std::string& split, co
     }
   }
   EXPECT_EQ(max_batch, n) << "every sequence should have shared a batch with all the others";
+}
+
+// Sequences that end while others decode give their blocks back, and those
+// that join later take them lowest first (BlockPool), so a newcomer's blocks lie
+// among those of sequences still decoding: each step's logits still equal the
+// same sequence's alone, bit for bit, through three shards. Prompts of 40
+// tokens and 40 steps cross two block boundaries; sequence i joins at round
+// 12 i, so up to four decode at once and the fifth and sixth join after the
+// first two have ended.
+TEST(Batch, SequencesEndingAndJoiningMidCrowdTakeFreedBlocksAndEqualAlone) {
+  Pipeline batched("builtin:tiny", "0-1,2-3,4"), alone("builtin:tiny", "0-1,2-3,4");
+  const auto vocab = static_cast<int32_t>(batched.shards.back()->config().vocab_size);
+  const std::size_t n = 6;
+  const int steps = 40, gap = 12;
+  std::vector<std::vector<int32_t>> ps(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    ps[i].push_back(1);
+    for (int j = 0; j < 39; ++j)
+      ps[i].push_back(static_cast<int32_t>((11 + 17 * static_cast<int>(i) + 29 * j) % (vocab - 3) + 3));
+  }
+  std::vector<std::vector<std::vector<float>>> ref(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    auto c = alone.caches();
+    auto lg = alone.run({ps[i]}, {&c})[0];
+    ref[i].push_back(lg);
+    for (int k = 1; k < steps; ++k) {
+      lg = alone.run({{argmax(lg)}}, {&c})[0];
+      ref[i].push_back(lg);
+    }
+  }
+  std::vector<std::vector<KVCache>> caches(n);
+  std::vector<int> done(n, 0);
+  std::vector<std::vector<float>> last(n);
+  std::set<const uint8_t*> freed;  // the first shard's blocks of ended sequences
+  std::size_t max_batch = 0, reused = 0;
+  for (int round = 0; round < gap * static_cast<int>(n - 1) + steps; ++round) {
+    std::vector<std::vector<int32_t>> inputs;
+    std::vector<std::vector<KVCache>*> cs;
+    std::vector<std::size_t> who;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (gap * static_cast<int>(i) > round || done[i] == steps)
+        continue;
+      if (done[i] == 0) {
+        caches[i] = batched.caches();
+        inputs.push_back(ps[i]);
+      } else {
+        inputs.push_back({argmax(last[i])});
+      }
+      cs.push_back(&caches[i]);
+      who.push_back(i);
+    }
+    if (who.empty())
+      continue;
+    max_batch = std::max(max_batch, who.size());
+    auto lgs = batched.run(inputs, cs);
+    for (std::size_t k = 0; k < who.size(); ++k) {
+      const auto i = who[k];
+      EXPECT_EQ(lgs[k], ref[i][static_cast<std::size_t>(done[i])]) << "sequence " << i << " step " << done[i];
+      last[i] = std::move(lgs[k]);
+      if (done[i] == 0)
+        for (const uint8_t* b : caches[i][0].view().blocks)
+          reused += freed.count(b);
+      if (++done[i] == steps) { // the sequence ends: its blocks go back now
+        for (const uint8_t* b : caches[i][0].view().blocks)
+          freed.insert(b);
+        caches[i].clear();
+      }
+    }
+  }
+  EXPECT_EQ(max_batch, 4u);
+  EXPECT_GT(reused, 0u) << "a later sequence should have taken blocks an ended one gave back";
 }
 
 TEST(Batch, StaggeredSequencesEqualAloneOneShard) {
