@@ -103,6 +103,47 @@ std::vector<std::vector<int32_t>> prompts(int32_t vocab) {
   return p;
 }
 
+// Each prompt alone through `p`: prefill, then greedy decode; the logits of
+// every step.
+std::vector<std::vector<std::vector<float>>> alone_logits(Pipeline& p, const std::vector<std::vector<int32_t>>& ps,
+                                                          int steps) {
+  std::vector<std::vector<std::vector<float>>> ref(ps.size());
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    auto c = p.caches();
+    auto lg = p.run({ps[i]}, {&c})[0];
+    ref[i].push_back(lg);
+    for (int s = 1; s < steps; ++s) {
+      lg = p.run({{argmax(lg)}}, {&c})[0];
+      ref[i].push_back(lg);
+    }
+  }
+  return ref;
+}
+
+// The sequences that run in `round` (sequence i from round join(i) until it has
+// taken `steps` steps), their inputs and caches: a joining one prefills its
+// prompt into fresh caches, the others feed their last step's argmax.
+template <class Join>
+std::vector<std::size_t> gather(int round, Join join, int steps, const std::vector<std::vector<int32_t>>& ps,
+                                const std::vector<int>& done, const std::vector<std::vector<float>>& last,
+                                std::vector<std::vector<KVCache>>& caches, const Pipeline& p,
+                                std::vector<std::vector<int32_t>>& inputs, std::vector<std::vector<KVCache>*>& cs) {
+  std::vector<std::size_t> who;
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    if (join(i) > round || done[i] == steps)
+      continue;
+    if (done[i] == 0) {
+      caches[i] = p.caches();
+      inputs.push_back(ps[i]);
+    } else {
+      inputs.push_back({argmax(last[i])});
+    }
+    cs.push_back(&caches[i]);
+    who.push_back(i);
+  }
+  return who;
+}
+
 // Eight sequences joining at staggered rounds, decoded greedily together; each
 // step's logits must equal those of the same sequence run alone. `crowd_on_avx2`:
 // the crowd runs the AVX2 builds of the attention and the f32 product, the
@@ -121,16 +162,7 @@ void batched_equals_alone(const std::string& model, const std::string& split, co
   const std::size_t n = ps.size();
   const int steps = 12;
   // Alone: prefill, then greedy decode; record the logits of every step.
-  std::vector<std::vector<std::vector<float>>> ref(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    auto c = alone.caches();
-    auto lg = alone.run({ps[i]}, {&c})[0];
-    ref[i].push_back(lg);
-    for (int s = 1; s < steps; ++s) {
-      lg = alone.run({{argmax(lg)}}, {&c})[0];
-      ref[i].push_back(lg);
-    }
-  }
+  const auto ref = alone_logits(alone, ps, steps);
   if (crowd_on_avx2) {
     model::detail::set_attention_isa(model::detail::AttentionIsa::avx2);
     ASSERT_TRUE(model::detail::set_rows_isa_avx2(true));
@@ -143,19 +175,8 @@ void batched_equals_alone(const std::string& model, const std::string& split, co
   for (int round = 0; round < static_cast<int>(n) + steps; ++round) {
     std::vector<std::vector<int32_t>> inputs;
     std::vector<std::vector<KVCache>*> cs;
-    std::vector<std::size_t> who;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (static_cast<int>(i) > round || done[i] == steps)
-        continue;
-      if (done[i] == 0) {
-        caches[i] = batched.caches();
-        inputs.push_back(ps[i]);
-      } else {
-        inputs.push_back({argmax(last[i])});
-      }
-      cs.push_back(&caches[i]);
-      who.push_back(i);
-    }
+    const auto who = gather(
+      round, [](std::size_t i) { return static_cast<int>(i); }, steps, ps, done, last, caches, batched, inputs, cs);
     if (who.empty())
       continue;
     max_batch = std::max(max_batch, who.size());
@@ -191,16 +212,7 @@ TEST(Batch, SequencesEndingAndJoiningMidCrowdTakeFreedBlocksAndEqualAlone) {
     for (int j = 0; j < 39; ++j)
       ps[i].push_back(static_cast<int32_t>((11 + 17 * static_cast<int>(i) + 29 * j) % (vocab - 3) + 3));
   }
-  std::vector<std::vector<std::vector<float>>> ref(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    auto c = alone.caches();
-    auto lg = alone.run({ps[i]}, {&c})[0];
-    ref[i].push_back(lg);
-    for (int k = 1; k < steps; ++k) {
-      lg = alone.run({{argmax(lg)}}, {&c})[0];
-      ref[i].push_back(lg);
-    }
-  }
+  const auto ref = alone_logits(alone, ps, steps);
   std::vector<std::vector<KVCache>> caches(n);
   std::vector<int> done(n, 0);
   std::vector<std::vector<float>> last(n);
@@ -209,19 +221,9 @@ TEST(Batch, SequencesEndingAndJoiningMidCrowdTakeFreedBlocksAndEqualAlone) {
   for (int round = 0; round < gap * static_cast<int>(n - 1) + steps; ++round) {
     std::vector<std::vector<int32_t>> inputs;
     std::vector<std::vector<KVCache>*> cs;
-    std::vector<std::size_t> who;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (gap * static_cast<int>(i) > round || done[i] == steps)
-        continue;
-      if (done[i] == 0) {
-        caches[i] = batched.caches();
-        inputs.push_back(ps[i]);
-      } else {
-        inputs.push_back({argmax(last[i])});
-      }
-      cs.push_back(&caches[i]);
-      who.push_back(i);
-    }
+    const auto who = gather(
+      round, [&](std::size_t i) { return gap * static_cast<int>(i); }, steps, ps, done, last, caches, batched, inputs,
+      cs);
     if (who.empty())
       continue;
     max_batch = std::max(max_batch, who.size());
