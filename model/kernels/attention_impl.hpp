@@ -444,51 +444,69 @@ inline __attribute__((always_inline)) void prefetch_block(const CacheRows& rows,
 // value row read once for all lanes: lane t's weight of key j at
 // at(j)[STRIDE * t], its output at out + t * out_stride. Each output column adds
 // the keys in order whatever CW is, and whatever other columns the call has.
+// In runs of blocks of about value_run_bytes of [c0, c1): every pass of columns
+// over one run, then the next run (the passes' sums kept in `out` between
+// runs: a store and a load of a float change no bits), so that a run's value
+// rows come from memory once and its later passes find them in the L2 cache.
+// Pass by pass over the whole cache, a cache larger than L2 came from memory
+// once a pass (Qwen2.5-0.5B's f32 cache at 8,192 tokens: 2 MB a kv head and
+// layer, two passes of 32 columns).
+constexpr int64_t value_run_bytes = 128 << 10;
 template <class E, int L, int STRIDE, int CW, class At>
 inline __attribute__((always_inline)) void value_columns_w(const CacheRows& rows, int64_t lo, int64_t n, int64_t c0,
                                                            int64_t c1, int64_t m, At at, float* out,
                                                            int64_t out_stride) {
   const int64_t bt = rows.block_tokens, b0 = lo / bt;
   const std::size_t rs = rows.row_stride;
-  for (int64_t c = c0; c < c1; c += 16 * CW) {
-    v16 acc[L][CW] = {};
-    // These columns of the values two blocks ahead (a block's keys take less
-    // time than a fetch from memory).
-    const int64_t v_at = E::bytes(c), v_bytes = std::max<int64_t>(E::bytes(16 * CW), 34);
-    prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.v_offset, v_at, v_bytes);
-    for (int64_t j0 = b0 * bt, b = b0; j0 < n; j0 += bt, ++b) {
-      const int64_t first = std::max<int64_t>(lo - j0, 0);
-      const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rs;
-      const int64_t cnt = std::min(bt, n - j0);
-      // Row r of the block two ahead while row r of this one is read: the
-      // prefetches spread over the block's work (a burst of a whole block's
-      // filled the line buffers and stalled the loads behind it).
-      const int64_t ahead = std::min(bt, n - j0 - 2 * bt);
-      const uint8_t* pf = ahead > 0 ? rows.blocks[b + 2] + rows.v_offset + v_at + static_cast<std::size_t>(first) * rs
-                                    : nullptr;
-      for (int64_t j = j0 + first; j < j0 + cnt; ++j, vp += rs) {
-        if (j - j0 < ahead) {
-          for (int64_t l = 0; l < v_bytes; l += 64)
-            __builtin_prefetch(pf + l, 0, 3);
-          pf += rs;
-        }
-        // Each lane's weight broadcast from memory (a load, folded into the
-        // multiply-add), not extracted from a register (a shuffle each).
-        const float* p = at(j);
-#pragma GCC unroll 8
-        for (int u = 0; u < CW; ++u) {
-          const v16 vj = E::get16(vp, c + 16 * u);
+  const int64_t v_at = E::bytes(c0), v_bytes = std::max<int64_t>(E::bytes(c1 - c0), 34);
+  const int64_t run_blocks = std::max<int64_t>(1, value_run_bytes / (bt * v_bytes));
+  // The columns [c0, c1) of the values one block ahead (a block's keys take
+  // less time than a fetch from memory); then, in each run's first pass, those
+  // of the block two ahead.
+  prefetch_block(rows, b0 + 1, std::min(bt, n - (b0 + 1) * bt), rows.v_offset, v_at, v_bytes);
+  for (int64_t r0 = b0 * bt; r0 < n; r0 += run_blocks * bt) {
+    const int64_t r1 = std::min(n, r0 + run_blocks * bt);
+    for (int64_t c = c0; c < c1; c += 16 * CW) {
+      v16 acc[L][CW];
 #pragma GCC unroll 16
-          for (int t = 0; t < L; ++t)
-            acc[t][u] += p[STRIDE * t] * vj;
+      for (int t = 0; t < L; ++t) // (constant indices: a run-time one would keep acc in memory)
+        for (int u = 0; u < CW; ++u)
+          acc[t][u] = r0 == b0 * bt || t >= m ? v16{} : vload<v16>(out + t * out_stride + c + 16 * u);
+      for (int64_t j0 = r0, b = r0 / bt; j0 < r1; j0 += bt, ++b) {
+        const int64_t first = std::max<int64_t>(lo - j0, 0);
+        const uint8_t* vp = rows.blocks[b] + rows.v_offset + static_cast<std::size_t>(first) * rs;
+        const int64_t cnt = std::min(bt, n - j0);
+        // Row r of the block two ahead while row r of this one is read (the
+        // run's first pass): the prefetches spread over the block's work (a
+        // burst of a whole block's filled the line buffers and stalled the
+        // loads behind it).
+        const int64_t ahead = c == c0 ? std::min(bt, n - j0 - 2 * bt) : 0;
+        const uint8_t* pf = ahead > 0 ? rows.blocks[b + 2] + rows.v_offset + v_at + static_cast<std::size_t>(first) * rs
+                                      : nullptr;
+        for (int64_t j = j0 + first; j < j0 + cnt; ++j, vp += rs) {
+          if (j - j0 < ahead) {
+            for (int64_t l = 0; l < v_bytes; l += 64)
+              __builtin_prefetch(pf + l, 0, 3);
+            pf += rs;
+          }
+          // Each lane's weight broadcast from memory (a load, folded into the
+          // multiply-add), not extracted from a register (a shuffle each).
+          const float* p = at(j);
+#pragma GCC unroll 8
+          for (int u = 0; u < CW; ++u) {
+            const v16 vj = E::get16(vp, c + 16 * u);
+#pragma GCC unroll 16
+            for (int t = 0; t < L; ++t)
+              acc[t][u] += p[STRIDE * t] * vj;
+          }
         }
       }
-    }
 #pragma GCC unroll 16
-    for (int t = 0; t < L; ++t) // (constant indices: a run-time one would keep acc in memory)
-      if (t < m)
-        for (int u = 0; u < CW; ++u)
-          vstore(out + t * out_stride + c + 16 * u, acc[t][u]);
+      for (int t = 0; t < L; ++t)
+        if (t < m)
+          for (int u = 0; u < CW; ++u)
+            vstore(out + t * out_stride + c + 16 * u, acc[t][u]);
+    }
   }
 }
 
@@ -836,6 +854,7 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
     return reinterpret_cast<const float*>(rows.blocks[j / bt] + rows.k_offset) + by_dim_f32(bt, 0, j % bt);
   };
   const float* kd[C];
+  const float* kpf[C]; // BD: the keys two groups ahead, prefetched value by value inside the loop below
   for (int64_t c0 = base + 16 * k0; c0 < end; c0 += 16 * C) {
     // The keys two groups ahead, while these are computed (blocks lie anywhere
     // in the pool: the hardware prefetcher starts over at each one), a chunk's
@@ -844,11 +863,7 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
     for (int c = 0; c < C; ++c) {
       const int64_t ahead = c0 + 16 * (2 * C + c);
       if constexpr (BD) {
-        if (ahead < end) {
-          const float* pa = by_dim(ahead);
-          for (int64_t i = 0; i < hd; ++i)
-            __builtin_prefetch(pa + by_dim_f32(bt, i, 0), 0, 3);
-        }
+        kpf[c] = ahead < end ? by_dim(ahead) : nullptr;
         // (a group past the end reads the first group's keys: its scores are not stored)
         kd[c] = by_dim(c0 + 16 * c < end ? c0 + 16 * c : c0);
         continue;
@@ -867,6 +882,9 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
     for (int64_t i = 0; i < hd; ++i) {
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) {
+        if constexpr (BD)
+          if (kpf[c] != nullptr)
+            __builtin_prefetch(kpf[c] + by_dim_f32(bt, i, 0), 0, 3);
         const v16 k = BD ? vload<v16>(kd[c] + by_dim_f32(bt, i, 0)) : kt[BD ? 0 : c][BD ? 0 : i];
 #pragma GCC unroll 16
         for (int h = 0; h < MH; ++h)

@@ -224,6 +224,43 @@ TEST(Kernels, DecodeHeadsEqualPrefillRowsBitForBit) {
     }
 }
 
+// The same over long contexts: the value pass goes in runs of blocks
+// (value_run_bytes of each row's columns, every pass of columns over one run,
+// the sums kept in the output between runs), so a decode step (up to 8 heads:
+// 2 passes of 32 columns at head size 64) and the prefill kernel (16 rows: 4
+// passes of 16) cross run bounds at different places in their passes; both
+// still give every output the same bits, with and without a window that
+// starts mid-run.
+TEST(Kernels, DecodeHeadsEqualPrefillRowsAcrossValueRuns) {
+  const int64_t bt = 32, blocks = 40; // 1,280 keys
+  for (WType type : {WType::f32, WType::bf16, WType::f16, WType::q8_0})
+    for (int64_t hd : {64, 128}) {
+      const std::size_t stride = row_bytes(type, hd);
+      const StoredBlocks cache = stored_blocks(type, hd, bt, blocks, 90);
+      for (int64_t window : {0, 700}) {
+        SCOPED_TRACE(std::string(to_string(type)) + " hd " + std::to_string(hd) + " window " + std::to_string(window));
+        const CacheRows rows{cache.ptrs.data(), bt, stride, 0, bt * stride, window, 0.f, type};
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        for (int64_t m : {2, 7, 8})
+          for (int64_t n : {600, 1100, 1280}) {
+            const auto q = random(static_cast<std::size_t>(m * hd), static_cast<uint32_t>(3 * m + n));
+            std::vector<float> heads(static_cast<std::size_t>(m * hd)), piece(static_cast<std::size_t>(16 * hd));
+            std::vector<float> scores(static_cast<std::size_t>(attend_scores_floats(n + 1)));
+            attend_heads(q.data(), m, rows, n, hd, scale, scores.data(), heads.data());
+            for (int64_t t = 0; t < m; ++t) {
+              // The query as the last of a piece of 16 rows.
+              std::vector<float> qp(static_cast<std::size_t>(16 * hd));
+              std::copy(q.begin() + t * hd, q.begin() + (t + 1) * hd, qp.begin() + 15 * hd);
+              attend_rows(qp.data(), hd, 16, rows, n - 16, hd, scale, scores.data(), piece.data(), hd);
+              for (int64_t i = 0; i < hd; ++i)
+                ASSERT_EQ(__builtin_bit_cast(uint32_t, heads[static_cast<std::size_t>(t * hd + i)]),
+                          __builtin_bit_cast(uint32_t, piece[static_cast<std::size_t>(15 * hd + i)]))
+                  << "m " << m << " n " << n << " head " << t << " column " << i;
+            }
+          }
+      }
+    }
+}
 
 // One decode item spread over threads (attend_heads_scores on spans of keys,
 // attend_heads_weights, attend_heads_values on spans of output columns) is the
