@@ -120,29 +120,44 @@ std::vector<std::vector<std::vector<float>>> alone_logits(Pipeline& p, const std
   return ref;
 }
 
-// The sequences that run in `round` (sequence i from round join(i) until it has
-// taken `steps` steps), their inputs and caches: a joining one prefills its
-// prompt into fresh caches, the others feed their last step's argmax.
-template <class Join>
-std::vector<std::size_t> gather(int round, Join join, int steps, const std::vector<std::vector<int32_t>>& ps,
-                                const std::vector<int>& done, const std::vector<std::vector<float>>& last,
-                                std::vector<std::vector<KVCache>>& caches, const Pipeline& p,
-                                std::vector<std::vector<int32_t>>& inputs, std::vector<std::vector<KVCache>*>& cs) {
-  std::vector<std::size_t> who;
-  for (std::size_t i = 0; i < ps.size(); ++i) {
-    if (join(i) > round || done[i] == steps)
-      continue;
-    if (done[i] == 0) {
-      caches[i] = p.caches();
-      inputs.push_back(ps[i]);
-    } else {
-      inputs.push_back({argmax(last[i])});
+// Sequences decoded greedily together in rounds: sequence i runs from round
+// join(i) until it has taken `steps` steps; a joining one prefills its prompt
+// into fresh caches, the others feed their last step's argmax.
+struct Crowd {
+  const std::vector<std::vector<int32_t>>& ps;
+  int steps;
+  std::vector<std::vector<KVCache>> caches = std::vector<std::vector<KVCache>>(ps.size());
+  std::vector<int> done = std::vector<int>(ps.size(), 0);
+  std::vector<std::vector<float>> last = std::vector<std::vector<float>>(ps.size());
+
+  // One round through `p`: the sequences that ran, and each one's logits.
+  template <class Join>
+  std::pair<std::vector<std::size_t>, std::vector<std::vector<float>>> round(int r, Join join, Pipeline& p) {
+    std::vector<std::size_t> who;
+    std::vector<std::vector<int32_t>> inputs;
+    std::vector<std::vector<KVCache>*> cs;
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      if (join(i) > r || done[i] == steps)
+        continue;
+      if (done[i] == 0) {
+        caches[i] = p.caches();
+        inputs.push_back(ps[i]);
+      } else {
+        inputs.push_back({argmax(last[i])});
+      }
+      cs.push_back(&caches[i]);
+      who.push_back(i);
     }
-    cs.push_back(&caches[i]);
-    who.push_back(i);
+    if (who.empty())
+      return {};
+    return {who, p.run(inputs, cs)};
   }
-  return who;
-}
+  // Sequence i took its step: `lg` is what it feeds next.
+  void took(std::size_t i, std::vector<float> lg) {
+    last[i] = std::move(lg);
+    ++done[i];
+  }
+};
 
 // Eight sequences joining at staggered rounds, decoded greedily together; each
 // step's logits must equal those of the same sequence run alone. `crowd_on_avx2`:
@@ -168,27 +183,19 @@ void batched_equals_alone(const std::string& model, const std::string& split, co
     ASSERT_TRUE(model::detail::set_rows_isa_avx2(true));
   }
   // Together: sequence i prefills in round i, decodes in every later round.
-  std::vector<std::vector<KVCache>> caches(n);
-  std::vector<int> done(n, 0);
-  std::vector<std::vector<float>> last(n);
+  Crowd crowd{ps, steps};
   std::size_t max_batch = 0;
   for (int round = 0; round < static_cast<int>(n) + steps; ++round) {
-    std::vector<std::vector<int32_t>> inputs;
-    std::vector<std::vector<KVCache>*> cs;
-    const auto who = gather(
-      round, [](std::size_t i) { return static_cast<int>(i); }, steps, ps, done, last, caches, batched, inputs, cs);
-    if (who.empty())
-      continue;
+    auto [who, lgs] = crowd.round(round, [](std::size_t i) { return static_cast<int>(i); }, batched);
     max_batch = std::max(max_batch, who.size());
-    auto lgs = batched.run(inputs, cs);
     for (std::size_t k = 0; k < who.size(); ++k) {
       const auto i = who[k];
-      const auto& want = ref[i][static_cast<std::size_t>(done[i])];
-      EXPECT_LE(max_diff(lgs[k], want), 1e-4f) << "sequence " << i << " step " << done[i];
-      EXPECT_EQ(lgs[k], want) << "sequence " << i << " step " << done[i] << ": not bit-for-bit";
+      const int d = crowd.done[i];
+      const auto& want = ref[i][static_cast<std::size_t>(d)];
+      EXPECT_LE(max_diff(lgs[k], want), 1e-4f) << "sequence " << i << " step " << d;
+      EXPECT_EQ(lgs[k], want) << "sequence " << i << " step " << d << ": not bit-for-bit";
       EXPECT_EQ(argmax(lgs[k]), argmax(want));
-      last[i] = std::move(lgs[k]);
-      ++done[i];
+      crowd.took(i, std::move(lgs[k]));
     }
   }
   EXPECT_EQ(max_batch, n) << "every sequence should have shared a batch with all the others";
@@ -213,32 +220,25 @@ TEST(Batch, SequencesEndingAndJoiningMidCrowdTakeFreedBlocksAndEqualAlone) {
       ps[i].push_back(static_cast<int32_t>((11 + 17 * static_cast<int>(i) + 29 * j) % (vocab - 3) + 3));
   }
   const auto ref = alone_logits(alone, ps, steps);
-  std::vector<std::vector<KVCache>> caches(n);
-  std::vector<int> done(n, 0);
-  std::vector<std::vector<float>> last(n);
+  Crowd crowd{ps, steps};
   std::set<const uint8_t*> freed;  // the first shard's blocks of ended sequences
   std::size_t max_batch = 0, reused = 0;
   for (int round = 0; round < gap * static_cast<int>(n - 1) + steps; ++round) {
-    std::vector<std::vector<int32_t>> inputs;
-    std::vector<std::vector<KVCache>*> cs;
-    const auto who = gather(
-      round, [&](std::size_t i) { return gap * static_cast<int>(i); }, steps, ps, done, last, caches, batched, inputs,
-      cs);
-    if (who.empty())
-      continue;
+    auto [who, lgs] = crowd.round(round, [&](std::size_t i) { return gap * static_cast<int>(i); }, batched);
     max_batch = std::max(max_batch, who.size());
-    auto lgs = batched.run(inputs, cs);
     for (std::size_t k = 0; k < who.size(); ++k) {
       const auto i = who[k];
-      EXPECT_EQ(lgs[k], ref[i][static_cast<std::size_t>(done[i])]) << "sequence " << i << " step " << done[i];
-      last[i] = std::move(lgs[k]);
-      if (done[i] == 0)
-        for (const uint8_t* b : caches[i][0].view().blocks)
+      const int d = crowd.done[i];
+      EXPECT_EQ(lgs[k], ref[i][static_cast<std::size_t>(d)]) << "sequence " << i << " step " << d;
+      const auto blocks = crowd.caches[i][0].view().blocks; // (view() is a value)
+      if (d == 0)
+        for (const uint8_t* b : blocks)
           reused += freed.count(b);
-      if (++done[i] == steps) { // the sequence ends: its blocks go back now
-        for (const uint8_t* b : caches[i][0].view().blocks)
+      crowd.took(i, std::move(lgs[k]));
+      if (crowd.done[i] == steps) { // the sequence ends: its blocks go back now
+        for (const uint8_t* b : blocks)
           freed.insert(b);
-        caches[i].clear();
+        crowd.caches[i].clear();
       }
     }
   }
