@@ -854,7 +854,7 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
     return reinterpret_cast<const float*>(rows.blocks[j / bt] + rows.k_offset) + by_dim_f32(bt, 0, j % bt);
   };
   const float* kd[C];
-  const float* kpf[C]; // BD: the keys two groups ahead, prefetched value by value inside the loop below
+  const float* kpf[C]; // BD: the keys two groups ahead (past the end: this group's), prefetched value by value below
   for (int64_t c0 = base + 16 * k0; c0 < end; c0 += 16 * C) {
     // The keys two groups ahead, while these are computed (blocks lie anywhere
     // in the pool: the hardware prefetcher starts over at each one), a chunk's
@@ -863,7 +863,7 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
     for (int c = 0; c < C; ++c) {
       const int64_t ahead = c0 + 16 * (2 * C + c);
       if constexpr (BD) {
-        kpf[c] = ahead < end ? by_dim(ahead) : nullptr;
+        kpf[c] = by_dim(ahead < end ? ahead : c0);
         // (a group past the end reads the first group's keys: its scores are not stored)
         kd[c] = by_dim(c0 + 16 * c < end ? c0 + 16 * c : c0);
         continue;
@@ -883,8 +883,7 @@ inline __attribute__((always_inline)) void heads_scores_impl(const float* q, int
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) {
         if constexpr (BD)
-          if (kpf[c] != nullptr)
-            __builtin_prefetch(kpf[c] + by_dim_f32(bt, i, 0), 0, 3);
+          __builtin_prefetch(kpf[c] + by_dim_f32(bt, i, 0), 0, 3);
         const v16 k = BD ? vload<v16>(kd[c] + by_dim_f32(bt, i, 0)) : kt[BD ? 0 : c][BD ? 0 : i];
 #pragma GCC unroll 16
         for (int h = 0; h < MH; ++h)
