@@ -5,6 +5,7 @@
 
 #include "model/kernels/attention.hpp"
 
+#include <algorithm>
 #include <atomic>
 
 namespace strata::model::detail {
@@ -60,6 +61,12 @@ bool q8_vnni() {
   return v;
 }
 } // namespace
+
+namespace {
+std::atomic<int64_t> run_bytes{value_run_bytes_default};
+} // namespace
+void set_value_run_bytes(int64_t bytes) { run_bytes.store(std::max<int64_t>(1, bytes), std::memory_order_relaxed); }
+int64_t value_run_bytes() { return run_bytes.load(std::memory_order_relaxed); }
 
 void set_attention_isa(AttentionIsa isa) {
   switch (isa) {

@@ -113,6 +113,14 @@ inline HeadsKeys heads_keys(const CacheRows& rows, int64_t n) {
 /// arithmetic). Process-wide.
 enum class AttentionIsa { best, avx2, portable };
 void set_attention_isa(AttentionIsa isa);
+/// Bytes of value rows (of the columns a call computes) the value pass covers
+/// per run: every pass of columns over one run, then the next run, so a run's
+/// later passes find it in L2 (attention_impl.hpp, value_columns_w). Tests
+/// shorten it so that short sequences cross runs; process-wide; no result's
+/// bits depend on it.
+constexpr int64_t value_run_bytes_default = 128 << 10;
+void set_value_run_bytes(int64_t bytes);
+int64_t value_run_bytes();
 /// Whether this CPU runs the AVX-512 attention kernels.
 bool attention_avx512_available();
 /// Whether this CPU runs the AVX2 ones (AVX2, FMA, F16C).

@@ -444,14 +444,13 @@ inline __attribute__((always_inline)) void prefetch_block(const CacheRows& rows,
 // value row read once for all lanes: lane t's weight of key j at
 // at(j)[STRIDE * t], its output at out + t * out_stride. Each output column adds
 // the keys in order whatever CW is, and whatever other columns the call has.
-// In runs of blocks of about value_run_bytes of [c0, c1): every pass of columns
+// In runs of blocks of about value_run_bytes() of [c0, c1): every pass of columns
 // over one run, then the next run (the passes' sums kept in `out` between
 // runs: a store and a load of a float change no bits), so that a run's value
 // rows come from memory once and its later passes find them in the L2 cache.
 // Pass by pass over the whole cache, a cache larger than L2 came from memory
 // once a pass (Qwen2.5-0.5B's f32 cache at 8,192 tokens: 2 MB a kv head and
 // layer, two passes of 32 columns).
-constexpr int64_t value_run_bytes = 128 << 10;
 template <class E, int L, int STRIDE, int CW, class At>
 inline __attribute__((always_inline)) void value_columns_w(const CacheRows& rows, int64_t lo, int64_t n, int64_t c0,
                                                            int64_t c1, int64_t m, At at, float* out,
@@ -459,7 +458,7 @@ inline __attribute__((always_inline)) void value_columns_w(const CacheRows& rows
   const int64_t bt = rows.block_tokens, b0 = lo / bt;
   const std::size_t rs = rows.row_stride;
   const int64_t v_at = E::bytes(c0), v_bytes = std::max<int64_t>(E::bytes(c1 - c0), 34);
-  const int64_t run_blocks = std::max<int64_t>(1, value_run_bytes / (bt * v_bytes));
+  const int64_t run_blocks = std::max<int64_t>(1, value_run_bytes() / (bt * v_bytes));
   // The columns [c0, c1) of the values one block ahead (a block's keys take
   // less time than a fetch from memory); then, in each run's first pass, those
   // of the block two ahead.

@@ -266,6 +266,23 @@ TEST(Batch, StaggeredMultiHeadSequencesEqualAloneInEveryKvType) {
   }
 }
 
+// The value pass in runs of one block (value_run_bytes shortened from 128 KB,
+// which these short sequences never cross): a crowd still gets, bit for bit,
+// what each sequence gets alone, for every KV type.
+TEST(Batch, StaggeredSequencesAcrossValueRunsEqualAloneInEveryKvType) {
+  struct Restore {
+    ~Restore() { model::detail::set_value_run_bytes(model::detail::value_run_bytes_default); }
+  } restore;
+  model::detail::set_value_run_bytes(1);
+  for (const char* kv : {"f32", "bf16", "f16", "q8_0"}) {
+    SCOPED_TRACE(kv);
+    model::LoadOptions o;
+    o.dtype = "q8_0";
+    o.kv_dtype = kv;
+    batched_equals_alone("builtin:tiny-mha", "0,1-2", o);
+  }
+}
+
 // A crowd on the AVX2 builds gets, bit for bit, what each sequence gets alone
 // on this CPU's best ones (f32 weights: the f32 product's builds; every KV type:
 // the attention's).

@@ -225,7 +225,7 @@ TEST(Kernels, DecodeHeadsEqualPrefillRowsBitForBit) {
 }
 
 // The same over long contexts: the value pass goes in runs of blocks
-// (value_run_bytes of each row's columns, every pass of columns over one run,
+// (value_run_bytes() of each row's columns, every pass of columns over one run,
 // the sums kept in the output between runs), so a decode step (up to 8 heads:
 // 2 passes of 32 columns at head size 64) and the prefill kernel (16 rows: 4
 // passes of 16) cross run bounds at different places in their passes; both
