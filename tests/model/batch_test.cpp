@@ -256,7 +256,7 @@ TEST(Batch, StaggeredSequencesEqualAloneThreeShards) {
 
 // Multi-head attention (decode steps through attend_heads, one head a pass) in
 // a crowd, for every KV type.
-TEST(Batch, StaggeredMultiHeadSequencesEqualAloneInEveryKvType) {
+void multi_head_crowds_in_every_kv_type() {
   for (const char* kv : {"f32", "bf16", "f16", "q8_0"}) {
     SCOPED_TRACE(kv);
     model::LoadOptions o;
@@ -264,6 +264,10 @@ TEST(Batch, StaggeredMultiHeadSequencesEqualAloneInEveryKvType) {
     o.kv_dtype = kv;
     batched_equals_alone("builtin:tiny-mha", "0,1-2", o);
   }
+}
+
+TEST(Batch, StaggeredMultiHeadSequencesEqualAloneInEveryKvType) {
+  multi_head_crowds_in_every_kv_type();
 }
 
 // The value pass in runs of one block (value_run_bytes shortened from 128 KB,
@@ -274,13 +278,7 @@ TEST(Batch, StaggeredSequencesAcrossValueRunsEqualAloneInEveryKvType) {
     ~Restore() { model::detail::set_value_run_bytes(model::detail::value_run_bytes_default); }
   } restore;
   model::detail::set_value_run_bytes(1);
-  for (const char* kv : {"f32", "bf16", "f16", "q8_0"}) {
-    SCOPED_TRACE(kv);
-    model::LoadOptions o;
-    o.dtype = "q8_0";
-    o.kv_dtype = kv;
-    batched_equals_alone("builtin:tiny-mha", "0,1-2", o);
-  }
+  multi_head_crowds_in_every_kv_type();
 }
 
 // A crowd on the AVX2 builds gets, bit for bit, what each sequence gets alone
