@@ -65,9 +65,12 @@ void lost_cluster_case(bool tls) {
   ASSERT_FALSE(address.empty());
   // Mid-generation: at token 10 each client freezes a node for 3 s (the
   // session waits on it), and the whole cluster is killed meanwhile. Three
-  // clients at once: a crowd.
+  // clients at once: a crowd. Each asks for as many tokens as the model's
+  // context holds (512 with the prompt): every freeze stalls every client, and
+  // on a loaded machine the last one reached token 10 only after the other two
+  // had generated all of 300 tokens and exited (a fresh-root run, 2026-12-06).
   const std::string gen = "generate --cluster " + address + client + " --route-wait-ms " + std::to_string(route_wait_ms) +
-                          " --prompt-ids 1,2,3 --max-tokens 300 --output ids";
+                          " --prompt-ids 1,2,3 --max-tokens 509 --output ids";
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < 3; ++i)
     clients.push_back(std::make_unique<Client>(gen + " --inject freeze:" + std::to_string(i % 2) + "@10"));
